@@ -1,0 +1,107 @@
+package fp
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/x448/float16"
+)
+
+// x448/float16 is an independent, exhaustively checked F16 implementation: our decode must
+// match it on every bit pattern and our encode on every float32 we throw at it.
+func TestF16AgainstX448(t *testing.T) {
+	for i := 0; i < 1<<16; i++ {
+		want := float16.Frombits(uint16(i)).Float32()
+		got := F16ToF32(uint16(i))
+		if math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
+			t.Fatalf("F16ToF32(%#04x) = %v, want %v", i, got, want)
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	check := func(f float32) {
+		want := float16.Fromfloat32(f).Bits()
+		if got := F32ToF16(f); got != want && !(f != f) {
+			t.Fatalf("F32ToF16(%g [%#08x]) = %#04x, want %#04x", f, math.Float32bits(f), got, want)
+		}
+	}
+	for i := 0; i < 2_000_000; i++ {
+		check(math.Float32frombits(r.Uint32()))
+		check(float32(r.NormFloat64() * 0.02))
+	}
+	// Every half value and the midpoints between neighbours (ties) round as x448 does.
+	for i := 0; i < 0x7c00; i++ {
+		lo, hi := float64(F16ToF32(uint16(i))), float64(F16ToF32(uint16(i+1)))
+		check(float32(lo))
+		check(float32((lo + hi) / 2))
+		check(-float32((lo + hi) / 2))
+	}
+}
+
+func TestBF16(t *testing.T) {
+	cases := []struct {
+		in   float32
+		want uint16
+	}{
+		{1, 0x3f80},
+		{-2, 0xc000},
+		{math.Float32frombits(0x3f808000), 0x3f80}, // tie, even stays
+		{math.Float32frombits(0x3f818000), 0x3f82}, // tie, odd rounds up
+		{math.Float32frombits(0x3f808001), 0x3f81},
+		{float32(math.Inf(1)), 0x7f80},
+		{math.MaxFloat32, 0x7f80}, // rounds up to Inf
+	}
+	for _, c := range cases {
+		if got := F32ToBF16(c.in); got != c.want {
+			t.Errorf("F32ToBF16(%g) = %#04x, want %#04x", c.in, got, c.want)
+		}
+	}
+	if v := BF16ToF32(F32ToBF16(float32(math.NaN()))); v == v {
+		t.Errorf("NaN did not survive BF16")
+	}
+	for i := 0; i < 1<<16; i++ {
+		f := BF16ToF32(uint16(i))
+		if f == f && F32ToBF16(f) != uint16(i) {
+			t.Fatalf("BF16 round trip of %#04x failed", i)
+		}
+	}
+}
+
+// The FP8 formats are checked by exhaustive round trips and a few values from the OCP spec.
+func TestFP8(t *testing.T) {
+	known := map[uint8]float32{0x7e: 448, 0x08: 1.0 / 64, 0x01: 1.0 / 512, 0x38: 1, 0xb8: -1, 0x00: 0}
+	for b, want := range known {
+		if got := E4M3ToF32(b); got != want {
+			t.Errorf("E4M3ToF32(%#02x) = %v, want %v", b, got, want)
+		}
+	}
+	for i := 0; i < 256; i++ {
+		f := E4M3ToF32(uint8(i))
+		if f != f {
+			continue
+		}
+		if got := F32ToE4M3(f); got != uint8(i) && !(f == 0 && got&0x7f == 0) {
+			t.Errorf("E4M3 round trip %#02x -> %v -> %#02x", i, f, got)
+		}
+		g := E5M2ToF32(uint8(i))
+		if g == g && F32ToE5M2(g) != uint8(i) {
+			t.Errorf("E5M2 round trip %#02x -> %v -> %#02x", i, g, F32ToE5M2(g))
+		}
+	}
+	if F32ToE4M3(1e6) != 0x7e || F32ToE4M3(-1e6) != 0xfe {
+		t.Errorf("E4M3 does not saturate")
+	}
+	// Halfway between 1 and the next E4M3 value (1.125) is a tie that goes to even (1).
+	if got := F32ToE4M3(1.0625); got != 0x38 {
+		t.Errorf("E4M3 tie: got %#02x", got)
+	}
+	if got := F32ToE4M3(1.0626); got != 0x39 {
+		t.Errorf("E4M3 above tie: got %#02x", got)
+	}
+	if E5M2ToF32(0x7c) != float32(math.Inf(1)) || E5M2ToF32(0x3c) != 1 {
+		t.Errorf("E5M2 decode wrong")
+	}
+	if E8M0ToF32(127) != 1 || E8M0ToF32(130) != 8 || E8M0ToF32(0xff) == E8M0ToF32(0xff) {
+		t.Errorf("E8M0 decode wrong")
+	}
+}

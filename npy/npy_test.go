@@ -1,0 +1,55 @@
+package npy
+
+import "testing"
+
+func TestReadSharedFixtures(t *testing.T) {
+	ids, err := ReadFile("../testdata/models/tiny/heldout_ids.npy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := ids.Ints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v) != 64*512 || ids.Len() != 32768 {
+		t.Fatalf("got %d ids, shape %v", len(v), ids.Shape)
+	}
+	for i, id := range v {
+		if id < 0 || id >= 2048 {
+			t.Fatalf("id %d at %d outside the tiny vocabulary", id, i)
+		}
+	}
+	logits, err := ReadFile("../testdata/models/tiny/probe_logits.npy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(logits.Shape) != 2 || logits.Shape[0] != 64 || logits.Shape[1] != 2048 {
+		t.Fatalf("probe logits shape %v", logits.Shape)
+	}
+	if _, err := logits.Ints(); err == nil {
+		t.Errorf("Ints on a float array should fail")
+	}
+}
+
+func TestDecodeRejectsBadInput(t *testing.T) {
+	header := "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }      \n"
+	good := append([]byte("\x93NUMPY\x01\x00"), byte(len(header)), 0)
+	good = append(append(good, header...), 1, 0, 0, 0, 2, 0, 0, 0)
+	a, err := Decode(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := a.Ints(); len(v) != 2 || v[0] != 1 || v[1] != 2 {
+		t.Fatalf("got %v", v)
+	}
+	for name, b := range map[string][]byte{
+		"magic":     []byte("NOTNPY\x01\x00\x00\x00"),
+		"truncated": good[:len(good)-3],
+		"header":    good[:20],
+		"bigendian": []byte(string(good[:10]) + "{'descr': '>i4', 'fortran_order': False, 'shape': (2,), }      \n"),
+	} {
+		if _, err := Decode(b); err == nil {
+			t.Errorf("%s: expected an error", name)
+		}
+	}
+}
