@@ -169,3 +169,22 @@ func roundShift(v uint32, s uint32) uint32 {
 	}
 	return q
 }
+
+// E4M3FNUZToF32 decodes FP8 E4M3FNUZ (bias 8, no negative zero: 0x80 is the only NaN).
+func E4M3FNUZToF32(b uint8) float32 {
+	if b == 0x80 {
+		return float32(math.NaN())
+	}
+	return widen(uint32(b), 4, 3) / 2
+}
+
+// E5M2FNUZToF32 decodes FP8 E5M2FNUZ (bias 16, no infinities, 0x80 is the only NaN).
+func E5M2FNUZToF32(b uint8) float32 {
+	if b == 0x80 {
+		return float32(math.NaN())
+	}
+	return widen(uint32(b), 5, 2) / 2
+}
+
+// F4E2M1ToF32 decodes a 4-bit E2M1 (MXFP4 element) value held in the low nibble of b.
+func F4E2M1ToF32(b uint8) float32 { return widen(uint32(b&0xf), 2, 1) }

@@ -105,3 +105,22 @@ func TestFP8(t *testing.T) {
 		t.Errorf("E8M0 decode wrong")
 	}
 }
+
+func TestFNUZAndF4(t *testing.T) {
+	// FNUZ formats have one more exponent bias than the FN/IEEE ones: the same bits are half.
+	if E4M3FNUZToF32(0x40) != 1 || E5M2FNUZToF32(0x40) != 1 {
+		t.Errorf("FNUZ one: %v %v", E4M3FNUZToF32(0x40), E5M2FNUZToF32(0x40))
+	}
+	if v := E4M3FNUZToF32(0x80); v == v {
+		t.Errorf("0x80 must be NaN in FNUZ")
+	}
+	if E4M3FNUZToF32(0x7f) != 240 {
+		t.Errorf("E4M3FNUZ max = %v, want 240", E4M3FNUZToF32(0x7f))
+	}
+	want := []float32{0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6}
+	for i, w := range want {
+		if got := F4E2M1ToF32(uint8(i)); got != w {
+			t.Errorf("F4E2M1ToF32(%d) = %v, want %v", i, got, w)
+		}
+	}
+}

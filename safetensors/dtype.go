@@ -1,0 +1,116 @@
+// Package safetensors reads and writes the safetensors container: memory-mapped files and
+// sharded checkpoint directories with zero-copy tensor views, every dtype of the format,
+// strict validation, and a streaming writer whose tensors produce their bytes on demand.
+package safetensors
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/qpack-dev/qpack/fp"
+)
+
+// DType is a safetensors dtype string as it appears in a header.
+type DType string
+
+const (
+	BOOL        DType = "BOOL"
+	U8          DType = "U8"
+	I8          DType = "I8"
+	I16         DType = "I16"
+	U16         DType = "U16"
+	F16         DType = "F16"
+	BF16        DType = "BF16"
+	I32         DType = "I32"
+	U32         DType = "U32"
+	F32         DType = "F32"
+	F64         DType = "F64"
+	I64         DType = "I64"
+	U64         DType = "U64"
+	F8E5M2      DType = "F8_E5M2"
+	F8E4M3      DType = "F8_E4M3"
+	F8E4M3FNUZ  DType = "F8_E4M3FNUZ"
+	F8E5M2FNUZ  DType = "F8_E5M2FNUZ"
+	F8E8M0      DType = "F8_E8M0"
+	F4          DType = "F4"
+	F6E2M3      DType = "F6_E2M3"
+	F6E3M2      DType = "F6_E3M2"
+	C64         DType = "C64"
+)
+
+var dtypeBits = map[DType]int{
+	BOOL: 8, U8: 8, I8: 8, I16: 16, U16: 16, F16: 16, BF16: 16, I32: 32, U32: 32, F32: 32,
+	F64: 64, I64: 64, U64: 64, F8E5M2: 8, F8E4M3: 8, F8E4M3FNUZ: 8, F8E5M2FNUZ: 8, F8E8M0: 8,
+	F4: 4, F6E2M3: 6, F6E3M2: 6, C64: 64,
+}
+
+// Bits is the size of one element in bits (4 and 6 for the sub-byte float formats), or 0
+// for a dtype this package does not know.
+func (d DType) Bits() int { return dtypeBits[d] }
+
+// Known reports whether d is a dtype of the safetensors specification.
+func (d DType) Known() bool { return dtypeBits[d] != 0 }
+
+// IsFloat reports whether d holds real floating-point numbers that Float32 can convert.
+func (d DType) IsFloat() bool { return decoders[d] != nil }
+
+// decoders convert raw little-endian bytes of n elements to float32.
+var decoders = map[DType]func(dst []float32, src []byte){
+	F32: func(dst []float32, src []byte) {
+		for i := range dst {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+		}
+	},
+	F64: func(dst []float32, src []byte) {
+		for i := range dst {
+			dst[i] = float32(math.Float64frombits(binary.LittleEndian.Uint64(src[8*i:])))
+		}
+	},
+	F16: func(dst []float32, src []byte) {
+		for i := range dst {
+			dst[i] = fp.F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	},
+	BF16: func(dst []float32, src []byte) {
+		for i := range dst {
+			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
+		}
+	},
+	F8E4M3:     bytewise(fp.E4M3ToF32),
+	F8E5M2:     bytewise(fp.E5M2ToF32),
+	F8E4M3FNUZ: bytewise(fp.E4M3FNUZToF32),
+	F8E5M2FNUZ: bytewise(fp.E5M2FNUZToF32),
+	F8E8M0:     bytewise(fp.E8M0ToF32),
+	// F4 (MXFP4 E2M1): two elements per byte, the first in the low nibble (PyTorch's
+	// float4_e2m1fn_x2 packing).
+	F4: func(dst []float32, src []byte) {
+		for i := range dst {
+			dst[i] = fp.F4E2M1ToF32(src[i/2] >> (4 * (i & 1)))
+		}
+	},
+}
+
+func bytewise(f func(uint8) float32) func([]float32, []byte) {
+	return func(dst []float32, src []byte) {
+		for i := range dst {
+			dst[i] = f(src[i])
+		}
+	}
+}
+
+// DecodeFloat32 converts n elements of dtype d from raw little-endian bytes into dst[:n].
+func DecodeFloat32(d DType, dst []float32, src []byte) error {
+	dec := decoders[d]
+	if dec == nil {
+		return fmt.Errorf("dtype %s cannot be converted to float32", d)
+	}
+	if need := byteSize(d, int64(len(dst))); int64(len(src)) < need {
+		return fmt.Errorf("dtype %s: %d bytes for %d elements, need %d", d, len(src), len(dst), need)
+	}
+	dec(dst, src)
+	return nil
+}
+
+// byteSize is the stored size of n elements: ceil(n·bits/8).
+func byteSize(d DType, n int64) int64 { return (n*int64(d.Bits()) + 7) / 8 }
