@@ -15,9 +15,9 @@ import (
 	"testing"
 
 	nlp "github.com/nlpodyssey/safetensors"
-)
 
-const sharedModels = "../../shared/models"
+	"github.com/qpack-dev/qpack/internal/testenv"
+)
 
 type checksum struct {
 	DType  string  `json:"dtype"`
@@ -103,10 +103,7 @@ func TestTinyModelValues(t *testing.T) {
 }
 
 func TestSmallLlamaValues(t *testing.T) {
-	dir := filepath.Join(sharedModels, "small-llama")
-	if _, err := os.Stat(dir); err != nil {
-		t.Skip("shared models not present")
-	}
+	dir := testenv.Shared(t, "models/small-llama")
 	checkModel(t, "small-llama", dir, 57, 12_587_904)
 }
 
@@ -391,10 +388,9 @@ func TestFloat32Conversions(t *testing.T) {
 }
 
 func BenchmarkReadSmallLlamaFloat32(b *testing.B) {
-	dir := filepath.Join(sharedModels, "small-llama")
-	c, err := Open(dir)
+	c, err := Open(testenv.Shared(b, "models/small-llama"))
 	if err != nil {
-		b.Skip("shared models not present")
+		b.Fatal(err)
 	}
 	defer c.Close()
 	var total int64

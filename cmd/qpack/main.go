@@ -1,0 +1,45 @@
+// Command qpack converts Hugging Face checkpoints into quantized, bit-packed checkpoints and
+// inspects, evaluates and verifies them. This file only wires flags to the packages.
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+
+	"github.com/urfave/cli/v2"
+)
+
+// version is set at build time with -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+func commit() string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return "unknown"
+}
+
+func newApp() *cli.App {
+	return &cli.App{
+		Name:    "qpack",
+		Usage:   "quantize and bit-pack Hugging Face checkpoints (GPTQ, AWQ, compressed-tensors, qpack)",
+		Version: fmt.Sprintf("%s (commit %s)", version, commit()),
+		Commands: []*cli.Command{
+			inspectCommand(),
+		},
+		// Errors are printed once, by main, with exit code 1.
+		ExitErrHandler: func(*cli.Context, error) {},
+	}
+}
+
+func main() {
+	if err := newApp().Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "qpack:", err)
+		os.Exit(1)
+	}
+}

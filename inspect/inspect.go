@@ -1,0 +1,174 @@
+// Package inspect describes a checkpoint from its headers alone: architecture, tensors with
+// dtypes, shapes and sizes, totals per dtype, and file metadata.
+package inspect
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/qpack-dev/qpack/safetensors"
+)
+
+// Tensor is one row of the report.
+type Tensor struct {
+	Name   string `json:"name"`
+	DType  string `json:"dtype"`
+	Shape  []int  `json:"shape"`
+	Params int64  `json:"params"`
+	Bytes  int64  `json:"bytes"`
+	File   string `json:"file"`
+}
+
+// DTypeTotal sums the tensors of one dtype.
+type DTypeTotal struct {
+	Tensors int   `json:"tensors"`
+	Params  int64 `json:"params"`
+	Bytes   int64 `json:"bytes"`
+}
+
+// Report is what `qpack inspect` prints.
+type Report struct {
+	Path         string                `json:"path"`
+	Architecture string                `json:"architecture,omitempty"`
+	ModelType    string                `json:"model_type,omitempty"`
+	Files        []string              `json:"files"`
+	Tensors      []Tensor              `json:"tensors"`
+	TotalParams  int64                 `json:"total_params"`
+	TotalBytes   int64                 `json:"total_bytes"`
+	ByDType      map[string]DTypeTotal `json:"by_dtype"`
+	Metadata     map[string]string     `json:"metadata"`
+}
+
+// Inspect reads the headers of the checkpoint at path (a file or a directory); no tensor data
+// is read.
+func Inspect(path string) (*Report, error) {
+	ck, err := safetensors.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	r := &Report{Path: path, ByDType: map[string]DTypeTotal{}, Metadata: ck.Metadata()}
+	for _, f := range ck.Files() {
+		r.Files = append(r.Files, filepath.Base(f))
+	}
+	for _, name := range ck.Names() {
+		info, _ := ck.Info(name)
+		t := Tensor{Name: name, DType: string(info.DType), Shape: info.Shape, Params: info.NumElements(),
+			Bytes: info.Size, File: filepath.Base(info.File)}
+		r.Tensors = append(r.Tensors, t)
+		r.TotalParams += t.Params
+		r.TotalBytes += t.Bytes
+		d := r.ByDType[t.DType]
+		d.Tensors++
+		d.Params += t.Params
+		d.Bytes += t.Bytes
+		r.ByDType[t.DType] = d
+	}
+	r.Architecture, r.ModelType = readArchitecture(ck.Dir)
+	return r, nil
+}
+
+// readArchitecture takes the architecture and model type from config.json when there is one.
+func readArchitecture(dir string) (arch, modelType string) {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return "", ""
+	}
+	var cfg struct {
+		Architectures []string `json:"architectures"`
+		ModelType     string   `json:"model_type"`
+	}
+	if json.Unmarshal(b, &cfg) != nil {
+		return "", ""
+	}
+	return strings.Join(cfg.Architectures, ","), cfg.ModelType
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteText writes the report as aligned tables for people.
+func (r *Report) WriteText(w io.Writer) error {
+	fmt.Fprintf(w, "%s\n", r.Path)
+	if r.Architecture != "" {
+		fmt.Fprintf(w, "architecture: %s (%s)\n", r.Architecture, r.ModelType)
+	}
+	fmt.Fprintf(w, "files: %s\n\n", strings.Join(r.Files, ", "))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "name\tdtype\tshape\tparams\tbytes\tfile\t")
+	for _, t := range r.Tensors {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", t.Name, t.DType, shapeString(t.Shape),
+			thousands(t.Params), thousands(t.Bytes), t.File)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\n%d tensors, %s parameters, %s bytes (%s)\n", len(r.Tensors), thousands(r.TotalParams),
+		thousands(r.TotalBytes), humanBytes(r.TotalBytes))
+	dtypes := make([]string, 0, len(r.ByDType))
+	for d := range r.ByDType {
+		dtypes = append(dtypes, d)
+	}
+	sort.Strings(dtypes)
+	for _, d := range dtypes {
+		t := r.ByDType[d]
+		fmt.Fprintf(w, "  %-8s %4d tensors  %15s params  %15s bytes\n", d, t.Tensors, thousands(t.Params), thousands(t.Bytes))
+	}
+	if len(r.Metadata) > 0 {
+		fmt.Fprintln(w, "\nmetadata:")
+		keys := make([]string, 0, len(r.Metadata))
+		for k := range r.Metadata {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			v := r.Metadata[k]
+			if len(v) > 200 {
+				v = v[:200] + fmt.Sprintf("… (%d bytes)", len(v))
+			}
+			fmt.Fprintf(w, "  %s: %s\n", k, v)
+		}
+	}
+	return nil
+}
+
+func shapeString(s []int) string {
+	parts := make([]string, len(s))
+	for i, d := range s {
+		parts[i] = fmt.Sprint(d)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// thousands formats n with comma separators: 12,587,904.
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	if n < 0 {
+		return "-" + thousands(-n)
+	}
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
