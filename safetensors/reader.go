@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 )
 
@@ -311,7 +312,7 @@ func ParseIndex(path string, b []byte) (*Index, error) {
 		return nil, fmt.Errorf("%s: index has no weight_map entries", path)
 	}
 	for name, shard := range ix.WeightMap {
-		if shard == "" || shard != filepath.Base(shard) || shard == "." || shard == ".." {
+		if shard == "" || shard == "." || shard == ".." || strings.ContainsAny(shard, `/\`) {
 			return nil, fmt.Errorf("%s: tensor %q maps to invalid shard name %q", path, name, shard)
 		}
 	}
@@ -340,4 +341,18 @@ func fileExists(p string) bool {
 func isDir(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && st.IsDir()
+}
+
+// Release tells the kernel that the named tensor's mapped pages are no longer needed by this
+// process, so streaming through a checkpoint larger than memory does not grow the resident
+// set; the data stays in the page cache and a later access maps it again.
+func (c *Checkpoint) Release(name string) {
+	r, ok := c.where[name]
+	if !ok || r.file.data == nil || r.info.Size == 0 {
+		return
+	}
+	page := int64(os.Getpagesize())
+	start := r.info.Offset &^ (page - 1)
+	end := min((r.info.Offset+r.info.Size+page-1)&^(page-1), int64(len(r.file.data)))
+	syscall.Madvise(r.file.data[start:end], syscall.MADV_DONTNEED)
 }
