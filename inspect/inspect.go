@@ -12,7 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/qpack-dev/qpack/safetensors"
+	"github.com/qpack-dev/qpack/quantized"
 )
 
 // Tensor is one row of the report.
@@ -43,12 +43,39 @@ type Report struct {
 	TotalBytes   int64                 `json:"total_bytes"`
 	ByDType      map[string]DTypeTotal `json:"by_dtype"`
 	Metadata     map[string]string     `json:"metadata"`
+	Quantization *Quantization         `json:"quantization,omitempty"`
+}
+
+// Module is one quantized weight: its scheme and what it costs on disk.
+type Module struct {
+	Name      string  `json:"name"` // module prefix
+	Scheme    string  `json:"scheme"`
+	Bits      int     `json:"bits"`
+	GroupSize int     `json:"group_size"` // 0: one group per output channel
+	Shape     []int   `json:"shape"`      // [N, K] of the weight it stands for
+	Bytes     int64   `json:"bytes"`      // codes, scales, zeros and g_idx
+	BPW       float64 `json:"bpw"`
+}
+
+// Quantization summarises a quantized checkpoint.
+type Quantization struct {
+	Format      string   `json:"format"`
+	Modules     []Module `json:"modules"`
+	Params      int64    `json:"quantized_params"`
+	Bytes       int64    `json:"quantized_bytes"`
+	BPW         float64  `json:"quantized_bpw"` // average over the quantized weights
+	ModelParams int64    `json:"model_params"`  // logical parameters: quantized weights plus the rest
+	ModelBPW    float64  `json:"model_bpw"`     // all stored bytes over all logical parameters
+	// InputBytes is the size of the checkpoint it was made from (from qpack's provenance), and
+	// Compression = InputBytes / stored bytes; both are zero when unknown.
+	InputBytes  int64   `json:"input_bytes,omitempty"`
+	Compression float64 `json:"compression,omitempty"`
 }
 
 // Inspect reads the headers of the checkpoint at path (a file or a directory); no tensor data
 // is read.
 func Inspect(path string) (*Report, error) {
-	ck, err := safetensors.Open(path)
+	ck, err := quantized.Open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +84,7 @@ func Inspect(path string) (*Report, error) {
 	for _, f := range ck.Files() {
 		r.Files = append(r.Files, filepath.Base(f))
 	}
-	for _, name := range ck.Names() {
+	for _, name := range ck.Checkpoint.Names() {
 		info, _ := ck.Info(name)
 		t := Tensor{Name: name, DType: string(info.DType), Shape: info.Shape, Params: info.NumElements(),
 			Bytes: info.Size, File: filepath.Base(info.File)}
@@ -71,7 +98,61 @@ func Inspect(path string) (*Report, error) {
 		r.ByDType[t.DType] = d
 	}
 	r.Architecture, r.ModelType = readArchitecture(ck.Dir)
+	if ck.Format != nil {
+		if r.Quantization, err = summarize(ck, r); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
+}
+
+// summarize lists the quantized modules with their schemes and bits per weight.
+func summarize(ck *quantized.Checkpoint, r *Report) (*Quantization, error) {
+	q := &Quantization{Format: ck.Format.Name(), ModelParams: r.TotalParams}
+	for _, prefix := range ck.Modules() {
+		m, err := ck.Module(prefix)
+		if err != nil {
+			return nil, err
+		}
+		q.Modules = append(q.Modules, Module{Name: prefix, Scheme: m.Scheme.String(), Bits: m.Scheme.Bits,
+			GroupSize: m.Scheme.GroupSize, Shape: []int{m.N, m.K}, Bytes: m.Bytes, BPW: m.BPW()})
+		params := int64(m.N) * int64(m.K)
+		q.Params += params
+		q.Bytes += m.Bytes
+		for _, name := range m.Stored {
+			info, _ := ck.Info(name)
+			q.ModelParams -= info.NumElements()
+		}
+		q.ModelParams += params
+	}
+	if q.Params > 0 {
+		q.BPW = float64(8*q.Bytes) / float64(q.Params)
+	}
+	if q.ModelParams > 0 {
+		q.ModelBPW = float64(8*r.TotalBytes) / float64(q.ModelParams)
+	}
+	q.InputBytes = provenanceInputBytes(r.Metadata)
+	if q.InputBytes > 0 && r.TotalBytes > 0 {
+		q.Compression = float64(q.InputBytes) / float64(r.TotalBytes)
+	}
+	return q, nil
+}
+
+// provenanceInputBytes sums the input file sizes qpack recorded, or returns 0.
+func provenanceInputBytes(meta map[string]string) int64 {
+	var prov struct {
+		Inputs []struct {
+			Bytes int64 `json:"bytes"`
+		} `json:"inputs"`
+	}
+	if json.Unmarshal([]byte(meta["qpack.provenance"]), &prov) != nil {
+		return 0
+	}
+	var total int64
+	for _, in := range prov.Inputs {
+		total += in.Bytes
+	}
+	return total
 }
 
 // readArchitecture takes the architecture and model type from config.json when there is one.
@@ -122,6 +203,22 @@ func (r *Report) WriteText(w io.Writer) error {
 		t := r.ByDType[d]
 		fmt.Fprintf(w, "  %-8s %4d tensors  %15s params  %15s bytes\n", d, t.Tensors, thousands(t.Params), thousands(t.Bytes))
 	}
+	if q := r.Quantization; q != nil {
+		fmt.Fprintf(w, "\nquantized modules (%s format):\n", q.Format)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "module\tscheme\tshape\tbytes\tbits/weight\t")
+		for _, m := range q.Modules {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3f\t\n", m.Name, m.Scheme, shapeString(m.Shape), thousands(m.Bytes), m.BPW)
+		}
+		tw.Flush()
+		fmt.Fprintf(w, "%d quantized modules: %s weights in %s bytes, %.3f bits/weight (scales, zeros and g_idx included)\n",
+			len(q.Modules), thousands(q.Params), thousands(q.Bytes), q.BPW)
+		fmt.Fprintf(w, "whole checkpoint: %s logical parameters, %.3f bits/weight", thousands(q.ModelParams), q.ModelBPW)
+		if q.Compression > 0 {
+			fmt.Fprintf(w, ", %.2f× smaller than its %s-byte input", q.Compression, thousands(q.InputBytes))
+		}
+		fmt.Fprintln(w)
+	}
 	if len(r.Metadata) > 0 {
 		fmt.Fprintln(w, "\nmetadata:")
 		keys := make([]string, 0, len(r.Metadata))
@@ -131,6 +228,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		sort.Strings(keys)
 		for _, k := range keys {
 			v := r.Metadata[k]
+			if k == "qpack.provenance" {
+				v = fmt.Sprintf("(%d bytes of JSON; see --json)", len(v))
+			}
 			if len(v) > 200 {
 				v = v[:200] + fmt.Sprintf("… (%d bytes)", len(v))
 			}

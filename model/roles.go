@@ -62,7 +62,7 @@ var moduleRoles = map[string]Role{
 	"input_layernorm": RoleNorm, "post_attention_layernorm": RoleNorm, "norm": RoleNorm,
 	"q_norm": RoleNorm, "k_norm": RoleNorm, "pre_feedforward_layernorm": RoleNorm,
 	"post_feedforward_layernorm": RoleNorm,
-	"embed_tokens": RoleEmbedding, "wte": RoleEmbedding, "lm_head": RoleClassifier,
+	"embed_tokens":               RoleEmbedding, "wte": RoleEmbedding, "lm_head": RoleClassifier,
 }
 
 // ParseTensorName classifies a checkpoint tensor name.

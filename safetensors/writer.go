@@ -183,10 +183,15 @@ func SplitShards(tensors []WriterTensor, maxBytes int64) [][]WriterTensor {
 }
 
 // WriteCheckpoint writes tensors into dir as model.safetensors, or, when they exceed maxBytes,
-// as numbered shards plus model.safetensors.index.json (written last). It returns the file
-// names written.
+// as numbered shards plus model.safetensors.index.json. It returns the file names written.
 func WriteCheckpoint(dir string, tensors []WriterTensor, metadata map[string]string, maxBytes int64) ([]string, error) {
-	shards := SplitShards(tensors, maxBytes)
+	return WriteShards(dir, SplitShards(tensors, maxBytes), metadata)
+}
+
+// WriteShards writes one file per group of tensors: model.safetensors when there is one
+// group, else numbered shards and the index, which is written last so that a directory with
+// an index is complete. It returns the file names written.
+func WriteShards(dir string, shards [][]WriterTensor, metadata map[string]string) ([]string, error) {
 	if len(shards) == 1 {
 		return []string{"model.safetensors"}, WriteFile(filepath.Join(dir, "model.safetensors"), shards[0], metadata)
 	}

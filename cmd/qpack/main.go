@@ -30,7 +30,14 @@ func newApp() *cli.App {
 		Usage:   "quantize and bit-pack Hugging Face checkpoints (GPTQ, AWQ, compressed-tensors, qpack)",
 		Version: fmt.Sprintf("%s (commit %s)", version, commit()),
 		Commands: []*cli.Command{
+			convertCommand(),
+			dequantizeCommand(),
+			doctorCommand(),
+			evalCommand(),
 			inspectCommand(),
+			planCommand(),
+			synthCommand(),
+			verifyCommand(),
 		},
 		// Errors are printed once, by main, with exit code 1.
 		ExitErrHandler: func(*cli.Context, error) {},
@@ -38,7 +45,8 @@ func newApp() *cli.App {
 }
 
 func main() {
-	if err := newApp().Run(os.Args); err != nil {
+	app := newApp()
+	if err := app.Run(flagsFirst(app, os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "qpack:", err)
 		os.Exit(1)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 )
@@ -14,7 +15,7 @@ func run(t *testing.T, args ...string) (string, error) {
 	var out bytes.Buffer
 	app.Writer = &out
 	app.ErrWriter = &out
-	err := app.Run(append([]string{"qpack"}, args...))
+	err := app.Run(flagsFirst(app, append([]string{"qpack"}, args...)))
 	return out.String(), err
 }
 
@@ -49,5 +50,49 @@ func TestHelpEverywhere(t *testing.T) {
 	out, _ := run(t, "--version")
 	if !strings.Contains(out, "qpack version") {
 		t.Errorf("--version printed %q", out)
+	}
+}
+
+func TestConvertPlanReplayDequantize(t *testing.T) {
+	dir := t.TempDir()
+	tiny := "../../testdata/models/tiny"
+	planJSON, err := run(t, "plan", tiny, "--strategy", "budget", "--target-bpw", "3.5", "--format", "qpack", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	planPath := dir + "/plan.json"
+	if err := os.WriteFile(planPath, []byte(planJSON), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "convert", tiny, "-o", dir+"/a", "--strategy", "budget", "--target-bpw", "3.5", "--format", "qpack", "-q", "--report", dir+"/a.json"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "convert", tiny, "--plan", planPath, "-o", dir+"/b", "--format", "qpack", "-q"); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(dir + "/a/model.safetensors")
+	b, _ := os.ReadFile(dir + "/b/model.safetensors")
+	if len(a) == 0 || !bytes.Equal(a, b) {
+		t.Errorf("replaying the saved plan did not reproduce the conversion byte for byte")
+	}
+	var rep struct {
+		QuantBPW float64 `json:"quantized_bpw"`
+	}
+	raw, _ := os.ReadFile(dir + "/a.json")
+	if err := json.Unmarshal(raw, &rep); err != nil || rep.QuantBPW > 3.5 || rep.QuantBPW < 3 {
+		t.Errorf("report bpw %v (%v)", rep.QuantBPW, err)
+	}
+	if _, err := run(t, "dequantize", dir+"/a", "-o", dir+"/dq", "--dtype", "bf16"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, "inspect", dir+"/dq")
+	if err != nil || !strings.Contains(out, "BF16") {
+		t.Errorf("inspect of the dequantized output: %v\n%s", err, out)
+	}
+	if _, err := run(t, "convert", tiny, "-o", dir+"/c", "--sym", "--asym"); err == nil {
+		t.Errorf("--sym with --asym should fail")
+	}
+	if _, err := run(t, "convert", tiny, "-o", dir+"/c", "--strategy", "budget", "--target-bpw", "1.5"); err == nil || !strings.Contains(err.Error(), "bpw") {
+		t.Errorf("an infeasible budget should fail naming the minimum bpw, got %v", err)
 	}
 }

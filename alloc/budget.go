@@ -1,0 +1,131 @@
+package alloc
+
+import (
+	"fmt"
+	"math"
+)
+
+// budget picks, for every free candidate, the rung that minimises Σ_t e_t(rung) subject to the
+// byte budget, where e_t is the measured relative error of tensor t.
+//
+// Why the plain sum of relative errors, not a params-weighted one: a linear's relative error is
+// the relative perturbation it adds to the residual stream, whatever its parameter count, and
+// the HIGGS linearity result (perplexity rise ≈ Σ_l α_l · relative ℓ2 error_l) weighs layers by
+// a per-layer coefficient, not by size. Weighting by params would make a small tensor's error
+// count for little, so the solver would never see that upgrading it (attn_v under GQA, say) is
+// cheap; unweighted, the knapsack finds exactly the cheap upgrades llama.cpp hand-codes. The
+// importance weighting HAWQ and EXL2 apply lives in the measurement: with calibration the
+// caller's Measure is activation-weighted (tr(ΔW H ΔWᵀ)/tr(W H Wᵀ)), and a caller with
+// per-tensor coefficients can fold them into Measure.
+func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []verdict, plan *Plan) (*Budget, error) {
+	bpw := opts.TargetBPW
+	if math.IsNaN(bpw) || math.IsInf(bpw, 0) || bpw < 0 || opts.TargetBytes < 0 {
+		return nil, fmt.Errorf("budget: bad target (bpw %v, size %d bytes)", opts.TargetBPW, opts.TargetBytes)
+	}
+	if bpw == 0 && opts.TargetBytes == 0 {
+		return nil, fmt.Errorf("budget strategy needs a target bpw or a target size")
+	}
+	var rungs []Choice
+	for _, c := range ladder {
+		if err := p.checkSupported(c); err != nil {
+			plan.Warnings = append(plan.Warnings, fmt.Sprintf("ladder rung %s left out: %v", c, err))
+			continue
+		}
+		rungs = append(rungs, c)
+	}
+	if len(rungs) == 0 {
+		return nil, fmt.Errorf("budget: the output format holds none of the ladder's rungs")
+	}
+
+	// Costs first, so that an infeasible budget is refused before anything is measured.
+	isFree := make([]bool, len(p.tensors))
+	for _, i := range free {
+		isFree[i] = true
+	}
+	var candParams, fixedCand, fixedAll int64
+	for i, t := range p.tensors {
+		v := verdicts[i]
+		if v.candidate {
+			candParams += t.Params
+		}
+		if isFree[i] {
+			continue
+		}
+		b, err := p.bytes(t, v.choice)
+		if err != nil {
+			return nil, err
+		}
+		fixedAll += b
+		if v.candidate {
+			fixedCand += b
+		}
+	}
+	items := make([]item, len(free))
+	var minFree int64
+	for f, i := range free {
+		t := p.tensors[i]
+		items[f] = item{name: t.Name, options: make([]option, len(rungs))}
+		for r, c := range rungs {
+			b, err := p.bytes(t, c)
+			if err != nil {
+				return nil, err
+			}
+			items[f].options[r].cost = b
+		}
+		minFree += minCost(items[f])
+	}
+	info := &Budget{TargetBPW: opts.TargetBPW, TargetBytes: opts.TargetBytes}
+	info.FreeBytes = math.MaxInt64
+	if opts.TargetBPW > 0 {
+		if candParams == 0 {
+			return nil, fmt.Errorf("budget: a target bpw needs candidate tensors, there are none")
+		}
+		// The small slack absorbs float rounding when target·params/8 is an exact integer.
+		limit := int64(math.Floor(opts.TargetBPW*float64(candParams)/8 + 1e-6))
+		if minFree > limit-fixedCand {
+			least := ceilTo(bitsPerWeight(minFree+fixedCand, candParams), 1e4)
+			return nil, fmt.Errorf("budget infeasible: target %g bpw is below the minimum achievable %.4f bpw "+
+				"over the candidate tensors (every unpinned candidate at its cheapest rung, pins as given)",
+				opts.TargetBPW, least)
+		}
+		info.FreeBytes = limit - fixedCand
+	}
+	if opts.TargetBytes > 0 {
+		if minFree > opts.TargetBytes-fixedAll {
+			return nil, fmt.Errorf("budget infeasible: target size %d bytes is below the minimum achievable %d bytes "+
+				"for the whole checkpoint (every unpinned candidate at its cheapest rung, pins and kept tensors as given)",
+				opts.TargetBytes, minFree+fixedAll)
+		}
+		info.FreeBytes = min(info.FreeBytes, opts.TargetBytes-fixedAll)
+	}
+
+	for f, i := range free {
+		for r, c := range rungs {
+			if c.Keep {
+				continue // no quantization error
+			}
+			s, err := p.sensitivity(p.tensors[i], c.Scheme)
+			if err != nil {
+				return nil, err
+			}
+			items[f].options[r].err = s
+		}
+	}
+	sol, err := solveKnapsack(items, info.FreeBytes)
+	if err != nil {
+		return nil, err
+	}
+	reason := "budget: exact optimum (DP)"
+	info.Solver = "dp"
+	if !sol.exact {
+		info.Solver, info.Lambda = "lagrangian", sol.lambda
+		reason = fmt.Sprintf("budget: λ=%.4g error per MiB", sol.lambda*(1<<20))
+	}
+	for f, i := range free {
+		verdicts[i].choice, verdicts[i].reason = rungs[sol.picks[f]], reason
+	}
+	return info, nil
+}
+
+// ceilTo rounds x up to a multiple of 1/scale, so a printed minimum is itself achievable.
+func ceilTo(x, scale float64) float64 { return math.Ceil(x*scale) / scale }

@@ -1,0 +1,102 @@
+package alloc
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// KeepName is the scheme name of a tensor left in its input dtype.
+const KeepName = "keep"
+
+// Choice is one rung of the precision ladder: a quant.Scheme, or Keep (the input dtype, not
+// quantized).
+type Choice struct {
+	Keep   bool
+	Scheme quant.Scheme // meaningful when !Keep
+}
+
+// Keep is the choice that leaves a tensor in its input dtype.
+var Keep = Choice{Keep: true}
+
+// SchemeChoice is the choice of quantizing with s.
+func SchemeChoice(s quant.Scheme) Choice { return Choice{Scheme: s} }
+
+// String is "keep" or the scheme's canonical name.
+func (c Choice) String() string {
+	if c.Keep {
+		return KeepName
+	}
+	return c.Scheme.String()
+}
+
+// ParseChoice reads "keep" or a scheme name understood by quant.ParseScheme.
+func ParseChoice(name string) (Choice, error) {
+	if strings.EqualFold(strings.TrimSpace(name), KeepName) {
+		return Keep, nil
+	}
+	s, err := quant.ParseScheme(name)
+	if err != nil {
+		return Choice{}, err
+	}
+	return SchemeChoice(s), nil
+}
+
+// ParseLadder reads comma-separated rungs, lowest precision first, e.g.
+// "int2-g128-sym,int4-g128-sym,int8-g128-sym,keep".
+func ParseLadder(list string) ([]Choice, error) {
+	var ladder []Choice
+	for _, part := range strings.Split(list, ",") {
+		c, err := ParseChoice(part)
+		if err != nil {
+			return nil, fmt.Errorf("ladder %q: %w", list, err)
+		}
+		ladder = append(ladder, c)
+	}
+	return ladder, checkLadder(ladder)
+}
+
+// checkLadder refuses an empty ladder, repeated rungs and "keep" anywhere but at the top.
+func checkLadder(ladder []Choice) error {
+	if len(ladder) == 0 {
+		return fmt.Errorf("empty precision ladder")
+	}
+	seen := map[string]bool{}
+	for i, c := range ladder {
+		if seen[c.String()] {
+			return fmt.Errorf("ladder lists %s twice", c)
+		}
+		seen[c.String()] = true
+		if c.Keep && i != len(ladder)-1 {
+			return fmt.Errorf("ladder: keep must be the highest rung")
+		}
+		if !c.Keep {
+			if err := c.Scheme.Validate(); err != nil {
+				return fmt.Errorf("ladder: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+func mustLadder(list string) []Choice {
+	l, err := ParseLadder(list)
+	if err != nil {
+		panic(err) // only for the package's own constant defaults
+	}
+	return l
+}
+
+// DefaultLadder is the ladder a strategy uses when Options.Ladder is empty. GPTQ-style
+// symmetric group-128 schemes, which the default output format and common kernels load.
+func DefaultLadder(strategy string) []Choice {
+	switch strategy {
+	case StrategyUniform:
+		return mustLadder("int4-g128-sym")
+	case StrategyEvolved:
+		return mustLadder("int4-g128-sym,int8-g128-sym")
+	default:
+		return mustLadder("int2-g128-sym,int3-g128-sym,int4-g128-sym,int8-g128-sym,keep")
+	}
+}

@@ -1,0 +1,216 @@
+// Package blockwise quantizes a weight matrix without calibration data: round-to-nearest per
+// group on the integer, NF4, FP8 and binary grids, optionally with the GPTQ reference
+// quantizer's MSE-optimal clipping search.
+//
+// How each code is computed (a GPU kernel must reproduce these bit for bit); w is the float32
+// weight, all arithmetic float32 unless noted, round = round half to even:
+//
+//	Integer: xmin = min(group, 0), xmax = max(group, 0) (symmetric: ±max|group|), shrunk by p;
+//	         scale = F16(( xmax − xmin)/maxq), zero = clamp(round(−xmin/scale), 0, maxq) or 2^(bits−1)
+//	         (quant.IntParamsRange); code = clamp(round(w/scale) + zero, 0, maxq) with a true division.
+//	NF4:     scale = F16(p·max|group|) (1 for an all-zero group); code = quant.NF4Code(w/scale).
+//	FP8:     scale = p·max|row|/448 (float32, 1 for an all-zero row); code = E4M3FN(w/scale), saturating.
+//	Binary:  offset = F16(mean(group)) (0 when symmetric), scale = F16(p·mean|w − offset|) with the
+//	         means in float64; code = 1 when w − offset ≥ 0, else 0.
+//
+// p = 1 unless Options.Clip chose a smaller one. Groups run along K; the last may be partial.
+package blockwise
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// Options change how groups are fitted. The zero value is plain round-to-nearest.
+type Options struct {
+	// Clip searches, per group, the range shrink p = 1 − i/100 (i = 0..79) that minimises
+	// Σ imp_k·|Q(w) − w|^2.4 (GPTQ reference, mse=True). Asymmetric integer grids recompute the
+	// zero point per candidate; symmetric ones keep it.
+	Clip bool
+	// Importance, when set, weights the clip search per input channel (length K, finite, ≥ 0),
+	// e.g. the mean x² of each input channel over calibration data. It needs Clip.
+	Importance []float32
+}
+
+// Quantize quantizes W[n, k] (float32, row-major) under scheme s. Errors name the row and
+// column of a NaN or infinite weight (the caller adds the tensor's name).
+func Quantize(w []float32, n, k int, s quant.Scheme, opt Options) (*quant.Tensor, error) {
+	t := new(quant.Tensor)
+	if err := QuantizeInto(t, w, n, k, s, opt); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// QuantizeInto is Quantize writing into dst, reusing its slices when they are large enough
+// (GIdx is set to nil). On error dst's contents are unspecified.
+func QuantizeInto(dst *quant.Tensor, w []float32, n, k int, s quant.Scheme, opt Options) error {
+	if len(w) != n*k {
+		return fmt.Errorf("blockwise: %d weights for a %dx%d tensor", len(w), n, k)
+	}
+	return quantizeRows(dst, float32Rows{w: w, k: k}, n, k, s, opt)
+}
+
+// QuantizeBF16 quantizes W[n, k] given as raw little-endian BF16 bytes (as stored in a
+// safetensors file), converting one row at a time so that no float32 copy of W is made.
+func QuantizeBF16(raw []byte, n, k int, s quant.Scheme, opt Options) (*quant.Tensor, error) {
+	t := new(quant.Tensor)
+	if err := QuantizeBF16Into(t, raw, n, k, s, opt); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// QuantizeBF16Into is QuantizeBF16 writing into dst, reusing its slices.
+func QuantizeBF16Into(dst *quant.Tensor, raw []byte, n, k int, s quant.Scheme, opt Options) error {
+	if len(raw) != 2*n*k {
+		return fmt.Errorf("blockwise: %d bytes of BF16 for a %dx%d tensor (want %d)", len(raw), n, k, 2*n*k)
+	}
+	return quantizeRows(dst, bf16Rows{raw: raw, k: k}, n, k, s, opt)
+}
+
+// quantizeRows checks the arguments, sizes dst and quantizes the rows on GOMAXPROCS goroutines,
+// each with its own row buffer. On error the lowest failing row is reported.
+func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, opt Options) error {
+	if err := checkArgs(n, k, s, opt); err != nil {
+		return err
+	}
+	resize(dst, n, k, s)
+	q := quantizerFor(s)
+	workers := min(runtime.GOMAXPROCS(0), n, max(1, n*k/(1<<16)))
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		lo, hi := w*n/workers, (w+1)*n/workers
+		wg.Go(func() {
+			buf := make([]float32, k)
+			for row := lo; row < hi; row++ {
+				if err := quantizeRow(dst, q, row, src.row(row, buf), opt.Importance, opt.Clip); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkArgs(n, k int, s quant.Scheme, opt Options) error {
+	if n <= 0 || k <= 0 {
+		return fmt.Errorf("blockwise: tensor shape %dx%d must be positive", n, k)
+	}
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("blockwise: %w", err)
+	}
+	if opt.Importance == nil {
+		return nil
+	}
+	if !opt.Clip {
+		return fmt.Errorf("blockwise: importance weights are only used by the clip search; set Clip")
+	}
+	if len(opt.Importance) != k {
+		return fmt.Errorf("blockwise: %d importance weights for %d input channels", len(opt.Importance), k)
+	}
+	for i, v := range opt.Importance {
+		if !(v >= 0) || math.IsInf(float64(v), 1) {
+			return fmt.Errorf("blockwise: importance of input channel %d is %g; want finite and ≥ 0", i, v)
+		}
+	}
+	return nil
+}
+
+// resize makes dst an n×k tensor of scheme s, keeping slice capacity.
+func resize(dst *quant.Tensor, n, k int, s quant.Scheme) {
+	ng := n * s.Groups(k)
+	dst.Scheme, dst.N, dst.K, dst.GIdx = s, n, k, nil
+	dst.Codes = grow(dst.Codes, n*k)
+	dst.Scales = grow(dst.Scales, ng)
+	dst.Zeros = dst.Zeros[:0]
+	if s.Grid == quant.Integer {
+		dst.Zeros = grow(dst.Zeros, ng)
+	}
+	dst.Offsets = dst.Offsets[:0]
+	if s.Grid == quant.Binary && !s.Sym {
+		dst.Offsets = grow(dst.Offsets, ng)
+	}
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// quantizeRow quantizes row `row` of dst from its weights w, group by group.
+func quantizeRow(dst *quant.Tensor, q groupQuantizer, row int, w, imp []float32, clip bool) error {
+	if col := firstNonFinite(w); col >= 0 {
+		return fmt.Errorf("weight at row %d, column %d is %g", row, col, w[col])
+	}
+	k := dst.K
+	gs := dst.Scheme.GroupSize
+	if gs == quant.PerChannel || gs > k {
+		gs = k
+	}
+	groups := dst.Scheme.Groups(k)
+	codes := dst.Codes[row*k : (row+1)*k]
+	for g := range groups {
+		lo, hi := g*gs, min((g+1)*gs, k)
+		var gimp []float32
+		if imp != nil {
+			gimp = imp[lo:hi]
+		}
+		pr := fitGroup(q, w[lo:hi], gimp, codes[lo:hi], clip)
+		if !finite(pr.scale) || !finite(pr.offset) {
+			return fmt.Errorf("row %d, group %d: scale %g or offset %g is not finite in F16 (weights too large)", row, g, pr.scale, pr.offset)
+		}
+		q.encode(codes[lo:hi], w[lo:hi], pr)
+		i := row*groups + g
+		dst.Scales[i] = pr.scale
+		if len(dst.Zeros) > 0 {
+			dst.Zeros[i] = pr.zero
+		}
+		if len(dst.Offsets) > 0 {
+			dst.Offsets[i] = pr.offset
+		}
+	}
+	return nil
+}
+
+func fitGroup(q groupQuantizer, w, imp []float32, codes []uint8, clip bool) params {
+	if clip {
+		return clipSearch(q, w, imp, codes)
+	}
+	return q.fit(w, 1)
+}
+
+func finite(f float32) bool { return !math.IsInf(float64(f), 0) && f == f }
+
+// firstNonFinite returns the index of the first NaN or ±Inf in w, or −1. The common all-finite
+// case is a branch-free OR over the exponent fields: adding 1 to an all-ones exponent carries
+// into the sign bit, and into no other exponent.
+func firstNonFinite(w []float32) int {
+	var carry uint32
+	for _, v := range w {
+		carry |= math.Float32bits(v)&0x7f800000 + 0x00800000
+	}
+	if carry&0x80000000 == 0 {
+		return -1
+	}
+	for i, v := range w {
+		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
+			return i
+		}
+	}
+	return -1
+}

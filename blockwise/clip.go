@@ -1,0 +1,46 @@
+package blockwise
+
+import "math"
+
+// The clipping search of the GPTQ reference quantizer (quant.py, mse=True): try shrinking the
+// group's range by p = 1 − i/100 for i = 0..79 and keep the candidate with the smallest
+// Σ imp_k·|Q(w_k) − w_k|^2.4 (imp_k = 1 without importance). The first minimum wins, so p = 1,
+// plain RTN, is kept unless a shrunk range is strictly better.
+const (
+	clipSteps = 80
+	clipGrid  = 100
+	clipNorm  = 2.4
+)
+
+// clipSearch returns the best parameters for group w; codes (len(w)) is scratch.
+func clipSearch(q groupQuantizer, w, imp []float32, codes []uint8) params {
+	var best params
+	bestErr := math.Inf(1)
+	for i := range clipSteps {
+		p := float32(1 - float64(i)/clipGrid)
+		pr := q.fit(w, p)
+		if err := clipError(q, w, imp, pr, codes, bestErr); err < bestErr {
+			best, bestErr = pr, err
+		}
+	}
+	return best
+}
+
+// clipError returns Σ imp_k·|Q(w_k) − w_k|^2.4 in float64, or a partial sum ≥ limit as soon as
+// the sum reaches limit (the terms are non-negative, so the candidate cannot win any more).
+func clipError(q groupQuantizer, w, imp []float32, pr params, codes []uint8, limit float64) float64 {
+	q.encode(codes, w, pr)
+	var sum float64
+	for i, v := range w {
+		d := math.Abs(float64(q.decode(codes[i], pr) - v))
+		e := math.Pow(d, clipNorm)
+		if imp != nil {
+			e *= float64(imp[i])
+		}
+		sum += e
+		if sum >= limit {
+			return sum
+		}
+	}
+	return sum
+}

@@ -1,0 +1,168 @@
+package blockwise
+
+import (
+	"math"
+
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// params are one group's quantization parameters; each grid uses the fields it needs.
+type params struct {
+	scale, offset float32
+	zero          uint8
+}
+
+// groupQuantizer is one grid's round-to-nearest: parameters from a group's weights, codes from
+// parameters, values from codes. fit shrinks the group's range by p (p = 1 is plain RTN; the
+// clip search tries smaller p).
+type groupQuantizer interface {
+	fit(w []float32, p float32) params
+	encode(codes []uint8, w []float32, pr params)
+	decode(q uint8, pr params) float32
+}
+
+func quantizerFor(s quant.Scheme) groupQuantizer {
+	switch s.Grid {
+	case quant.Integer:
+		return intQuantizer{s}
+	case quant.NF4:
+		return nf4Quantizer{}
+	case quant.FP8E4M3:
+		return fp8Quantizer{}
+	default:
+		return binaryQuantizer{sym: s.Sym}
+	}
+}
+
+// intQuantizer is the GPTQ reference quantizer: the range [min(w, 0), max(w, 0)] (±absmax when
+// symmetric) shrunk by p, scale rounded to F16, zero = round(−xmin/scale) or 2^(bits−1).
+type intQuantizer struct{ s quant.Scheme }
+
+func (q intQuantizer) fit(w []float32, p float32) params {
+	xmin, xmax := minMax(w)
+	scale, zero := q.s.IntParamsRange(p*xmin, p*xmax)
+	return params{scale: scale, zero: zero}
+}
+
+// encode computes clamp(round_half_even(w/scale) + zero, 0, maxq) for each weight. w/scale is
+// a float32 division (not a multiplication by the reciprocal, which rounds differently for some
+// weights), exactly as quant.QuantizeInt and torch compute it. The quotient is clamped to ±256,
+// which changes no code, and rounded in float32 by adding and subtracting 1.5·2^23: the sum
+// lands where float32's spacing is 1, so the hardware rounds it half to even, the same result as
+// math.RoundToEven for |x| < 2^22 (the float32 conversion keeps the compiler from fusing).
+func (q intQuantizer) encode(codes []uint8, w []float32, pr params) {
+	codes = codes[:len(w)]
+	zero, maxq := int32(pr.zero), int32(q.s.MaxQ())
+	for i, v := range w {
+		x := v / pr.scale
+		if x > 256 {
+			x = 256
+		} else if x < -256 {
+			x = -256
+		}
+		r := float32(x+roundMagic) - roundMagic
+		codes[i] = uint8(min(max(int32(r)+zero, 0), maxq))
+	}
+}
+
+// roundMagic is 1.5·2^23: for |x| < 2^22, float32(x + roundMagic) − roundMagic is x rounded
+// to the nearest integer, ties to even.
+const roundMagic = 12582912
+
+func (intQuantizer) decode(c uint8, pr params) float32 {
+	return quant.DequantizeInt(c, pr.scale, pr.zero)
+}
+
+// nf4Quantizer: scale = F16(p·absmax), code = nearest NF4 value of w/scale (ties to the lower
+// index, see quant.NF4Code).
+type nf4Quantizer struct{}
+
+func (nf4Quantizer) fit(w []float32, p float32) params {
+	return params{scale: quant.NF4Scale(p * absMax(w))}
+}
+
+func (nf4Quantizer) encode(codes []uint8, w []float32, pr params) {
+	codes = codes[:len(w)]
+	for i, v := range w {
+		codes[i] = quant.NF4Code(v / pr.scale)
+	}
+}
+
+func (nf4Quantizer) decode(c uint8, pr params) float32 { return quant.DequantizeNF4(c, pr.scale) }
+
+// fp8Quantizer: one float32 scale p·absmax/448 per output channel, code = E4M3(w/scale).
+type fp8Quantizer struct{}
+
+func (fp8Quantizer) fit(w []float32, p float32) params {
+	return params{scale: quant.FP8Scale(p * absMax(w))}
+}
+
+func (fp8Quantizer) encode(codes []uint8, w []float32, pr params) {
+	codes = codes[:len(w)]
+	for i, v := range w {
+		codes[i] = quant.FP8Code(v, pr.scale)
+	}
+}
+
+func (fp8Quantizer) decode(c uint8, pr params) float32 { return quant.DequantizeFP8(c, pr.scale) }
+
+// binaryQuantizer: sign codes around the offset (0 when symmetric) with scale mean|w − offset|;
+// clipping shrinks the scale by p (then rounds it to F16 again).
+type binaryQuantizer struct{ sym bool }
+
+func (q binaryQuantizer) fit(w []float32, p float32) params {
+	scale, offset := quant.BinaryParams(w, q.sym)
+	if p != 1 {
+		scale = quant.RoundF16(p * scale)
+		if scale == 0 {
+			scale = quant.MinF16Scale
+		}
+	}
+	return params{scale: scale, offset: offset}
+}
+
+func (binaryQuantizer) encode(codes []uint8, w []float32, pr params) {
+	codes = codes[:len(w)]
+	for i, v := range w {
+		codes[i] = quant.BinaryCode(v, pr.offset)
+	}
+}
+
+func (binaryQuantizer) decode(c uint8, pr params) float32 {
+	return quant.DequantizeBinary(c, pr.scale, pr.offset)
+}
+
+// minMax returns min(w, 0) and max(w, 0); w holds no NaN (quantizeRow checked). It compares
+// order-preserving integer keys of the float bits, two lanes at a time: branch-free and several
+// times faster than float comparisons or the NaN-aware builtins on random data.
+func minMax(w []float32) (xmin, xmax float32) {
+	var lo0, hi0, lo1, hi1 int32 // key(0) = 0 puts 0 in the range
+	i := 0
+	for ; i+2 <= len(w); i += 2 {
+		k0, k1 := orderKey(w[i]), orderKey(w[i+1])
+		lo0, hi0 = min(lo0, k0), max(hi0, k0)
+		lo1, hi1 = min(lo1, k1), max(hi1, k1)
+	}
+	lo, hi := min(lo0, lo1), max(hi0, hi1)
+	if i < len(w) {
+		k := orderKey(w[i])
+		lo, hi = min(lo, k), max(hi, k)
+	}
+	return fromOrderKey(lo), fromOrderKey(hi)
+}
+
+// orderKey maps a non-NaN float32 to an int32 with the same order (−0 just below +0): negative
+// floats have their magnitude bits flipped.
+func orderKey(v float32) int32 {
+	u := int32(math.Float32bits(v))
+	return u ^ (u >> 31 & 0x7fffffff)
+}
+
+func fromOrderKey(k int32) float32 {
+	return math.Float32frombits(uint32(k ^ (k >> 31 & 0x7fffffff)))
+}
+
+func absMax(w []float32) float32 {
+	xmin, xmax := minMax(w)
+	return max(-xmin, xmax)
+}

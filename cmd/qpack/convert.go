@@ -1,0 +1,195 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/qpack-dev/qpack/alloc"
+	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/packing"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// planFlags are shared by convert and plan: they say what to quantize, and how.
+func planFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "method", Value: "rtn", Usage: "quantization method: rtn"},
+		&cli.IntFlag{Name: "bits", Value: 4, Usage: "code width of the integer grid: 2, 3, 4 or 8"},
+		&cli.IntFlag{Name: "group-size", Value: 128, Usage: "input channels per scale; -1 or 0 for one group per output channel"},
+		&cli.BoolFlag{Name: "sym", Usage: "symmetric grid (the default)"},
+		&cli.BoolFlag{Name: "asym", Usage: "asymmetric grid with a zero point per group"},
+		&cli.StringFlag{Name: "scheme", Usage: "full scheme name instead of --bits/--group-size/--sym, e.g. int4-g128-asym, nf4-g64, fp8, bin-g128-sym"},
+		&cli.StringFlag{Name: "format", Value: "gptq", Usage: "output layout: " + strings.Join(packing.Names(), ", ")},
+		&cli.BoolFlag{Name: "clip", Usage: "search an MSE-optimal clipping range per group"},
+		&cli.StringFlag{Name: "strategy", Value: "uniform", Usage: "precision per tensor: uniform (the scheme everywhere), evolved (protect edges, measure the middle) or budget (least error under --target-bpw/--target-size)"},
+		&cli.StringFlag{Name: "ladder", Usage: "candidate schemes, lowest precision first, comma-separated (keep = input dtype); default: evolved uses the scheme and its 8-bit version, budget int2..int8 g128 sym and keep"},
+		&cli.StringSliceFlag{Name: "override", Usage: "'REGEX=SCHEME' pins matching tensors (first match wins; SCHEME may be keep); repeatable"},
+		&cli.Float64Flag{Name: "target-bpw", Usage: "budget: at most this many bits per weight over the quantized tensors (scales and zeros counted)"},
+		&cli.StringFlag{Name: "target-size", Usage: "budget: at most this many bytes for the whole output (e.g. 4GB)"},
+		&cli.BoolFlag{Name: "quantize-embeddings", Usage: "quantize the token embedding too"},
+		&cli.BoolFlag{Name: "quantize-head", Usage: "quantize lm_head too"},
+		&cli.StringFlag{Name: "plan", Usage: "replay a plan written by `qpack plan --json` instead of planning"},
+	}
+}
+
+func convertCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "convert",
+		Usage:     "quantize a checkpoint and write it in a packed layout",
+		ArgsUsage: "SRC",
+		Flags: append(planFlags(),
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output directory (required)", Required: true},
+			&cli.StringFlag{Name: "max-shard-size", Usage: "split output into shards of at most this size (e.g. 5GB, 500MB); default: shard like the input"},
+			&cli.BoolFlag{Name: "overwrite", Usage: "replace the output directory if it exists"},
+			&cli.StringFlag{Name: "report", Usage: "write a JSON report of the conversion to this file"},
+			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no per-tensor progress lines"},
+		),
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return fmt.Errorf("convert needs exactly one SRC argument")
+			}
+			opt, err := convertOptions(c)
+			if err != nil {
+				return err
+			}
+			if v := c.String("max-shard-size"); v != "" {
+				if opt.MaxShardSize, err = parseSize(v); err != nil {
+					return fmt.Errorf("--max-shard-size: %w", err)
+				}
+			}
+			opt.Overwrite = c.Bool("overwrite")
+			if !c.Bool("quiet") {
+				opt.Log = c.App.ErrWriter
+			}
+			r, err := convert.Convert(c.Args().First(), c.String("output"), opt)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.Writer, "wrote %s: %d tensors quantized (%s) at %.3f bits/weight; %s → %s bytes (%.2f×) in %.1fs\n",
+				r.Output, r.Quantized, r.Method, r.QuantBPW, thousands(r.InBytes), thousands(r.OutBytes), r.Compression, r.Seconds)
+			if p := c.String("report"); p != "" {
+				return writeJSONFile(p, r)
+			}
+			return nil
+		},
+	}
+}
+
+// convertOptions reads the planning flags.
+func convertOptions(c *cli.Context) (convert.Options, error) {
+	opt := convert.DefaultOptions()
+	opt.Version = version
+	opt.Method = c.String("method")
+	opt.Format = c.String("format")
+	opt.Clip = c.Bool("clip")
+	if p := c.String("plan"); p != "" {
+		f, err := os.Open(p)
+		if err != nil {
+			return opt, err
+		}
+		defer f.Close()
+		if opt.Plan, err = alloc.ReadPlan(f); err != nil {
+			return opt, fmt.Errorf("%s: %w", p, err)
+		}
+		return opt, nil
+	}
+	s, err := schemeFromFlags(c)
+	if err != nil {
+		return opt, err
+	}
+	a := alloc.Options{Strategy: c.String("strategy"), QuantizeEmbeddings: c.Bool("quantize-embeddings"),
+		QuantizeHead: c.Bool("quantize-head"), TargetBPW: c.Float64("target-bpw")}
+	if a.Ladder, err = ladderFromFlags(c, a.Strategy, s); err != nil {
+		return opt, err
+	}
+	if a.Overrides, err = alloc.ParseOverrides(c.StringSlice("override")); err != nil {
+		return opt, err
+	}
+	if v := c.String("target-size"); v != "" {
+		if a.TargetBytes, err = parseSize(v); err != nil {
+			return opt, fmt.Errorf("--target-size: %w", err)
+		}
+	}
+	opt.Alloc = a
+	return opt, nil
+}
+
+// ladderFromFlags: --ladder when given; otherwise uniform uses the scheme, evolved the scheme
+// and its 8-bit version, and budget the allocator's default ladder.
+func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.Choice, error) {
+	if l := c.String("ladder"); l != "" {
+		return alloc.ParseLadder(l)
+	}
+	switch strategy {
+	case alloc.StrategyUniform:
+		return []alloc.Choice{alloc.SchemeChoice(s)}, nil
+	case alloc.StrategyEvolved:
+		high := s
+		high.Bits, high.Grid = 8, quant.Integer
+		return []alloc.Choice{alloc.SchemeChoice(s), alloc.SchemeChoice(high)}, nil
+	case alloc.StrategyBudget:
+		return nil, nil
+	}
+	return nil, fmt.Errorf("--strategy %q: want uniform, evolved or budget", strategy)
+}
+
+// schemeFromFlags reads --scheme, or --bits/--group-size/--sym/--asym.
+func schemeFromFlags(c *cli.Context) (quant.Scheme, error) {
+	if c.Bool("sym") && c.Bool("asym") {
+		return quant.Scheme{}, fmt.Errorf("--sym and --asym contradict each other")
+	}
+	if name := c.String("scheme"); name != "" {
+		if c.IsSet("bits") || c.IsSet("group-size") || c.IsSet("sym") || c.IsSet("asym") {
+			return quant.Scheme{}, fmt.Errorf("--scheme replaces --bits, --group-size, --sym and --asym; give one or the other")
+		}
+		return quant.ParseScheme(name)
+	}
+	g := c.Int("group-size")
+	if g < 0 {
+		g = quant.PerChannel
+	}
+	s := quant.Scheme{Bits: c.Int("bits"), GroupSize: g, Sym: !c.Bool("asym"), Grid: quant.Integer}
+	return s, s.Validate()
+}
+
+// parseSize reads sizes like 5GB, 500MB, 2GiB or a plain byte count.
+func parseSize(v string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"GIB", 1 << 30}, {"MIB", 1 << 20}, {"KIB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	u := strings.ToUpper(strings.TrimSpace(v))
+	mult := int64(1)
+	for _, x := range units {
+		if strings.HasSuffix(u, x.suffix) {
+			u, mult = strings.TrimSpace(strings.TrimSuffix(u, x.suffix)), x.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(u, 64)
+	if err != nil || f <= 0 {
+		return 0, fmt.Errorf("invalid size %q (want e.g. 5GB or 500MB)", v)
+	}
+	return int64(f * float64(mult)), nil
+}
+
+func writeJSONFile(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}

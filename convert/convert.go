@@ -1,0 +1,215 @@
+package convert
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/qpack-dev/qpack/packing"
+	"github.com/qpack-dev/qpack/safetensors"
+)
+
+// TensorReport says what happened to one input tensor.
+type TensorReport struct {
+	Name     string   `json:"name"`
+	Shape    []int    `json:"shape"`
+	Scheme   string   `json:"scheme"` // "keep" for tensors copied as they are
+	InBytes  int64    `json:"in_bytes"`
+	OutBytes int64    `json:"out_bytes"`
+	BPW      float64  `json:"bpw"`                 // stored bits per weight, parameters included
+	RelError float64  `json:"rel_error,omitempty"` // ‖W − Ŵ‖/‖W‖ of a quantized weight
+	Seconds  float64  `json:"seconds,omitempty"`   // quantize + pack time
+	Outputs  []string `json:"outputs,omitempty"`   // the stored tensors it became
+}
+
+// Report summarises a conversion; `qpack convert --report` writes it as JSON.
+type Report struct {
+	Source      string         `json:"source"`
+	Output      string         `json:"output"`
+	Method      string         `json:"method"`
+	Format      string         `json:"format"`
+	Tensors     []TensorReport `json:"tensors"`
+	Quantized   int            `json:"quantized_tensors"`
+	QuantParams int64          `json:"quantized_params"`
+	QuantBytes  int64          `json:"quantized_bytes"` // stored bytes of the quantized tensors
+	QuantBPW    float64        `json:"quantized_bpw"`
+	InBytes     int64          `json:"in_bytes"`
+	OutBytes    int64          `json:"out_bytes"`
+	Compression float64        `json:"compression"` // InBytes / OutBytes
+	Files       []string       `json:"files"`
+	Seconds     float64        `json:"seconds"`
+}
+
+// Convert quantizes the checkpoint at src into a new checkpoint directory dst.
+func Convert(src, dst string, opt Options) (*Report, error) {
+	start := time.Now()
+	f, err := opt.validate()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkDestination(dst, opt.Overwrite); err != nil {
+		return nil, err
+	}
+	ck, err := safetensors.Open(src)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	cfg, err := readModelConfig(ck.Dir, f)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := makePlan(ck, opt, f)
+	if err != nil {
+		return nil, err
+	}
+	items, err := planItems(ck, plan)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkMixed(items, f); err != nil {
+		return nil, err
+	}
+	report := &Report{Source: src, Output: dst, Method: opt.Method, Format: f.Name()}
+	tensors, err := buildTensors(ck, items, f, opt, report)
+	if err != nil {
+		return nil, err
+	}
+	meta, err := outputMetadata(ck, items, plan, f, opt)
+	if err != nil {
+		return nil, err
+	}
+	err = writeStaged(dst, opt.Overwrite, func(dir string) error {
+		files, err := safetensors.WriteShards(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)
+		if err != nil {
+			return err
+		}
+		report.Files = files
+		if err := writeModelConfigs(dir, cfg, f, items); err != nil {
+			return err
+		}
+		return copyAuxFiles(ck.Dir, dir, opt.Log)
+	})
+	if err != nil {
+		return nil, err
+	}
+	report.finish(time.Since(start))
+	return report, nil
+}
+
+// outTensor is one output tensor with the input shard it came from.
+type outTensor struct {
+	safetensors.WriterTensor
+	shard int
+}
+
+// buildTensors turns the plan into output tensors: kept tensors stream their input bytes, and
+// each quantized weight becomes its format's packed tensors, quantized when the first of them
+// is written and released after the last.
+func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, report *Report) ([]outTensor, error) {
+	report.Tensors = make([]TensorReport, len(items))
+	layouts := layoutCache{}
+	total := 0
+	for _, it := range items {
+		if it.Scheme != nil {
+			total++
+		}
+	}
+	var out []outTensor
+	done := 0
+	for i, it := range items {
+		tr := &report.Tensors[i]
+		*tr = TensorReport{Name: it.Info.Name, Shape: it.Info.Shape, InBytes: it.Info.Size, Scheme: "keep", OutBytes: it.Info.Size}
+		if it.Scheme == nil {
+			out = append(out, outTensor{keptTensor(ck, it.Info), it.ShardIdx})
+			continue
+		}
+		layout, err := layouts.get(f, it.Module, *it.Scheme, it.N(), it.K())
+		if err != nil {
+			return nil, fmt.Errorf("tensor %s: %w", it.Info.Name, err)
+		}
+		done++
+		tr.Scheme, tr.OutBytes = it.Scheme.String(), 0
+		for _, r := range layout {
+			tr.OutBytes += r.size
+			tr.Outputs = append(tr.Outputs, r.Name)
+		}
+		m := &packedModule{ck: ck, item: it, format: f, opt: opt, layout: layout, report: tr,
+			progress: fmt.Sprintf("[%d/%d]", done, total)}
+		for j := range layout {
+			out = append(out, outTensor{m.tensor(j), it.ShardIdx})
+		}
+	}
+	return out, nil
+}
+
+// keptTensor copies an input tensor unchanged, straight from the mapped file.
+func keptTensor(ck *safetensors.Checkpoint, info safetensors.TensorInfo) safetensors.WriterTensor {
+	return safetensors.WriterTensor{Name: info.Name, DType: info.DType, Shape: info.Shape,
+		WriteTo: func(w io.Writer) error {
+			b, err := ck.Bytes(info.Name)
+			if err != nil {
+				return err
+			}
+			_, err = w.Write(b)
+			ck.Release(info.Name)
+			return err
+		}}
+}
+
+// shardTensors groups the output like the input (one output shard per input shard), or by
+// maxBytes when it is set.
+func shardTensors(ts []outTensor, inputShards int, maxBytes int64) [][]safetensors.WriterTensor {
+	flat := make([]safetensors.WriterTensor, len(ts))
+	for i, t := range ts {
+		flat[i] = t.WriterTensor
+	}
+	if maxBytes > 0 {
+		return safetensors.SplitShards(flat, maxBytes)
+	}
+	shards := make([][]safetensors.WriterTensor, inputShards)
+	for _, t := range ts {
+		shards[t.shard] = append(shards[t.shard], t.WriterTensor)
+	}
+	var nonEmpty [][]safetensors.WriterTensor
+	for _, s := range shards {
+		if len(s) > 0 {
+			nonEmpty = append(nonEmpty, s)
+		}
+	}
+	return nonEmpty
+}
+
+func (r *Report) finish(elapsed time.Duration) {
+	r.Seconds = elapsed.Seconds()
+	for _, t := range r.Tensors {
+		r.InBytes += t.InBytes
+		r.OutBytes += t.OutBytes
+		params := numel(t.Shape)
+		if t.Scheme != "keep" {
+			r.Quantized++
+			r.QuantParams += params
+			r.QuantBytes += t.OutBytes
+		}
+	}
+	for i := range r.Tensors {
+		t := &r.Tensors[i]
+		if p := numel(t.Shape); p > 0 {
+			t.BPW = float64(8*t.OutBytes) / float64(p)
+		}
+	}
+	if r.QuantParams > 0 {
+		r.QuantBPW = float64(8*r.QuantBytes) / float64(r.QuantParams)
+	}
+	if r.OutBytes > 0 {
+		r.Compression = float64(r.InBytes) / float64(r.OutBytes)
+	}
+}
+
+func numel(shape []int) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		n *= int64(d)
+	}
+	return n
+}

@@ -1,0 +1,61 @@
+// Package convert runs qpack's pipeline: open a checkpoint, choose a scheme per tensor,
+// quantize, pack into an output layout, and stream the result to a new checkpoint directory
+// that appears only when it is complete.
+package convert
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/qpack-dev/qpack/alloc"
+	"github.com/qpack-dev/qpack/packing"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// Options say how to convert. Start from DefaultOptions.
+type Options struct {
+	Method string // "rtn"
+	Format string // output layout: a packing registry name
+	Clip   bool   // MSE-optimal clipping search per group (rtn)
+	// Alloc says how the allocator chooses each tensor's scheme (strategy, ladder, overrides,
+	// budget, whether embeddings and lm_head are candidates).
+	Alloc alloc.Options
+	// Plan, when set, is replayed exactly instead of planning (from `qpack plan --json`).
+	Plan *alloc.Plan
+	// MaxShardSize splits the output into shards of at most this many bytes; 0 keeps the
+	// input's sharding (one output shard per input shard).
+	MaxShardSize int64
+	// Overwrite allows replacing an existing output directory.
+	Overwrite bool
+	// Log receives one line per tensor; nil discards.
+	Log io.Writer
+	// Version is recorded in the output's provenance.
+	Version string
+}
+
+// DefaultScheme is the interoperable default: 4-bit, group 128, symmetric (formats.md §7).
+var DefaultScheme = quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}
+
+// DefaultOptions: RTN with the default scheme on every decoder linear, GPTQ layout.
+func DefaultOptions() Options {
+	return Options{Method: "rtn", Format: "gptq", Alloc: Uniform(DefaultScheme)}
+}
+
+// Uniform is the allocator setting that gives every candidate tensor scheme s.
+func Uniform(s quant.Scheme) alloc.Options {
+	return alloc.Options{Strategy: alloc.StrategyUniform, Ladder: []alloc.Choice{alloc.SchemeChoice(s)}}
+}
+
+func (o *Options) validate() (packing.Format, error) {
+	if o.Method != "rtn" {
+		return nil, fmt.Errorf("method %q is not available (available: rtn)", o.Method)
+	}
+	f, err := packing.Lookup(o.Format)
+	if err != nil {
+		return nil, err
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	return f, nil
+}

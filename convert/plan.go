@@ -1,0 +1,184 @@
+package convert
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/qpack-dev/qpack/alloc"
+	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/packing"
+	"github.com/qpack-dev/qpack/quant"
+	"github.com/qpack-dev/qpack/safetensors"
+)
+
+// Item is one input tensor and what happens to it.
+type Item struct {
+	Info     safetensors.TensorInfo
+	Role     model.Role
+	Module   string        // module prefix of a quantized weight
+	Scheme   *quant.Scheme // nil: kept as is
+	ShardIdx int           // input shard
+}
+
+// N and K are the output and input dimensions of a 2-D weight.
+func (it Item) N() int { return it.Info.Shape[0] }
+func (it Item) K() int { return it.Info.Shape[1] }
+
+// Plan chooses a scheme for every tensor of the checkpoint at src without writing anything:
+// what `qpack plan` shows and what Convert carries out.
+func Plan(src string, opt Options) (*alloc.Plan, error) {
+	f, err := opt.validate()
+	if err != nil {
+		return nil, err
+	}
+	ck, err := safetensors.Open(src)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	return makePlan(ck, opt, f)
+}
+
+// makePlan runs the allocator (or validates a replayed plan) over the checkpoint's tensors.
+// Sensitivity without calibration data is the weight-space error energy of RTN,
+// ‖W − Ŵ‖²/‖W‖²: the activation-weighted tr(ΔW H ΔWᵀ)/tr(W H Wᵀ) with H = I.
+func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format) (*alloc.Plan, error) {
+	descs, err := describe(ck)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Plan != nil {
+		if err := opt.Plan.Validate(descs, f.Supports); err != nil {
+			return nil, err
+		}
+		return opt.Plan, nil
+	}
+	if err := checkUniformScheme(descs, opt.Alloc, f); err != nil {
+		return nil, err
+	}
+	measure := func(t alloc.TensorDesc, s quant.Scheme) (float64, error) {
+		e, err := weightError(ck, t.Name, s, blockwise.Options{Clip: opt.Clip})
+		return e * e, err
+	}
+	planner, err := alloc.NewPlanner(descs, f.Bytes, f.Supports, measure)
+	if err != nil {
+		return nil, err
+	}
+	return planner.Plan(opt.Alloc)
+}
+
+// checkUniformScheme names the tensors a uniform scheme the format cannot hold would apply to,
+// so the refusal says what it is about.
+func checkUniformScheme(descs []alloc.TensorDesc, a alloc.Options, f packing.Format) error {
+	if a.Strategy != alloc.StrategyUniform || len(a.Ladder) != 1 || a.Ladder[0].Keep {
+		return nil
+	}
+	err := f.Supports(a.Ladder[0].Scheme)
+	if err == nil {
+		return nil
+	}
+	var linears []string
+	for _, d := range descs {
+		if d.Role.IsLinear() {
+			linears = append(linears, d.Name)
+		}
+	}
+	if len(linears) == 0 {
+		return err
+	}
+	return fmt.Errorf("tensor %s (and %d more): %w", linears[0], len(linears)-1, err)
+}
+
+func describe(ck *safetensors.Checkpoint) ([]alloc.TensorDesc, error) {
+	var infos []alloc.TensorInfo
+	for _, name := range ck.Names() {
+		info, _ := ck.Info(name)
+		infos = append(infos, alloc.TensorInfo{Name: name, Shape: info.Shape, DType: string(info.DType)})
+	}
+	return alloc.Describe(infos)
+}
+
+// weightError quantizes one tensor with RTN and returns ‖W − Ŵ‖/‖W‖.
+func weightError(ck *safetensors.Checkpoint, name string, s quant.Scheme, bopt blockwise.Options) (float64, error) {
+	info, _ := ck.Info(name)
+	w, err := ck.Float32(name)
+	if err != nil {
+		return 0, err
+	}
+	defer ck.Release(name)
+	t, err := blockwise.Quantize(w, info.Shape[0], info.Shape[1], s, bopt)
+	if err != nil {
+		return 0, fmt.Errorf("tensor %s: %w", name, err)
+	}
+	return quant.RelativeError(w, t.Dequantize(nil)), nil
+}
+
+// planItems lists every tensor in file order with its planned scheme.
+func planItems(ck *safetensors.Checkpoint, plan *alloc.Plan) ([]Item, error) {
+	shardOf := map[string]int{}
+	for i, p := range ck.Files() {
+		shardOf[p] = i
+	}
+	var items []Item
+	for _, h := range ck.Headers() {
+		for _, info := range h.Tensors { // file order, so output mirrors input
+			tn := model.ParseTensorName(info.Name)
+			it := Item{Info: info, Role: tn.Role, Module: tn.Module, ShardIdx: shardOf[info.File]}
+			e, ok := plan.Lookup(info.Name)
+			if !ok {
+				return nil, fmt.Errorf("the plan has no entry for tensor %s", info.Name)
+			}
+			c, err := e.Choice()
+			if err != nil {
+				return nil, err
+			}
+			if !c.Keep {
+				s := c.Scheme
+				it.Scheme = &s
+			}
+			items = append(items, it)
+		}
+	}
+	return items, nil
+}
+
+// mainScheme is the scheme that covers the most quantized parameters (ties: by name), which
+// a format's single quantization config records; ok is false when nothing is quantized.
+func mainScheme(items []Item) (s quant.Scheme, mixed, ok bool) {
+	params := map[quant.Scheme]int64{}
+	for _, it := range items {
+		if it.Scheme != nil {
+			params[*it.Scheme] += int64(it.N()) * int64(it.K())
+		}
+	}
+	if len(params) == 0 {
+		return quant.Scheme{}, false, false
+	}
+	schemes := make([]quant.Scheme, 0, len(params))
+	for k := range params {
+		schemes = append(schemes, k)
+	}
+	sort.Slice(schemes, func(a, b int) bool {
+		if params[schemes[a]] != params[schemes[b]] {
+			return params[schemes[a]] > params[schemes[b]]
+		}
+		return schemes[a].String() < schemes[b].String()
+	})
+	return schemes[0], len(schemes) > 1, true
+}
+
+// checkMixed refuses a plan with several schemes for a format whose config holds only one.
+func checkMixed(items []Item, f packing.Format) error {
+	main, mixed, _ := mainScheme(items)
+	if !mixed || f.Name() == "qpack" {
+		return nil
+	}
+	for _, it := range items {
+		if it.Scheme != nil && *it.Scheme != main {
+			return fmt.Errorf("tensor %s: the plan mixes schemes (%s here, %s elsewhere), which the %s format's single quantization config cannot describe; use --format qpack",
+				it.Info.Name, it.Scheme, main, f.Name())
+		}
+	}
+	return nil
+}

@@ -1,0 +1,97 @@
+package cuda
+
+import (
+	_ "embed"
+	"fmt"
+)
+
+//go:generate go run github.com/qpack-dev/qpack/cuda/ptxgen kernels/convert.cu
+
+var (
+	//go:embed kernels/convert.ptx
+	convertPTX []byte
+	//go:embed kernels/convert.cu
+	convertSource []byte
+)
+
+// DType is an element type a checkpoint stores and ConvertToF32 reads.
+type DType int
+
+const (
+	F32 DType = iota
+	F16
+	BF16
+)
+
+func (t DType) String() string {
+	switch t {
+	case F32:
+		return "F32"
+	case F16:
+		return "F16"
+	case BF16:
+		return "BF16"
+	}
+	return fmt.Sprintf("DType(%d)", int(t))
+}
+
+// Size is the element size in bytes.
+func (t DType) Size() int {
+	if t == F32 {
+		return 4
+	}
+	return 2
+}
+
+const convertBlock = 256
+
+type convertKernels struct {
+	scalar, vec8 map[DType]Function
+}
+
+func (d *Device) convertKernels() (*convertKernels, error) {
+	d.convertOnce.Do(func() {
+		m, err := d.LoadModule(convertPTX)
+		if err != nil {
+			d.convertErr = fmt.Errorf("loading kernels/convert.ptx: %w", err)
+			return
+		}
+		k := &convertKernels{scalar: map[DType]Function{}, vec8: map[DType]Function{}}
+		for t, name := range map[DType]string{F16: "f16_to_f32", BF16: "bf16_to_f32"} {
+			if k.scalar[t], err = m.Function(name); err == nil {
+				k.vec8[t], err = m.Function(name + "_vec8")
+			}
+			if err != nil {
+				d.convertErr = err
+				return
+			}
+		}
+		d.convert = k
+	})
+	return d.convert, d.convertErr
+}
+
+// ConvertToF32 enqueues on stream s the widening of n elements of type t at src into float32
+// at dst (exact for F16 and BF16; F32 is a device copy). dst must not overlap src.
+func (d *Device) ConvertToF32(dst, src DevicePtr, t DType, n int, s Stream) error {
+	if n <= 0 {
+		return fmt.Errorf("cuda: ConvertToF32 of %d elements", n)
+	}
+	if t == F32 {
+		return d.CopyDeviceAsync(dst, src, 4*n, s)
+	}
+	if t != F16 && t != BF16 {
+		return fmt.Errorf("cuda: ConvertToF32: unsupported type %s", t)
+	}
+	k, err := d.convertKernels()
+	if err != nil {
+		return err
+	}
+	fn, work := k.scalar[t], n
+	if src%16 == 0 && dst%16 == 0 {
+		fn, work = k.vec8[t], max(n/8, n%8)
+	}
+	// Grid-stride loops: enough blocks to fill the GPU several times over, no more.
+	blocks := min((work+convertBlock-1)/convertBlock, 32*max(d.info.Multiprocessors, 1))
+	return fn.Launch(Dim3{blocks, 1, 1}, Dim3{convertBlock, 1, 1}, 0, s, src, dst, uint64(n))
+}

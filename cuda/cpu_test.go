@@ -1,0 +1,95 @@
+package cuda
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestConvertPTXIsFresh(t *testing.T) {
+	if err := CheckPTX(convertPTX, convertSource); err != nil {
+		t.Fatalf("kernels/convert.ptx: %v", err)
+	}
+}
+
+func TestCheckPTXDetectsStaleness(t *testing.T) {
+	src := []byte("extern \"C\" __global__ void k() {}\n")
+	ptx := []byte(PTXHeader("k.cu", src, "-arch=compute_80 -ptx") + "\n.version 8.0\n")
+	if err := CheckPTX(ptx, src); err != nil {
+		t.Fatalf("fresh PTX rejected: %v", err)
+	}
+	edited := append([]byte("// edit\n"), src...)
+	if err := CheckPTX(ptx, edited); err == nil || !strings.Contains(err.Error(), "stale") {
+		t.Fatalf("edited source: got %v, want a staleness error", err)
+	}
+	if err := CheckPTX([]byte(".version 8.0\n"), src); err == nil {
+		t.Fatal("PTX without header accepted")
+	}
+}
+
+func TestMissingDriverIsErrNoDriver(t *testing.T) {
+	_, err := loadDriver([]string{"libqpack-no-such-driver.so.1"})
+	if !errors.Is(err, ErrNoDriver) {
+		t.Fatalf("got %v, want ErrNoDriver", err)
+	}
+	if !strings.Contains(err.Error(), "libqpack-no-such-driver.so.1") {
+		t.Errorf("error %q does not name the library tried", err)
+	}
+}
+
+func TestOpenWithoutDriverSaysSo(t *testing.T) {
+	if _, err := loadedDriver(); err == nil {
+		t.Skip("a driver is present")
+	}
+	_, err := Open(0)
+	if !errors.Is(err, ErrNoDriver) {
+		t.Fatalf("Open without a driver: %v, want ErrNoDriver", err)
+	}
+	r := Describe()
+	if r.DriverErr == nil || !strings.Contains(r.String(), "runs on the CPU") {
+		t.Errorf("Describe without driver:\n%s", r)
+	}
+}
+
+func TestKernelParamsLayout(t *testing.T) {
+	params, err := kernelParams([]any{DevicePtr(0x1234), int32(-1), uint32(7), int64(-2), 5, uint64(1 << 40), float32(1.5), 2.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []uint64{0x1234, 0xffffffff, 7, math.MaxUint64 - 1, 5, 1 << 40, uint64(math.Float32bits(1.5)), math.Float64bits(2.5)}
+	for i := range want {
+		if params[i] != want[i] {
+			t.Errorf("param %d: %#x, want %#x", i, params[i], want[i])
+		}
+	}
+	if _, err := kernelParams([]any{"text"}); err == nil {
+		t.Error("string argument accepted")
+	}
+}
+
+func TestLibrarySearchTriesEnvDirFirst(t *testing.T) {
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "libcublas.so.13")
+	if err := os.WriteFile(fake, []byte("not an ELF file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(LibraryDirEnv, dir)
+	if got := LibrarySearchDirs()[0]; got != dir {
+		t.Fatalf("first search dir %q, want %q", got, dir)
+	}
+	for _, lib := range FindLibraries() {
+		if lib.Name != "cublas" {
+			continue
+		}
+		if lib.Path == fake {
+			t.Fatal("a file that is not a library was reported as loaded")
+		}
+		if lib.Err != nil && !strings.Contains(lib.Err.Error(), fake) {
+			t.Errorf("failure %q does not mention the file tried first", lib.Err)
+		}
+		t.Log(lib)
+	}
+}

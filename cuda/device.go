@@ -1,0 +1,226 @@
+package cuda
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+)
+
+// Device attributes read with cuDeviceGetAttribute (values from cuda.h's CUdevice_attribute).
+const (
+	attrMultiprocessorCount = 16
+	attrComputeMajor        = 75
+	attrComputeMinor        = 76
+)
+
+// DeviceInfo describes one GPU as the driver reports it.
+type DeviceInfo struct {
+	Ordinal         int
+	Name            string
+	TotalMemory     uint64 // bytes
+	ComputeMajor    int
+	ComputeMinor    int
+	Multiprocessors int
+}
+
+func (i DeviceInfo) String() string {
+	return fmt.Sprintf("GPU %d: %s, %.1f GiB, compute capability %d.%d, %d SMs", i.Ordinal, i.Name,
+		float64(i.TotalMemory)/(1<<30), i.ComputeMajor, i.ComputeMinor, i.Multiprocessors)
+}
+
+// DriverVersion returns the CUDA version the driver supports, e.g. 13000 for 13.0.
+func DriverVersion() (int, error) {
+	drv, err := loadedDriver()
+	if err != nil {
+		return 0, err
+	}
+	var v int32
+	if err := drv.check("cuDriverGetVersion", drv.cuDriverGetVersion(&v)); err != nil {
+		return 0, err
+	}
+	return int(v), nil
+}
+
+// Devices lists the GPUs the driver sees. It creates no context.
+func Devices() ([]DeviceInfo, error) {
+	drv, err := loadedDriver()
+	if err != nil {
+		return nil, err
+	}
+	var n int32
+	if err := drv.check("cuDeviceGetCount", drv.cuDeviceGetCount(&n)); err != nil {
+		return nil, err
+	}
+	infos := make([]DeviceInfo, n)
+	for i := range infos {
+		if infos[i], err = drv.deviceInfo(i); err != nil {
+			return nil, err
+		}
+	}
+	return infos, nil
+}
+
+func (d *driver) deviceInfo(ordinal int) (DeviceInfo, error) {
+	info := DeviceInfo{Ordinal: ordinal}
+	var dev int32
+	if err := d.check("cuDeviceGet", d.cuDeviceGet(&dev, int32(ordinal))); err != nil {
+		return info, err
+	}
+	name := make([]byte, 256)
+	if err := d.check("cuDeviceGetName", d.cuDeviceGetName(&name[0], int32(len(name)), dev)); err != nil {
+		return info, err
+	}
+	info.Name = goString(&name[0])
+	if err := d.check("cuDeviceTotalMem_v2", d.cuDeviceTotalMem(&info.TotalMemory, dev)); err != nil {
+		return info, err
+	}
+	for _, a := range []struct {
+		attr int32
+		dst  *int
+	}{
+		{attrComputeMajor, &info.ComputeMajor},
+		{attrComputeMinor, &info.ComputeMinor},
+		{attrMultiprocessorCount, &info.Multiprocessors},
+	} {
+		var v int32
+		if err := d.check("cuDeviceGetAttribute", d.cuDeviceGetAttribute(&v, a.attr, dev)); err != nil {
+			return info, err
+		}
+		*a.dst = int(v)
+	}
+	return info, nil
+}
+
+// Device is one GPU with its primary context current on a dedicated goroutine locked to an
+// OS thread. Every method sends its driver calls to that goroutine, so a Device may be used
+// from any goroutine; calls are serialized.
+type Device struct {
+	info DeviceInfo
+	drv  *driver
+	dev  int32
+	ctx  uintptr // 0 once closed; read and written only on the device thread
+
+	calls     chan func()
+	quit      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+
+	pinned map[uintptr]int // base → size of host memory from AllocHost; device thread only
+
+	convertOnce sync.Once
+	convert     *convertKernels
+	convertErr  error
+}
+
+// Open retains the primary context of GPU ordinal and starts its device thread. Without a
+// driver the error wraps ErrNoDriver.
+func Open(ordinal int) (*Device, error) {
+	drv, err := loadedDriver()
+	if err != nil {
+		return nil, err
+	}
+	var count int32
+	if err := drv.check("cuDeviceGetCount", drv.cuDeviceGetCount(&count)); err != nil {
+		return nil, err
+	}
+	if ordinal < 0 || ordinal >= int(count) {
+		return nil, fmt.Errorf("cuda: no GPU %d (the driver sees %d)", ordinal, count)
+	}
+	info, err := drv.deviceInfo(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	d := &Device{info: info, drv: drv, calls: make(chan func()), quit: make(chan struct{}),
+		pinned: map[uintptr]int{}}
+	started := make(chan error, 1)
+	go d.thread(started)
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// thread is the device's goroutine: it stays locked to its OS thread for its whole life (the
+// thread exits with it), makes the primary context current there and runs the calls.
+func (d *Device) thread(started chan<- error) {
+	runtime.LockOSThread()
+	var dev int32
+	err := d.drv.check("cuDeviceGet", d.drv.cuDeviceGet(&dev, int32(d.info.Ordinal)))
+	if err == nil {
+		err = d.drv.check("cuDevicePrimaryCtxRetain", d.drv.cuDevicePrimaryCtxRetain(&d.ctx, dev))
+	}
+	if err == nil {
+		d.dev = dev
+		if err = d.drv.check("cuCtxSetCurrent", d.drv.cuCtxSetCurrent(d.ctx)); err != nil {
+			d.drv.cuDevicePrimaryCtxRelease(dev)
+			d.ctx = 0
+		}
+	}
+	started <- err
+	if err != nil {
+		return
+	}
+	for {
+		select {
+		case f := <-d.calls:
+			f()
+		case <-d.quit:
+			return
+		}
+	}
+}
+
+// do runs f on the device thread and returns its error. A panic in f becomes an error.
+func (d *Device) do(f func() error) error {
+	done := make(chan error, 1)
+	call := func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- fmt.Errorf("cuda: panic on device thread: %v", r)
+			}
+		}()
+		if d.ctx == 0 {
+			done <- ErrClosed
+			return
+		}
+		done <- f()
+	}
+	select {
+	case d.calls <- call:
+		return <-done
+	case <-d.quit:
+		return ErrClosed
+	}
+}
+
+// Info describes the GPU.
+func (d *Device) Info() DeviceInfo { return d.info }
+
+// MemoryInfo returns the free and total device memory in bytes.
+func (d *Device) MemoryInfo() (free, total uint64, err error) {
+	err = d.do(func() error { return d.drv.check("cuMemGetInfo_v2", d.drv.cuMemGetInfo(&free, &total)) })
+	return free, total, err
+}
+
+// Synchronize waits until all work on the device has finished and reports any error an
+// earlier asynchronous launch or copy left behind.
+func (d *Device) Synchronize() error {
+	return d.do(func() error { return d.drv.check("cuCtxSynchronize", d.drv.cuCtxSynchronize()) })
+}
+
+// Close waits for outstanding work, releases the primary context and stops the device thread.
+// Memory not freed is released with the context when no one else retains it.
+func (d *Device) Close() error {
+	d.closeOnce.Do(func() {
+		d.closeErr = d.do(func() error {
+			err := d.drv.check("cuCtxSynchronize", d.drv.cuCtxSynchronize())
+			if e := d.drv.check("cuDevicePrimaryCtxRelease_v2", d.drv.cuDevicePrimaryCtxRelease(d.dev)); err == nil {
+				err = e
+			}
+			d.ctx = 0
+			return err
+		})
+		close(d.quit)
+	})
+	return d.closeErr
+}

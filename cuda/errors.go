@@ -1,0 +1,31 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrNoDriver is wrapped by every error that means the NVIDIA driver library could not be
+// loaded; callers fall back to the CPU when errors.Is(err, ErrNoDriver).
+var ErrNoDriver = errors.New("NVIDIA driver (libcuda.so.1) not found")
+
+// ErrClosed is returned by calls on a Device after Close.
+var ErrClosed = errors.New("cuda: device is closed")
+
+// Error is a failed driver call: the function, the CUresult code and the driver's name and
+// description of it.
+type Error struct {
+	Call    string // driver function, e.g. "cuMemAlloc_v2"
+	Code    int    // CUresult
+	Name    string // e.g. "CUDA_ERROR_OUT_OF_MEMORY"
+	Message string // e.g. "out of memory"
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("cuda: %s: %s (%d: %s)", e.Call, e.Name, e.Code, e.Message)
+}
+
+// result is the driver's CUresult.
+type result int32
+
+const success result = 0

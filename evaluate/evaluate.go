@@ -1,0 +1,156 @@
+// Package evaluate measures a checkpoint on held-out data — perplexity, and against a
+// reference checkpoint KL divergence and top-1 agreement — and checks the thresholds that
+// `qpack verify` enforces.
+package evaluate
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/npy"
+	"github.com/qpack-dev/qpack/tokenizer"
+)
+
+// Options say what to evaluate on.
+type Options struct {
+	Data      string // .npy token ids, or text tokenized with the model's tokenizer.json
+	SeqLen    int    // tokens per sequence (default 512)
+	MaxSeqs   int    // at most this many sequences (0: all that fit)
+	Reference string // optional reference checkpoint for KL divergence and top-1 agreement
+}
+
+// Report is what `qpack eval` prints.
+type Report struct {
+	Model      string  `json:"model"`
+	Data       string  `json:"data"`
+	SeqLen     int     `json:"seq_len"`
+	Sequences  int     `json:"sequences"`
+	Tokens     int     `json:"tokens"` // predicted tokens
+	Perplexity float64 `json:"perplexity"`
+	// With a reference:
+	Reference           string  `json:"reference,omitempty"`
+	ReferencePerplexity float64 `json:"reference_perplexity,omitempty"`
+	DeltaPerplexity     float64 `json:"delta_perplexity,omitempty"`
+	MeanKL              float64 `json:"mean_kl,omitempty"`
+	P99KL               float64 `json:"p99_kl,omitempty"`
+	Top1Agreement       float64 `json:"top1_agreement,omitempty"`
+	Seconds             float64 `json:"seconds"`
+}
+
+// Run evaluates the checkpoint at dir.
+func Run(dir string, opt Options) (*Report, error) {
+	start := time.Now()
+	if opt.SeqLen == 0 {
+		opt.SeqLen = 512
+	}
+	ids, err := LoadIDs(opt.Data, dir)
+	if err != nil {
+		return nil, err
+	}
+	m, err := model.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	r := &Report{Model: dir, Data: opt.Data, SeqLen: opt.SeqLen}
+	if opt.Reference == "" {
+		res, err := model.Perplexity(m, ids, opt.SeqLen, opt.MaxSeqs)
+		if err != nil {
+			return nil, err
+		}
+		r.setResult(res)
+	} else {
+		ref, err := model.Open(opt.Reference)
+		if err != nil {
+			return nil, err
+		}
+		defer ref.Close()
+		if ref.Config.Vocab != m.Config.Vocab {
+			return nil, fmt.Errorf("%s has a vocabulary of %d, the reference %s of %d", dir, m.Config.Vocab, opt.Reference, ref.Config.Vocab)
+		}
+		c, err := model.Compare(ref, m, ids, opt.SeqLen, opt.MaxSeqs)
+		if err != nil {
+			return nil, err
+		}
+		r.setResult(c.Test)
+		r.Reference, r.ReferencePerplexity = opt.Reference, c.Reference.Perplexity
+		r.DeltaPerplexity, r.MeanKL, r.P99KL, r.Top1Agreement = c.DeltaPerplexity, c.MeanKL, c.P99KL, c.Top1Agreement
+	}
+	r.Seconds = time.Since(start).Seconds()
+	return r, nil
+}
+
+func (r *Report) setResult(res model.Result) {
+	r.Perplexity, r.Tokens, r.Sequences = res.Perplexity, res.Tokens, res.Sequences
+}
+
+// LoadIDs reads token ids: an .npy array of integers as they are, anything else as UTF-8 text
+// tokenized with the tokenizer.json of modelDir (no special tokens added).
+func LoadIDs(path, modelDir string) ([]int, error) {
+	if path == "" {
+		return nil, fmt.Errorf("no data file given (--data)")
+	}
+	if strings.HasSuffix(path, ".npy") {
+		a, err := npy.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		ids, err := a.Ints()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		return ids, nil
+	}
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := tokenizer.Load(filepath.Join(modelDir, "tokenizer.json"))
+	if err != nil {
+		return nil, fmt.Errorf("tokenizing %s: %w", path, err)
+	}
+	return tok.Encode(string(text)), nil
+}
+
+// Thresholds are the limits `qpack verify` enforces; zero means unchecked.
+type Thresholds struct {
+	MaxPerplexity         float64 // absolute perplexity
+	MaxPerplexityIncrease float64 // relative: test/reference − 1 (0.02 = 2%)
+	MaxKL                 float64 // mean KL divergence, nats
+	MaxP99KL              float64
+	MinTop1               float64 // top-1 agreement, 0..1
+}
+
+// Check returns an error listing every violated threshold, or nil.
+func (t Thresholds) Check(r *Report) error {
+	var bad []string
+	if t.MaxPerplexity > 0 && r.Perplexity > t.MaxPerplexity {
+		bad = append(bad, fmt.Sprintf("perplexity %.4f > %.4f", r.Perplexity, t.MaxPerplexity))
+	}
+	needsRef := t.MaxPerplexityIncrease > 0 || t.MaxKL > 0 || t.MaxP99KL > 0 || t.MinTop1 > 0
+	if needsRef && r.Reference == "" {
+		return fmt.Errorf("the thresholds on KL, top-1 agreement and perplexity increase need --reference")
+	}
+	if t.MaxPerplexityIncrease > 0 {
+		if inc := r.Perplexity/r.ReferencePerplexity - 1; inc > t.MaxPerplexityIncrease {
+			bad = append(bad, fmt.Sprintf("perplexity increase %.2f%% > %.2f%% (%.4f vs %.4f)", 100*inc, 100*t.MaxPerplexityIncrease, r.Perplexity, r.ReferencePerplexity))
+		}
+	}
+	if t.MaxKL > 0 && r.MeanKL > t.MaxKL {
+		bad = append(bad, fmt.Sprintf("mean KL %.5f > %.5f", r.MeanKL, t.MaxKL))
+	}
+	if t.MaxP99KL > 0 && r.P99KL > t.MaxP99KL {
+		bad = append(bad, fmt.Sprintf("p99 KL %.5f > %.5f", r.P99KL, t.MaxP99KL))
+	}
+	if t.MinTop1 > 0 && r.Top1Agreement < t.MinTop1 {
+		bad = append(bad, fmt.Sprintf("top-1 agreement %.4f < %.4f", r.Top1Agreement, t.MinTop1))
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("verification failed: %s", strings.Join(bad, "; "))
+	}
+	return nil
+}

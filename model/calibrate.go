@@ -1,0 +1,101 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Calibrator is driven by Calibrate: it sees the input of every linear group of every block over
+// the calibration sequences — to accumulate GPTQ's Hessian XᵀX or AWQ's mean |x|, say — and may
+// replace each block's linear weights before that block's outputs are passed on.
+type Calibrator interface {
+	// Observe receives the input x [rows, cols] (row-major) of group g of block `block` for one
+	// calibration sequence: rows is the sequence length, cols the In of the group's linears.
+	// x is a buffer of the forward pass, reused once Observe returns: accumulate, don't keep it.
+	Observe(block int, g Group, x []float32, rows, cols int) error
+	// Update is called once every sequence's inputs of groups have been observed, before anything
+	// that depends on those groups' outputs is computed. It may replace their weights through
+	// Linear.SetWeight (dequantized quantized weights, say), and may run b.Attention / b.MLP.
+	Update(b *Block, groups []Group) error
+}
+
+// CalibrateOptions tunes Calibrate.
+type CalibrateOptions struct {
+	// TrueSequential updates the groups of a block one at a time in forward order (qkv, o,
+	// gate_up, down), each observed with the earlier groups already replaced, as GPTQ's
+	// --true-sequential does. Otherwise all four groups are observed with the block's weights
+	// as loaded and updated by one Update call.
+	TrueSequential bool
+}
+
+// Calibrate runs m block by block over the calibration sequences, the sequential pipeline of
+// GPTQ (reference llama.py): only the current block's input hidden states of all sequences are
+// resident. For each block it
+//
+//  1. runs the block on every sequence, handing the inputs of the groups of the current step to
+//     c.Observe (the pass stops after the last group the step needs);
+//  2. calls c.Update(block, step groups), which may replace their weights;
+//  3. after the last step, runs the block with its final (e.g. quantized) weights to make the
+//     next block's inputs, so quantization error propagates as it will at inference.
+//
+// Replaced weights stay in m: afterwards m is the updated model (Perplexity(m, ...) evaluates it).
+func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error {
+	hidden := make([][]float32, len(seqs))
+	for s, seq := range seqs {
+		x, err := m.Embedding(seq)
+		if err != nil {
+			return fmt.Errorf("model: calibration sequence %d: %w", s, err)
+		}
+		hidden[s] = x
+	}
+	steps := [][]Group{Groups}
+	if opt.TrueSequential {
+		steps = [][]Group{{GroupQKV}, {GroupO}, {GroupGateUp}, {GroupDown}}
+	}
+	for i := range m.Config.Layers {
+		b, err := m.Block(i)
+		if err != nil {
+			return err
+		}
+		for _, step := range steps {
+			if err := observeStep(b, seqs, hidden, c, step); err != nil {
+				return err
+			}
+			if err := c.Update(b, step); err != nil {
+				return fmt.Errorf("model: calibration update of block %d: %w", i, err)
+			}
+		}
+		for s, seq := range seqs {
+			if err := b.Forward(hidden[s], len(seq), nil); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// observeStep runs block b on a copy of every sequence's hidden states, reporting the inputs of
+// the step's groups to c and stopping after the last of them.
+func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step []Group) error {
+	last := step[len(step)-1]
+	hook := func(g Group, x []float32, rows, cols int) error {
+		if slices.Contains(step, g) {
+			if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
+				return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
+			}
+		}
+		if g == last {
+			return errStopForward
+		}
+		return nil
+	}
+	var scratch []float32
+	for s, seq := range seqs {
+		scratch = append(scratch[:0], hidden[s]...)
+		if err := b.Forward(scratch, len(seq), hook); err != nil && !errors.Is(err, errStopForward) {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,157 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Result is a perplexity evaluation: sequences scored independently (no BOS added), each
+// position t ≥ 1 predicted from the tokens before it.
+type Result struct {
+	Perplexity float64 // exp(MeanNLL)
+	MeanNLL    float64 // mean negative log-likelihood per predicted token, nats
+	Tokens     int     // predicted tokens: Sequences × (seqLen−1)
+	Sequences  int
+}
+
+// Comparison is a test model (quantized, say) measured against a reference on the same tokens.
+type Comparison struct {
+	Reference, Test Result
+	DeltaPerplexity float64 // Test.Perplexity − Reference.Perplexity
+	MeanKL          float64 // mean over predicted tokens of KL(reference ‖ test), nats
+	P99KL           float64 // 99th percentile (nearest rank) of the per-token KL
+	Top1Agreement   float64 // fraction of tokens whose most likely next token is the same
+}
+
+// Sequences cuts ids into consecutive non-overlapping sequences of seqLen tokens, at most
+// maxSeqs of them (all that fit when maxSeqs ≤ 0); a partial tail is dropped.
+func Sequences(ids []int, seqLen, maxSeqs int) ([][]int, error) {
+	if seqLen < 2 {
+		return nil, fmt.Errorf("model: sequence length %d: need at least 2 tokens to predict one", seqLen)
+	}
+	n := len(ids) / seqLen
+	if maxSeqs > 0 {
+		n = min(n, maxSeqs)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("model: %d tokens do not fill one sequence of %d", len(ids), seqLen)
+	}
+	seqs := make([][]int, n)
+	for i := range seqs {
+		seqs[i] = ids[i*seqLen : (i+1)*seqLen]
+	}
+	return seqs, nil
+}
+
+// Perplexity evaluates m on ids cut by Sequences(ids, seqLen, maxSeqs), with float32 logits
+// and float64 log-softmax and sums.
+func Perplexity(m *Model, ids []int, seqLen, maxSeqs int) (Result, error) {
+	seqs, err := Sequences(ids, seqLen, maxSeqs)
+	if err != nil {
+		return Result{}, err
+	}
+	vocab := m.Config.Vocab
+	logp := make([]float64, vocab)
+	var nll float64
+	for _, seq := range seqs {
+		logits, err := m.Logits(seq)
+		if err != nil {
+			return Result{}, err
+		}
+		for t := 0; t+1 < len(seq); t++ {
+			logSoftmax(logp, logits[t*vocab:(t+1)*vocab])
+			nll -= logp[seq[t+1]]
+		}
+	}
+	return newResult(nll, len(seqs), seqLen), nil
+}
+
+// Compare evaluates ref and test on the same sequences and measures how far test's next-token
+// distributions are from ref's.
+func Compare(ref, test *Model, ids []int, seqLen, maxSeqs int) (Comparison, error) {
+	vocab := ref.Config.Vocab
+	if test.Config.Vocab != vocab {
+		return Comparison{}, fmt.Errorf("model: compare: vocabularies differ (%d vs %d)", vocab, test.Config.Vocab)
+	}
+	seqs, err := Sequences(ids, seqLen, maxSeqs)
+	if err != nil {
+		return Comparison{}, err
+	}
+	lpRef, lpTest := make([]float64, vocab), make([]float64, vocab)
+	var nllRef, nllTest float64
+	var agree int
+	var kls []float64
+	for _, seq := range seqs {
+		lr, err := ref.Logits(seq)
+		if err != nil {
+			return Comparison{}, fmt.Errorf("reference model: %w", err)
+		}
+		lt, err := test.Logits(seq)
+		if err != nil {
+			return Comparison{}, fmt.Errorf("test model: %w", err)
+		}
+		for t := 0; t+1 < len(seq); t++ {
+			logSoftmax(lpRef, lr[t*vocab:(t+1)*vocab])
+			logSoftmax(lpTest, lt[t*vocab:(t+1)*vocab])
+			nllRef -= lpRef[seq[t+1]]
+			nllTest -= lpTest[seq[t+1]]
+			kls = append(kls, klDivergence(lpRef, lpTest))
+			if argmax(lpRef) == argmax(lpTest) {
+				agree++
+			}
+		}
+	}
+	c := Comparison{Reference: newResult(nllRef, len(seqs), seqLen), Test: newResult(nllTest, len(seqs), seqLen)}
+	c.DeltaPerplexity = c.Test.Perplexity - c.Reference.Perplexity
+	var sum float64
+	for _, k := range kls {
+		sum += k
+	}
+	c.MeanKL = sum / float64(len(kls))
+	sort.Float64s(kls)
+	c.P99KL = kls[int(math.Ceil(0.99*float64(len(kls))))-1]
+	c.Top1Agreement = float64(agree) / float64(len(kls))
+	return c, nil
+}
+
+func newResult(nll float64, seqs, seqLen int) Result {
+	tokens := seqs * (seqLen - 1)
+	mean := nll / float64(tokens)
+	return Result{Perplexity: math.Exp(mean), MeanNLL: mean, Tokens: tokens, Sequences: seqs}
+}
+
+// logSoftmax writes dst[i] = x[i] − log Σ exp(x), computed stably in float64.
+func logSoftmax(dst []float64, x []float32) {
+	mx := math.Inf(-1)
+	for _, v := range x {
+		mx = max(mx, float64(v))
+	}
+	var sum float64
+	for _, v := range x {
+		sum += math.Exp(float64(v) - mx)
+	}
+	lse := mx + math.Log(sum)
+	for i, v := range x {
+		dst[i] = float64(v) - lse
+	}
+}
+
+// klDivergence is KL(p‖q) = Σ p·(log p − log q) from log-probabilities.
+func klDivergence(logP, logQ []float64) float64 {
+	var kl float64
+	for i, lp := range logP {
+		kl += math.Exp(lp) * (lp - logQ[i])
+	}
+	return max(kl, 0) // rounding can leave a tiny negative for identical distributions
+}
+
+func argmax(x []float64) int {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return best
+}

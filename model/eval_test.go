@@ -1,0 +1,136 @@
+package model
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func referencePerplexity(t *testing.T, dir string) float64 {
+	b, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		PPL float64 `json:"ppl"`
+	}
+	if err := json.Unmarshal(b, &ref); err != nil {
+		t.Fatal(err)
+	}
+	return ref.PPL
+}
+
+// fullEval reports whether the slow whole-protocol evaluations were asked for.
+func fullEval() bool { return !testing.Short() && os.Getenv("QPACK_EVAL") == "1" }
+
+func checkPerplexity(t *testing.T, m *Model, dir string, seqs int, want, tol float64) {
+	t.Helper()
+	r, err := Perplexity(m, heldoutIDs(t, dir), 512, seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: perplexity %.6f over %d sequences, %d tokens", dir, r.Perplexity, r.Sequences, r.Tokens)
+	if r.Sequences != seqs || r.Tokens != seqs*511 {
+		t.Errorf("scored %d sequences / %d tokens, want %d / %d", r.Sequences, r.Tokens, seqs, seqs*511)
+	}
+	if math.Abs(r.Perplexity-want) > tol {
+		t.Errorf("perplexity %.4f, want %.4f ± %g", r.Perplexity, want, tol)
+	}
+}
+
+// TestPerplexityTinySubset is the default suite's evaluation (the whole one takes ~20 s here):
+// 4 of the 64 sequences, against the value this implementation gives on them, recorded when its
+// whole evaluation matched the transformers reference to 1e-4 (TestPerplexityTiny).
+func TestPerplexityTinySubset(t *testing.T) {
+	checkPerplexity(t, openModel(t, tinyDir), tinyDir, 4, tinySubsetPerplexity, 1e-3)
+}
+
+const tinySubsetPerplexity = 52.685018
+
+func TestPerplexityTiny(t *testing.T) {
+	if !fullEval() {
+		t.Skip("set QPACK_EVAL=1 (and no -short) for the full tiny evaluation")
+	}
+	checkPerplexity(t, openModel(t, tinyDir), tinyDir, 64, referencePerplexity(t, tinyDir), 0.05)
+}
+
+func TestPerplexitySmallLlama(t *testing.T) {
+	if !fullEval() {
+		t.Skip("set QPACK_EVAL=1 (and no -short) for the full small-llama evaluation")
+	}
+	m := openBF16Reference(t, smallLlamaDir)
+	checkPerplexity(t, m, smallLlamaDir, 64, referencePerplexity(t, smallLlamaDir), 0.005)
+}
+
+func TestCompare(t *testing.T) {
+	ids := heldoutIDs(t, tinyDir)
+	ref := openModel(t, tinyDir)
+	self, err := Compare(ref, ref, ids, 64, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if self.MeanKL > 1e-12 || self.P99KL > 1e-12 || self.Top1Agreement != 1 || self.DeltaPerplexity != 0 {
+		t.Errorf("model against itself: %+v", self)
+	}
+	// Zero block 2's MLP: a different model whose distance must show.
+	test := openModel(t, tinyDir)
+	b, err := test.Block(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Down.SetWeight(make([]float32, len(b.Down.W))); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Compare(ref, test, ids, 64, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", c)
+	direct, err := Perplexity(test, ids, 64, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Test != direct || c.Reference != self.Reference {
+		t.Errorf("Compare's perplexities %+v / %+v differ from Perplexity's %+v / %+v", c.Test, c.Reference, direct, self.Reference)
+	}
+	if !(c.MeanKL > 0.01 && c.P99KL >= c.MeanKL && c.Top1Agreement < 1 && c.Top1Agreement > 0) {
+		t.Errorf("perturbed model: implausible comparison %+v", c)
+	}
+	if math.Abs(c.DeltaPerplexity-(c.Test.Perplexity-c.Reference.Perplexity)) > 1e-12 {
+		t.Errorf("ΔPPL %g is not test − reference", c.DeltaPerplexity)
+	}
+}
+
+func TestKLDivergence(t *testing.T) {
+	p := []float64{math.Log(0.5), math.Log(0.5)}
+	q := []float64{math.Log(0.25), math.Log(0.75)}
+	want := 0.5*math.Log(2) + 0.5*math.Log(2.0/3)
+	if got := klDivergence(p, q); math.Abs(got-want) > 1e-15 {
+		t.Errorf("KL = %g, want %g", got, want)
+	}
+	lp := make([]float64, 3)
+	logSoftmax(lp, []float32{1000, 1000, 999}) // stable at large logits
+	z := 2 + math.Exp(-1)
+	for i, want := range []float64{1 / z, 1 / z, math.Exp(-1) / z} {
+		if math.Abs(math.Exp(lp[i])-want) > 1e-12 {
+			t.Errorf("softmax[%d] = %g, want %g", i, math.Exp(lp[i]), want)
+		}
+	}
+}
+
+func TestSequences(t *testing.T) {
+	ids := make([]int, 10)
+	if s, err := Sequences(ids, 3, 0); err != nil || len(s) != 3 {
+		t.Errorf("Sequences(10 ids, 3, all) = %d sequences, %v; want 3", len(s), err)
+	}
+	if s, err := Sequences(ids, 3, 2); err != nil || len(s) != 2 {
+		t.Errorf("Sequences(10 ids, 3, max 2) = %d sequences, %v; want 2", len(s), err)
+	}
+	for _, seqLen := range []int{1, 11} {
+		if _, err := Sequences(ids, seqLen, 0); err == nil {
+			t.Errorf("sequence length %d of 10 ids accepted", seqLen)
+		}
+	}
+}

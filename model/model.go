@@ -1,0 +1,126 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"sync"
+)
+
+// Model is a decoder-only transformer whose weights are float32 in memory. Decoder blocks are
+// read from Weights on first use and then kept, so a caller (calibration, quantization) can
+// replace a block's linear weights and later forward passes use the replacement.
+type Model struct {
+	Config *Config
+	Embed  []float32 // embed_tokens [Vocab, Hidden]
+	Norm   []float32 // final RMSNorm weight [Hidden]
+	LMHead *Linear   // [Vocab, Hidden]; shares Embed's data when the embeddings are tied
+
+	weights Weights
+	rope    *ropeTable
+	mu      sync.Mutex
+	blocks  []*Block
+}
+
+// Linear is y = x·Wᵀ + Bias with W [Out, In] as PyTorch stores it.
+type Linear struct {
+	Name    string // module name, e.g. "model.layers.0.self_attn.q_proj"
+	Out, In int
+	W       []float32
+	Bias    []float32 // nil when the module has none
+}
+
+// Forward computes y[rows, Out] = x[rows, In]·Wᵀ + Bias.
+func (l *Linear) Forward(y, x []float32, rows int) {
+	matMulT(y, x, l.W, l.Bias, rows, l.In, l.Out)
+}
+
+// SetWeight replaces W, e.g. with dequantized quantized weights; w must be [Out, In] and finite.
+func (l *Linear) SetWeight(w []float32) error {
+	if len(w) != l.Out*l.In {
+		return fmt.Errorf("model: %s: replacement weight has %d values, want %d×%d", l.Name, len(w), l.Out, l.In)
+	}
+	for i, v := range w {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("model: %s: replacement weight has a non-finite value at index %d", l.Name, i)
+		}
+	}
+	l.W = w
+	return nil
+}
+
+// Load prepares a model of the given architecture; it reads the embeddings, the final norm and
+// lm_head now and the decoder blocks when first used.
+func Load(cfg *Config, w Weights) (*Model, error) {
+	m := &Model{Config: cfg, weights: w, rope: newRopeTable(cfg), blocks: make([]*Block, cfg.Layers)}
+	var err error
+	if m.Embed, err = loadTensor(w, "model.embed_tokens.weight", cfg.Vocab, cfg.Hidden); err != nil {
+		return nil, err
+	}
+	if m.Norm, err = loadTensor(w, "model.norm.weight", cfg.Hidden); err != nil {
+		return nil, err
+	}
+	m.LMHead = &Linear{Name: "lm_head", Out: cfg.Vocab, In: cfg.Hidden}
+	if _, ok := w.Shape("lm_head.weight"); !ok && cfg.TieEmbeddings {
+		m.LMHead.W = m.Embed
+	} else if m.LMHead.W, err = loadTensor(w, "lm_head.weight", cfg.Vocab, cfg.Hidden); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Block returns decoder block i, reading its weights on first use.
+func (m *Model) Block(i int) (*Block, error) {
+	if i < 0 || i >= m.Config.Layers {
+		return nil, fmt.Errorf("model: block %d out of range [0, %d)", i, m.Config.Layers)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.blocks[i] == nil {
+		b, err := loadBlock(m.Config, m.weights, m.rope, i)
+		if err != nil {
+			return nil, err
+		}
+		m.blocks[i] = b
+	}
+	return m.blocks[i], nil
+}
+
+// Embedding returns the hidden states [len(ids), Hidden] of the token ids.
+func (m *Model) Embedding(ids []int) ([]float32, error) {
+	h := m.Config.Hidden
+	x := make([]float32, len(ids)*h)
+	for t, id := range ids {
+		if id < 0 || id >= m.Config.Vocab {
+			return nil, fmt.Errorf("model: token id %d at position %d is outside the vocabulary [0, %d)", id, t, m.Config.Vocab)
+		}
+		copy(x[t*h:(t+1)*h], m.Embed[id*h:(id+1)*h])
+	}
+	return x, nil
+}
+
+// Head applies the final norm and lm_head to hidden states x [T, Hidden]: logits [T, Vocab].
+func (m *Model) Head(x []float32, T int) []float32 {
+	h := make([]float32, len(x))
+	rmsNorm(h, x, m.Norm, T, m.Config.Hidden, m.Config.RMSNormEps)
+	logits := make([]float32, T*m.Config.Vocab)
+	m.LMHead.Forward(logits, h, T)
+	return logits
+}
+
+// Logits runs the model over one sequence (no BOS is added) and returns logits [len(ids), Vocab].
+func (m *Model) Logits(ids []int) ([]float32, error) {
+	x, err := m.Embedding(ids)
+	if err != nil {
+		return nil, err
+	}
+	for i := range m.Config.Layers {
+		b, err := m.Block(i)
+		if err != nil {
+			return nil, err
+		}
+		if err := b.Forward(x, len(ids), nil); err != nil {
+			return nil, err
+		}
+	}
+	return m.Head(x, len(ids)), nil
+}

@@ -1,0 +1,94 @@
+package model
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/qpack-dev/qpack/npy"
+)
+
+const (
+	tinyDir       = "../testdata/models/tiny"
+	smallLlamaDir = "/work/shared/models/small-llama"
+)
+
+// openModel opens a test checkpoint, skipping when it is absent (the shared models are optional).
+func openModel(tb testing.TB, dir string) *Model {
+	tb.Helper()
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+		tb.Skipf("%s not available: %v", dir, err)
+	}
+	m, err := Open(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { m.Close() })
+	return m
+}
+
+// openBF16Reference opens a BF16 checkpoint the way its reference files were made: transformers
+// loaded it in bf16 (rounding the rotary inv_freq buffer to bf16) and then upcast to fp32.
+func openBF16Reference(tb testing.TB, dir string) *Model {
+	tb.Helper()
+	m := openModel(tb, dir)
+	cfg := *m.Config
+	cfg.Rope.InvFreqBF16 = true
+	ref, err := Load(&cfg, m.weights)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ref
+}
+
+func heldoutIDs(tb testing.TB, dir string) []int {
+	tb.Helper()
+	a, err := npy.ReadFile(filepath.Join(dir, "heldout_ids.npy"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ids, err := a.Ints()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ids
+}
+
+// checkProbeLogits compares our logits for the first 64 held-out ids with transformers' fp32 ones.
+func checkProbeLogits(t *testing.T, m *Model, dir string, tol float64) {
+	ids := heldoutIDs(t, dir)[:64]
+	got, err := m.Logits(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := npy.ReadFile(filepath.Join(dir, "probe_logits.npy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := a.Float32s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("logits: got %d values, want %d (shape %v)", len(got), len(want), a.Shape)
+	}
+	var maxAbs, maxDiff float64
+	for i := range want {
+		maxAbs = max(maxAbs, math.Abs(float64(want[i])))
+		maxDiff = max(maxDiff, math.Abs(float64(got[i]-want[i])))
+	}
+	t.Logf("max |logit| %.3f, max |diff| %.2e (%.2e relative)", maxAbs, maxDiff, maxDiff/maxAbs)
+	if maxDiff > tol*maxAbs {
+		t.Errorf("logits differ by %g, more than %g × max|logit| = %g", maxDiff, tol, tol*maxAbs)
+	}
+}
+
+func TestProbeLogitsTiny(t *testing.T) { checkProbeLogits(t, openModel(t, tinyDir), tinyDir, 1e-5) }
+
+// small-llama's reference was computed with bf16-rounded rotary frequencies: our float32
+// frequencies stay within the acceptance bound, the bf16 ones reproduce it to float32 rounding.
+func TestProbeLogitsSmallLlama(t *testing.T) {
+	checkProbeLogits(t, openModel(t, smallLlamaDir), smallLlamaDir, 1e-3)
+	checkProbeLogits(t, openBF16Reference(t, smallLlamaDir), smallLlamaDir, 1e-5)
+}

@@ -1,0 +1,96 @@
+package model
+
+import (
+	"fmt"
+	"math"
+)
+
+// Weights is where a Model reads its tensors from: a safetensors checkpoint, a reader that
+// dequantizes a packed checkpoint, or an in-memory map in tests.
+type Weights interface {
+	// Float32 returns the tensor converted to float32 (row-major); the model keeps the slice.
+	Float32(name string) ([]float32, error)
+	// Shape returns the tensor's dimensions and whether it exists.
+	Shape(name string) ([]int, bool)
+}
+
+// MapWeights is an in-memory Weights: tensor name → data and shape.
+type MapWeights struct {
+	Data   map[string][]float32
+	Shapes map[string][]int
+}
+
+// NewMapWeights returns an empty MapWeights.
+func NewMapWeights() *MapWeights {
+	return &MapWeights{Data: map[string][]float32{}, Shapes: map[string][]int{}}
+}
+
+// Set stores a tensor.
+func (w *MapWeights) Set(name string, data []float32, shape ...int) {
+	w.Data[name], w.Shapes[name] = data, shape
+}
+
+func (w *MapWeights) Float32(name string) ([]float32, error) {
+	d, ok := w.Data[name]
+	if !ok {
+		return nil, fmt.Errorf("tensor %q not found", name)
+	}
+	return d, nil
+}
+
+func (w *MapWeights) Shape(name string) ([]int, bool) {
+	s, ok := w.Shapes[name]
+	return s, ok
+}
+
+// loadTensor reads a tensor and checks its shape and that every value is finite.
+func loadTensor(w Weights, name string, shape ...int) ([]float32, error) {
+	got, ok := w.Shape(name)
+	if !ok {
+		return nil, fmt.Errorf("model: tensor %q not found", name)
+	}
+	if !sameShape(got, shape) {
+		return nil, fmt.Errorf("model: tensor %q has shape %v, want %v", name, got, shape)
+	}
+	data, err := w.Float32(name)
+	if err != nil {
+		return nil, fmt.Errorf("model: tensor %q: %w", name, err)
+	}
+	if len(data) != product(shape) {
+		return nil, fmt.Errorf("model: tensor %q has %d values, shape %v needs %d", name, len(data), shape, product(shape))
+	}
+	for i, v := range data {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return nil, fmt.Errorf("model: tensor %q has a non-finite value %v at index %d", name, v, i)
+		}
+	}
+	return data, nil
+}
+
+// loadOptional is loadTensor for a tensor that may be absent (biases): nil, nil when it is.
+func loadOptional(w Weights, name string, shape ...int) ([]float32, error) {
+	if _, ok := w.Shape(name); !ok {
+		return nil, nil
+	}
+	return loadTensor(w, name, shape...)
+}
+
+func sameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func product(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}

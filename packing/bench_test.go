@@ -1,0 +1,22 @@
+package packing
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// BenchmarkPackGPTQ packs a 4096×11008 int4-g128 weight (a 7B model's down_proj) into the
+// GPTQ layout; bytes/s counts input codes (one per weight).
+func BenchmarkPackGPTQ(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	x := randomTensor(rng, quant.Scheme{Grid: quant.Integer, Bits: 4, GroupSize: 128, Sym: true}, 4096, 11008, false)
+	b.SetBytes(int64(x.N * x.K))
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := (GPTQ{}).Pack("p", x); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,157 @@
+package packing
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Word is a storage unit of a packed bitstream: bytes (qpack) or 32-bit words (GPTQ, AWQ,
+// compressed-tensors, whose int32 tensors are these words reinterpreted).
+type Word interface{ ~uint8 | ~uint32 }
+
+func wordBits[W Word]() int {
+	var w W
+	w-- // all ones
+	if uint32(w) == 0xff {
+		return 8
+	}
+	return 32
+}
+
+// PackedLen is the number of W words that count b-bit codes occupy in a dense bitstream.
+func PackedLen[W Word](count, bits int) int {
+	wb := wordBits[W]()
+	return (count*bits + wb - 1) / wb
+}
+
+// checkBits accepts the code widths every layout here uses.
+func checkBits(bits int) error {
+	switch bits {
+	case 1, 2, 3, 4, 8:
+		return nil
+	}
+	return fmt.Errorf("packing: %d-bit codes are not supported (want 1, 2, 3, 4 or 8)", bits)
+}
+
+// PackStream writes count b-bit codes, read from src[0], src[srcStride], src[2·srcStride], …,
+// as one dense little-endian bitstream into the words dst[0], dst[dstStride], … :
+// code i occupies stream bits [i·b, i·b+b), and stream bit j is bit j mod w of word j / w
+// (w = 8 or 32). For b ∈ {1, 2, 4, 8} no code straddles a word, so this is the plain
+// "code j·pf+i at shift i·b" packing of GPTQ and compressed-tensors; for b = 3 it is GPTQ's
+// 32-codes-in-3-words layout. PackedLen words are written; unused high bits of the last one
+// are zero. A code ≥ 2^b is an error (reported with its index i).
+func PackStream[W Word](dst []W, dstStride int, src []uint8, srcStride, count, bits int) error {
+	if err := checkBits(bits); err != nil {
+		return err
+	}
+	wb := uint(wordBits[W]())
+	b := uint(bits)
+	limit := uint64(1) << b
+	i, d := 0, 0
+	if bits == 4 && srcStride == 1 && wb == 32 {
+		i, d = pack4Words(dst, dstStride, src, count)
+	}
+	var acc uint64 // pending stream bits, lowest first
+	var have uint  // how many bits acc holds
+	for s := i * srcStride; i < count; i, s = i+1, s+srcStride {
+		c := uint64(src[s])
+		if c >= limit {
+			return fmt.Errorf("packing: code %d at index %d does not fit in %d bits", c, i, bits)
+		}
+		acc |= c << have
+		have += b
+		if have >= wb {
+			dst[d] = W(acc)
+			d += dstStride
+			acc >>= wb
+			have -= wb
+		}
+	}
+	if have > 0 {
+		dst[d] = W(acc)
+	}
+	return nil
+}
+
+// pack4Words is PackStream's fast path for contiguous 4-bit codes into 32-bit words: eight
+// codes are read as one little-endian uint64 (code j in byte j) and their low nibbles squeezed
+// together (code j to bits 4j…4j+3). It packs whole words only and returns how many codes it
+// consumed and the index of the next word; a code ≥ 16 stops it, leaving the error to the
+// general loop.
+func pack4Words[W Word](dst []W, dstStride int, src []uint8, count int) (i, d int) {
+	for ; i+8 <= count; i, d = i+8, d+dstStride {
+		x := binary.LittleEndian.Uint64(src[i:])
+		if x&0xF0F0F0F0F0F0F0F0 != 0 {
+			break
+		}
+		x = (x | x>>4) & 0x00FF00FF00FF00FF
+		x = (x | x>>8) & 0x0000FFFF0000FFFF
+		x = (x | x>>16) & 0x00000000FFFFFFFF
+		dst[d] = W(x)
+	}
+	return i, d
+}
+
+// UnpackStream is the inverse of PackStream: it reads count b-bit codes from the bitstream
+// in src[0], src[srcStride], … and writes them to dst[0], dst[dstStride], … .
+func UnpackStream[W Word](dst []uint8, dstStride int, src []W, srcStride, count, bits int) error {
+	if err := checkBits(bits); err != nil {
+		return err
+	}
+	wb := uint(wordBits[W]())
+	b := uint(bits)
+	mask := uint64(1)<<b - 1
+	var acc uint64
+	var have uint
+	s := 0
+	for i, d := 0, 0; i < count; i, d = i+1, d+dstStride {
+		if have < b {
+			acc |= uint64(src[s]) << have
+			s += srcStride
+			have += wb
+		}
+		dst[d] = uint8(acc & mask)
+		acc >>= b
+		have -= b
+	}
+	return nil
+}
+
+// AWQOrder is AutoAWQ's interleave for 4-bit GEMM words: nibble i of a word holds column
+// 8c + AWQOrder[i] of its block of eight.
+var AWQOrder = [8]int{0, 2, 4, 6, 1, 3, 5, 7}
+
+// PackAWQ4 packs count 4-bit codes (count a multiple of 8), read from src[0], src[srcStride], …,
+// into count/8 consecutive words with AutoAWQ's interleave: word c holds code 8c+AWQOrder[i]
+// in bits [4i, 4i+4).
+func PackAWQ4(dst []uint32, src []uint8, srcStride, count int) error {
+	if count%8 != 0 {
+		return fmt.Errorf("packing: AWQ packs whole words of 8 codes, got %d codes", count)
+	}
+	for c := 0; c < count/8; c++ {
+		var w uint32
+		for i, j := range AWQOrder {
+			q := src[(8*c+j)*srcStride]
+			if q > 15 {
+				return fmt.Errorf("packing: code %d at index %d does not fit in 4 bits", q, 8*c+j)
+			}
+			w |= uint32(q) << (4 * i)
+		}
+		dst[c] = w
+	}
+	return nil
+}
+
+// UnpackAWQ4 is the inverse of PackAWQ4: it writes count codes to dst[0], dst[dstStride], … .
+func UnpackAWQ4(dst []uint8, dstStride int, src []uint32, count int) error {
+	if count%8 != 0 {
+		return fmt.Errorf("packing: AWQ packs whole words of 8 codes, got %d codes", count)
+	}
+	for c := 0; c < count/8; c++ {
+		w := src[c]
+		for i, j := range AWQOrder {
+			dst[(8*c+j)*dstStride] = uint8(w>>(4*i)) & 15
+		}
+	}
+	return nil
+}

@@ -1,0 +1,52 @@
+package packing
+
+import "fmt"
+
+// Dims of each layout: where [N, K] can be read without decoding the weights.
+
+// Dims: qweight is [K·b/32, N] and g_idx, always written, has K entries.
+func (GPTQ) Dims(prefix string, get func(string) (Raw, bool)) (n, k int, err error) {
+	g := getter(get)
+	qw, err := g.need(prefix + ".qweight")
+	if err != nil {
+		return 0, 0, err
+	}
+	gi, err := g.need(prefix + ".g_idx")
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(qw.Shape) != 2 || len(gi.Shape) != 1 {
+		return 0, 0, fmt.Errorf("tensor %s: qweight %v and g_idx %v are not a matrix and a vector", prefix, qw.Shape, gi.Shape)
+	}
+	return qw.Shape[1], gi.Shape[0], nil
+}
+
+// Dims: qweight is [K, N/8].
+func (AWQ) Dims(prefix string, get func(string) (Raw, bool)) (n, k int, err error) {
+	qw, err := getter(get).need(prefix + ".qweight")
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(qw.Shape) != 2 {
+		return 0, 0, fmt.Errorf("tensor %s.qweight: shape %v, want a matrix", prefix, qw.Shape)
+	}
+	return 8 * qw.Shape[1], qw.Shape[0], nil
+}
+
+// Dims: weight_shape holds [N, K].
+func (CompressedTensors) Dims(prefix string, get func(string) (Raw, bool)) (n, k int, err error) {
+	r, err := getter(get).need(prefix + ".weight_shape")
+	if err != nil {
+		return 0, 0, err
+	}
+	return rawShape(r)
+}
+
+// Dims: qpack_shape holds [N, K].
+func (QPack) Dims(prefix string, get func(string) (Raw, bool)) (n, k int, err error) {
+	r, err := getter(get).need(prefix + ".qpack_shape")
+	if err != nil {
+		return 0, 0, err
+	}
+	return rawShape(r)
+}

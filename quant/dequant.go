@@ -1,0 +1,135 @@
+package quant
+
+import (
+	"fmt"
+	"math"
+)
+
+// Dequantize writes the N×K float32 weights that t stands for into dst (row-major) and returns
+// it; dst is grown when its capacity is below N×K. Per grid, with g the group of column k
+// (GIdx when set):
+//
+//	Integer: scale·(q − zero)
+//	NF4:     scale·NF4Values[q]
+//	FP8:     scale·e4m3(q)
+//	Binary:  offset + scale·(2q − 1)   (offset 0 when Offsets is empty)
+//
+// t must be valid (see Validate); inconsistent lengths panic.
+func (t *Tensor) Dequantize(dst []float32) []float32 {
+	if cap(dst) < t.N*t.K {
+		dst = make([]float32, t.N*t.K)
+	}
+	dst = dst[:t.N*t.K]
+	groups := t.Scheme.Groups(t.K)
+	for n := range t.N {
+		codes := t.Codes[n*t.K : (n+1)*t.K]
+		out := dst[n*t.K : (n+1)*t.K]
+		for k, q := range codes {
+			out[k] = t.dequantizeOne(q, n*groups+t.Group(k))
+		}
+	}
+	return dst
+}
+
+// dequantizeOne returns the value of code q in group i (row-major over N × groups).
+func (t *Tensor) dequantizeOne(q uint8, i int) float32 {
+	scale := t.Scales[i]
+	switch t.Scheme.Grid {
+	case Integer:
+		return DequantizeInt(q, scale, t.Zeros[i])
+	case NF4:
+		return DequantizeNF4(q, scale)
+	case FP8E4M3:
+		return DequantizeFP8(q, scale)
+	case Binary:
+		var offset float32
+		if len(t.Offsets) > 0 {
+			offset = t.Offsets[i]
+		}
+		return DequantizeBinary(q, scale, offset)
+	}
+	panic(fmt.Sprintf("quant: dequantize: unknown grid %d", int(t.Scheme.Grid)))
+}
+
+// Validate checks that t is consistent: a valid scheme, positive N and K, slice lengths that
+// match N, K and the scheme's group count, codes below 2^bits (and no FP8 NaN codes), finite
+// non-zero scales, integer zero points ≤ maxq (exactly 2^(bits−1) when symmetric), finite
+// binary offsets, and GIdx values inside [0, groups).
+func (t *Tensor) Validate() error {
+	s := t.Scheme
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	if t.N <= 0 || t.K <= 0 {
+		return fmt.Errorf("quantized tensor %dx%d: dimensions must be positive", t.N, t.K)
+	}
+	groups := s.Groups(t.K)
+	ng := t.N * groups
+	if err := checkLen("codes", len(t.Codes), t.N*t.K); err != nil {
+		return err
+	}
+	if err := checkLen("scales", len(t.Scales), ng); err != nil {
+		return err
+	}
+	if err := t.validateZerosAndOffsets(ng); err != nil {
+		return err
+	}
+	if t.GIdx != nil {
+		if err := checkLen("g_idx", len(t.GIdx), t.K); err != nil {
+			return err
+		}
+		for k, g := range t.GIdx {
+			if g < 0 || int(g) >= groups {
+				return fmt.Errorf("g_idx[%d] = %d is outside [0, %d)", k, g, groups)
+			}
+		}
+	}
+	for i, c := range t.Codes {
+		if int(c) > s.MaxQ() || (s.Grid == FP8E4M3 && c&0x7f == 0x7f) {
+			return fmt.Errorf("code %#x at row %d, column %d is not a valid %s code", c, i/t.K, i%t.K, s)
+		}
+	}
+	for i, v := range t.Scales {
+		if v == 0 || math.IsInf(float64(v), 0) || v != v {
+			return fmt.Errorf("scale %g at row %d, group %d: scales must be finite and non-zero", v, i/groups, i%groups)
+		}
+	}
+	return nil
+}
+
+// validateZerosAndOffsets checks the grid-specific per-group slices.
+func (t *Tensor) validateZerosAndOffsets(ng int) error {
+	s := t.Scheme
+	groups := ng / t.N
+	wantZeros, wantOffsets := 0, 0
+	if s.Grid == Integer {
+		wantZeros = ng
+	}
+	if s.Grid == Binary && !s.Sym {
+		wantOffsets = ng
+	}
+	if err := checkLen("zeros", len(t.Zeros), wantZeros); err != nil {
+		return err
+	}
+	if err := checkLen("offsets", len(t.Offsets), wantOffsets); err != nil {
+		return err
+	}
+	for i, z := range t.Zeros {
+		if int(z) > s.MaxQ() || (s.Sym && int(z) != (s.MaxQ()+1)/2) {
+			return fmt.Errorf("zero point %d at row %d, group %d is not valid for %s", z, i/groups, i%groups, s)
+		}
+	}
+	for i, o := range t.Offsets {
+		if math.IsInf(float64(o), 0) || o != o {
+			return fmt.Errorf("offset %g at row %d, group %d is not finite", o, i/groups, i%groups)
+		}
+	}
+	return nil
+}
+
+func checkLen(what string, got, want int) error {
+	if got != want {
+		return fmt.Errorf("%s: have %d values, want %d", what, got, want)
+	}
+	return nil
+}
