@@ -59,7 +59,11 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	plan, err := makePlan(ck, opt, f)
+	calib, err := opt.calibration(ck.Dir)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := makePlan(ck, opt, f, calib)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +79,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	meta, err := outputMetadata(ck, items, plan, f, opt)
+	meta, err := outputMetadata(ck, items, plan, calib, f, opt)
 	if err != nil {
 		return nil, err
 	}

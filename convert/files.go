@@ -168,13 +168,15 @@ func copyFile(src, dst string) error {
 
 // Provenance is what every output records about how it was made.
 type Provenance struct {
-	Tool    string         `json:"tool"`
-	Version string         `json:"version"`
-	Method  string         `json:"method"`
-	Format  string         `json:"format"`
-	Inputs  []InputFile    `json:"inputs"`
-	Plan    *alloc.Plan    `json:"plan"`
-	Options map[string]any `json:"options"`
+	Tool    string      `json:"tool"`
+	Version string      `json:"version"`
+	Method  string      `json:"method"`
+	Format  string      `json:"format"`
+	Inputs  []InputFile `json:"inputs"`
+	Plan    *alloc.Plan `json:"plan"`
+	// Calibration identifies the calibration data, when there was any.
+	Calibration *Calibration   `json:"calibration,omitempty"`
+	Options     map[string]any `json:"options"`
 }
 
 // InputFile identifies one input file by name, size and SHA-256.
@@ -189,13 +191,13 @@ const ProvenanceKey = "qpack.provenance"
 
 // outputMetadata builds each output file's __metadata__: the format's per-tensor entries, its
 // config entries, and the provenance.
-func outputMetadata(ck *safetensors.Checkpoint, items []Item, plan *alloc.Plan, f packing.Format, opt Options) (map[string]string, error) {
+func outputMetadata(ck *safetensors.Checkpoint, items []Item, plan *alloc.Plan, calib *Calibration, f packing.Format, opt Options) (map[string]string, error) {
 	meta := map[string]string{}
 	if _, _, any := mainScheme(items); any {
 		meta = quantConfig(f, items).Meta()
 	}
 	prov := Provenance{Tool: "qpack", Version: opt.Version, Method: opt.Method, Format: f.Name(), Plan: plan,
-		Options: map[string]any{"clip": opt.Clip}}
+		Calibration: calib, Options: map[string]any{"clip": opt.Clip}}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue

@@ -20,6 +20,9 @@ type Options struct {
 	// Alloc says how the allocator chooses each tensor's scheme (strategy, ladder, overrides,
 	// budget, whether embeddings and lm_head are candidates).
 	Alloc alloc.Options
+	// Calib, when its File is set, runs the model over calibration data; the allocator then
+	// measures sensitivity as the activation-weighted error instead of the weight error.
+	Calib CalibOptions
 	// Plan, when set, is replayed exactly instead of planning (from `qpack plan --json`).
 	Plan *alloc.Plan
 	// MaxShardSize splits the output into shards of at most this many bytes; 0 keeps the
@@ -58,4 +61,12 @@ func (o *Options) validate() (packing.Format, error) {
 		o.Log = io.Discard
 	}
 	return f, nil
+}
+
+// calibration loads the calibration data when a file was given.
+func (o *Options) calibration(src string) (*Calibration, error) {
+	if o.Calib.File == "" {
+		return nil, nil
+	}
+	return loadCalibration(src, o.Calib)
 }

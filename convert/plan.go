@@ -37,13 +37,18 @@ func Plan(src string, opt Options) (*alloc.Plan, error) {
 		return nil, err
 	}
 	defer ck.Close()
-	return makePlan(ck, opt, f)
+	calib, err := opt.calibration(ck.Dir)
+	if err != nil {
+		return nil, err
+	}
+	return makePlan(ck, opt, f, calib)
 }
 
 // makePlan runs the allocator (or validates a replayed plan) over the checkpoint's tensors.
-// Sensitivity without calibration data is the weight-space error energy of RTN,
-// ‖W − Ŵ‖²/‖W‖²: the activation-weighted tr(ΔW H ΔWᵀ)/tr(W H Wᵀ) with H = I.
-func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format) (*alloc.Plan, error) {
+// Sensitivity is the relative error energy of RTN: with calibration data the diagonal form of
+// tr(ΔW H ΔWᵀ)/tr(W H Wᵀ), H's diagonal being each input channel's mean x²; without it
+// ‖W − Ŵ‖²/‖W‖², the same with H = I.
+func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *Calibration) (*alloc.Plan, error) {
 	descs, err := describe(ck)
 	if err != nil {
 		return nil, err
@@ -57,8 +62,15 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format) (*alloc
 	if err := checkUniformScheme(descs, opt.Alloc, f); err != nil {
 		return nil, err
 	}
+	var importance map[string][]float32
+	if calib != nil && needsMeasurement(opt.Alloc) {
+		if importance, err = measureImportance(ck.Dir, calib); err != nil {
+			return nil, err
+		}
+	}
 	measure := func(t alloc.TensorDesc, s quant.Scheme) (float64, error) {
-		e, err := weightError(ck, t.Name, s, blockwise.Options{Clip: opt.Clip})
+		imp := importance[model.ParseTensorName(t.Name).Module]
+		e, err := weightError(ck, t.Name, s, blockwise.Options{Clip: opt.Clip}, imp)
 		return e * e, err
 	}
 	planner, err := alloc.NewPlanner(descs, f.Bytes, f.Supports, measure)
@@ -99,8 +111,12 @@ func describe(ck *safetensors.Checkpoint) ([]alloc.TensorDesc, error) {
 	return alloc.Describe(infos)
 }
 
-// weightError quantizes one tensor with RTN and returns ‖W − Ŵ‖/‖W‖.
-func weightError(ck *safetensors.Checkpoint, name string, s quant.Scheme, bopt blockwise.Options) (float64, error) {
+// needsMeasurement says whether the strategy measures sensitivity.
+func needsMeasurement(a alloc.Options) bool { return a.Strategy != alloc.StrategyUniform }
+
+// weightError quantizes one tensor with RTN and returns ‖W − Ŵ‖/‖W‖, each input channel k
+// weighted by importance[k] when given.
+func weightError(ck *safetensors.Checkpoint, name string, s quant.Scheme, bopt blockwise.Options, importance []float32) (float64, error) {
 	info, _ := ck.Info(name)
 	w, err := ck.Float32(name)
 	if err != nil {
@@ -110,6 +126,9 @@ func weightError(ck *safetensors.Checkpoint, name string, s quant.Scheme, bopt b
 	t, err := blockwise.Quantize(w, info.Shape[0], info.Shape[1], s, bopt)
 	if err != nil {
 		return 0, fmt.Errorf("tensor %s: %w", name, err)
+	}
+	if importance != nil {
+		return quant.WeightedRelativeError(w, t.Dequantize(nil), t.N, t.K, importance), nil
 	}
 	return quant.RelativeError(w, t.Dequantize(nil)), nil
 }

@@ -1,0 +1,490 @@
+package blockwise
+
+import (
+	_ "embed"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+
+	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/packing"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+//go:generate go run github.com/qpack-dev/qpack/cuda/ptxgen kernels/blockwise.cu
+
+var (
+	//go:embed kernels/blockwise.ptx
+	blockwisePTX []byte
+	//go:embed kernels/blockwise.cu
+	blockwiseSource []byte
+)
+
+// Constants of kernels/blockwise.cu.
+const (
+	gpuTileRows = 32  // TILE_ROWS: rows of W per block
+	gpuTileCols = 256 // TILE_COLS: columns of W per block
+	gpuThreads  = 256 // THREADS
+	// gpuBlocksPerSM is the minimum resident blocks per SM in the encode kernels'
+	// __launch_bounds__.
+	gpuBlocksPerSM = 3
+)
+
+// Enumerations shared with kernels/blockwise.cu.
+const (
+	layoutGPTQ  = 0
+	layoutQPack = 1
+	gridInt     = 0
+	gridNF4     = 1
+)
+
+var gpuDTypes = map[string]struct {
+	code int32
+	size int
+}{"BF16": {0, 2}, "F16": {1, 2}, "F32": {2, 4}}
+
+// GPUQuantizer quantizes weight tensors with round-to-nearest on the GPU and packs them in the
+// GPTQ or qpack layout in the same pass. Its output is bit-identical to the CPU path,
+// Quantize (with zero Options) followed by the packing Format's Pack. It keeps one stream and
+// device and pinned buffers that grow to the largest tensor seen; it is not safe for concurrent
+// use.
+type GPUQuantizer struct {
+	dev     *cuda.Device
+	module  *cuda.Module
+	kernels struct {
+		// encode kernels by dtype code: fused (parameters fitted in the kernel) or reading
+		// the parameters of bw_params / bw_params_bin
+		fusedInt, fusedNF4, encodeInt, encodeNF4, encodeBin [3]cuda.Function
+		params, paramsBin, packZeros, resetStatus           cuda.Function
+	}
+	tileBlocks int            // blocks of the persistent encode kernels: gpuBlocksPerSM per SM
+	nf4        cuda.DevicePtr // the 15 NF4 thresholds
+	stream     cuda.Stream
+	dbuf       [numSlots]deviceBuffer
+	hostIn     []byte // pinned
+	hostOut    []byte // pinned
+
+	poison bool // tests: fill every output and scratch buffer with garbage before each run
+}
+
+type deviceBuffer struct {
+	ptr  cuda.DevicePtr
+	size int
+}
+
+// Device buffer slots.
+const (
+	slotInput = iota
+	slotCodes
+	slotScales
+	slotZeros
+	slotOffsets
+	slotZeroBytes
+	slotParamScale
+	slotParamOffset
+	slotStatus
+	numSlots
+)
+
+// NewGPUQuantizer loads the kernels on dev.
+func NewGPUQuantizer(dev *cuda.Device) (*GPUQuantizer, error) {
+	return newGPUQuantizer(dev, blockwisePTX)
+}
+
+func newGPUQuantizer(dev *cuda.Device, ptx []byte) (*GPUQuantizer, error) {
+	m, err := dev.LoadModule(ptx)
+	if err != nil {
+		return nil, fmt.Errorf("blockwise: loading kernels/blockwise.ptx: %w", err)
+	}
+	q := &GPUQuantizer{dev: dev, module: m, tileBlocks: gpuBlocksPerSM * dev.Info().Multiprocessors}
+	k := &q.kernels
+	kernels := []struct {
+		dst  *cuda.Function
+		name string
+	}{
+		{&k.params, "bw_params"}, {&k.paramsBin, "bw_params_bin"}, {&k.packZeros, "bw_pack_zeros"},
+		{&k.resetStatus, "bw_reset_status"},
+	}
+	for code, suffix := range []string{"_bf16", "_f16", "_f32"} {
+		for _, e := range []struct {
+			dst  *[3]cuda.Function
+			name string
+		}{{&k.fusedInt, "bw_fused_int"}, {&k.fusedNF4, "bw_fused_nf4"}, {&k.encodeInt, "bw_encode_int"},
+			{&k.encodeNF4, "bw_encode_nf4"}, {&k.encodeBin, "bw_encode_bin"}} {
+			kernels = append(kernels, struct {
+				dst  *cuda.Function
+				name string
+			}{&e.dst[code], e.name + suffix})
+		}
+	}
+	for _, f := range kernels {
+		if *f.dst, err = m.Function(f.name); err != nil {
+			m.Unload()
+			return nil, err
+		}
+	}
+	if q.stream, err = dev.NewStream(); err != nil {
+		m.Unload()
+		return nil, err
+	}
+	thresholds := quant.NF4Thresholds()
+	if q.nf4, err = dev.Alloc(4 * len(thresholds)); err == nil {
+		err = dev.CopyToDevice(q.nf4, cuda.Bytes(thresholds[:]))
+	}
+	if err != nil {
+		q.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// Close releases the quantizer's memory, stream and kernels.
+func (q *GPUQuantizer) Close() error {
+	var first error
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	for i := range q.dbuf {
+		if q.dbuf[i].size > 0 {
+			keep(q.dev.Free(q.dbuf[i].ptr))
+			q.dbuf[i] = deviceBuffer{}
+		}
+	}
+	for _, h := range []*[]byte{&q.hostIn, &q.hostOut} {
+		if *h != nil {
+			keep(q.dev.FreeHost(*h))
+			*h = nil
+		}
+	}
+	if q.nf4 != 0 {
+		keep(q.dev.Free(q.nf4))
+		q.nf4 = 0
+	}
+	if q.stream != 0 {
+		keep(q.dev.DestroyStream(q.stream))
+		q.stream = 0
+	}
+	keep(q.module.Unload())
+	return first
+}
+
+// Supports reports whether the GPU path handles scheme s in format ("gptq", "gptq_v2" or
+// "qpack"): integer 2/3/4/8-bit grids in all three, NF4 and binary in qpack; any group size.
+// FP8 and the other formats stay on the CPU. Tensor shapes are checked by QuantizePack.
+func (q *GPUQuantizer) Supports(s quant.Scheme, format string) bool {
+	if s.Validate() != nil {
+		return false
+	}
+	switch format {
+	case "gptq", "gptq_v2":
+		return s.Grid == quant.Integer
+	case "qpack":
+		return s.Grid == quant.Integer || s.Grid == quant.NF4 || s.Grid == quant.Binary
+	}
+	return false
+}
+
+// gpuJob is one tensor's quantization as the kernels see it.
+type gpuJob struct {
+	n, k      int
+	dtype     int32
+	s         quant.Scheme
+	layout    int32
+	zeroShift int32
+	gsize     int // columns per group: K for per-channel or a group larger than K
+	groups    int
+	prefix    string
+}
+
+func newGPUJob(dtype string, n, k int, s quant.Scheme, format, prefix string) (gpuJob, error) {
+	dt, ok := gpuDTypes[dtype]
+	if !ok {
+		return gpuJob{}, fmt.Errorf("tensor %s: the GPU quantizer reads BF16, F16 or F32, not %q", prefix, dtype)
+	}
+	if err := checkArgs(n, k, s, Options{}); err != nil {
+		return gpuJob{}, fmt.Errorf("tensor %s: %w", prefix, err)
+	}
+	j := gpuJob{n: n, k: k, dtype: dt.code, s: s, layout: layoutQPack, prefix: prefix,
+		gsize: s.GroupSize, groups: s.Groups(k)}
+	if j.gsize == quant.PerChannel || j.gsize > k {
+		j.gsize = k
+	}
+	switch format {
+	case "gptq", "gptq_v2":
+		j.layout = layoutGPTQ
+		if format == "gptq" {
+			j.zeroShift = 1
+		}
+		if s.Grid != quant.Integer {
+			return gpuJob{}, fmt.Errorf("tensor %s: format %s holds integer schemes, not %s", prefix, format, s)
+		}
+		if k*s.Bits%32 != 0 {
+			return gpuJob{}, fmt.Errorf("tensor %s: format %s packs %d-bit codes along K in whole int32 words, so K·%d must be a multiple of 32 (K = %d)",
+				prefix, format, s.Bits, s.Bits, k)
+		}
+	case "qpack":
+		if s.Grid == quant.FP8E4M3 {
+			return gpuJob{}, fmt.Errorf("tensor %s: the GPU quantizer does not do %s; use the CPU path", prefix, s)
+		}
+	default:
+		return gpuJob{}, fmt.Errorf("tensor %s: the GPU quantizer packs gptq, gptq_v2 or qpack, not %q", prefix, format)
+	}
+	if int64((n+gpuTileRows-1)/gpuTileRows)*int64((k+gpuTileCols-1)/gpuTileCols) > math.MaxInt32 {
+		return gpuJob{}, fmt.Errorf("tensor %s: %dx%d is too large for the GPU kernels' grid", prefix, n, k)
+	}
+	return j, nil
+}
+
+// fused reports whether the parameters are fitted inside the encode kernel: integer or NF4
+// groups of 8·2^i ≤ 256 columns (a power-of-two number of lanes of one warp).
+func (j gpuJob) fused() bool {
+	lanes := j.gsize / 8
+	return j.s.Grid != quant.Binary && j.gsize%8 == 0 && lanes <= 32 && bits.OnesCount(uint(lanes)) == 1
+}
+
+// outputSizes are the byte sizes of the packed tensors the kernels write.
+func (j gpuJob) outputSizes() (codes, scales, zeros, offsets int) {
+	b, n, k, ng := j.s.Bits, j.n, j.k, j.groups
+	scales = 2 * n * ng
+	if j.layout == layoutGPTQ {
+		return k * b / 32 * n * 4, scales, ng * packing.PackedLen[uint32](n, b) * 4, 0
+	}
+	codes = n * packing.PackedLen[uint8](k, b)
+	if j.s.Grid == quant.Integer && !j.s.Sym {
+		zeros = n * packing.PackedLen[uint8](ng, b)
+	}
+	if j.s.Grid == quant.Binary && !j.s.Sym {
+		offsets = 2 * n * ng
+	}
+	return codes, scales, zeros, offsets
+}
+
+// deviceBytes returns the size of every device buffer slot the job needs.
+func (j gpuJob) deviceBytes() [numSlots]int {
+	var sz [numSlots]int
+	sz[slotInput] = j.n * j.k * [3]int{2, 2, 4}[j.dtype]
+	sz[slotCodes], sz[slotScales], sz[slotZeros], sz[slotOffsets] = j.outputSizes()
+	ng := j.n * j.groups
+	if j.s.Grid == quant.Integer {
+		sz[slotZeroBytes] = ng
+	}
+	if !j.fused() {
+		sz[slotParamScale] = 4 * ng
+	}
+	if j.s.Grid == quant.Binary {
+		sz[slotParamOffset] = 4 * ng
+	}
+	sz[slotStatus] = 16
+	return sz
+}
+
+// buffers grows the device buffers to the job's needs and returns them.
+func (q *GPUQuantizer) buffers(j gpuJob) ([numSlots]cuda.DevicePtr, error) {
+	var ptrs [numSlots]cuda.DevicePtr
+	for i, need := range j.deviceBytes() {
+		b := &q.dbuf[i]
+		if need > b.size {
+			if b.size > 0 {
+				if err := q.dev.Free(b.ptr); err != nil {
+					return ptrs, err
+				}
+				*b = deviceBuffer{}
+			}
+			size := (need + 3) / 4 * 4 // whole words, so that poisoning reaches every byte
+			p, err := q.dev.Alloc(size)
+			if err != nil {
+				return ptrs, fmt.Errorf("tensor %s: %w", j.prefix, err)
+			}
+			*b = deviceBuffer{ptr: p, size: size}
+		}
+		ptrs[i] = b.ptr
+		if q.poison && need > 0 {
+			if err := q.dev.Fill32(b.ptr, 0xa5a5a5a5, b.size/4); err != nil {
+				return ptrs, err
+			}
+		}
+	}
+	return ptrs, nil
+}
+
+// enqueue launches the kernels of job j on stream st: input in ptrs[slotInput], results in the
+// other slots.
+func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numSlots]cuda.DevicePtr, st cuda.Stream) error {
+	k := &q.kernels
+	one := cuda.Dim3{X: 1, Y: 1, Z: 1}
+	if err := k.resetStatus.Launch(one, cuda.Dim3{X: 32, Y: 1, Z: 1}, 0, st, ptrs[slotStatus]); err != nil {
+		return err
+	}
+	s := j.s
+	sym := int32(0)
+	if s.Sym {
+		sym = 1
+	}
+	n, kk, gsize, groups, nbits := int32(j.n), int32(j.k), int32(j.gsize), int32(j.groups), int32(s.Bits)
+	spread := cuda.Dim3{X: min(max(1, (j.n*j.groups*32+gpuThreads-1)/gpuThreads), 65536), Y: 1, Z: 1}
+	block := cuda.Dim3{X: gpuThreads, Y: 1, Z: 1}
+	var encode cuda.Function
+	switch {
+	case j.fused() && s.Grid == quant.Integer:
+		encode = k.fusedInt[j.dtype]
+	case j.fused():
+		encode = k.fusedNF4[j.dtype]
+	case s.Grid == quant.Binary:
+		encode = k.encodeBin[j.dtype]
+		spread.X = min(max(1, (j.n*j.groups+gpuThreads-1)/gpuThreads), 65536)
+		if err := k.paramsBin.Launch(spread, block, 0, st, ptrs[slotInput], j.dtype, n, kk, gsize, groups, sym,
+			ptrs[slotScales], ptrs[slotOffsets], ptrs[slotParamScale], ptrs[slotParamOffset], ptrs[slotStatus]); err != nil {
+			return err
+		}
+	default:
+		grid, fn := int32(gridInt), k.encodeInt[j.dtype]
+		if s.Grid == quant.NF4 {
+			grid, fn = gridNF4, k.encodeNF4[j.dtype]
+		}
+		encode = fn
+		if err := k.params.Launch(spread, block, 0, st, ptrs[slotInput], j.dtype, n, kk, gsize, groups, grid, nbits, sym,
+			j.layout, ptrs[slotScales], ptrs[slotZeroBytes], ptrs[slotParamScale], ptrs[slotStatus]); err != nil {
+			return err
+		}
+	}
+	tiles := (j.k + gpuTileCols - 1) / gpuTileCols * ((j.n + gpuTileRows - 1) / gpuTileRows)
+	if err := encode.Launch(cuda.Dim3{X: min(tiles, q.tileBlocks), Y: 1, Z: 1}, block, 0, st, ptrs[slotInput], j.dtype, n, kk, gsize, groups, nbits, sym, j.layout,
+		ptrs[slotCodes], ptrs[slotScales], ptrs[slotZeroBytes], ptrs[slotParamScale], ptrs[slotParamOffset], q.nf4,
+		ptrs[slotStatus]); err != nil {
+		return err
+	}
+	if s.Grid != quant.Integer || (j.layout == layoutQPack && s.Sym) {
+		return nil
+	}
+	_, _, zeroBytes, _ := j.outputSizes()
+	words := (zeroBytes + 3) / 4
+	if j.layout == layoutQPack {
+		words = zeroBytes
+	}
+	return k.packZeros.Launch(cuda.Dim3{X: min(max(1, (words+gpuThreads-1)/gpuThreads), 65536), Y: 1, Z: 1}, block, 0, st,
+		ptrs[slotZeroBytes], n, groups, nbits, sym, j.zeroShift, j.layout, ptrs[slotZeros])
+}
+
+// statusError turns the status words a finished run left into an error like the CPU
+// reference's: the lowest row with a non-finite weight or a group whose scale overflows F16.
+func (j gpuJob) statusError(status [2]uint64) error {
+	groups := uint64(j.groups)
+	weightRow, groupRow := status[0]/uint64(j.k), status[1]/groups
+	switch {
+	case status[0] != math.MaxUint64 && (status[1] == math.MaxUint64 || weightRow <= groupRow):
+		return fmt.Errorf("tensor %s: weight at row %d, column %d is not finite", j.prefix, weightRow, status[0]%uint64(j.k))
+	case status[1] != math.MaxUint64:
+		return fmt.Errorf("tensor %s: row %d, group %d: scale or offset is not finite in F16 (weights too large)",
+			j.prefix, groupRow, status[1]%groups)
+	}
+	return nil
+}
+
+// QuantizePack quantizes the tensor W[n, k] given as raw little-endian bytes of dtype ("BF16",
+// "F16" or "F32") under s on the GPU and returns the tensors format's Pack would store for
+// module prefix — the same names, dtypes, shapes and bytes as Quantize followed by Pack.
+func (q *GPUQuantizer) QuantizePack(raw []byte, dtype string, n, k int, s quant.Scheme, format, prefix string) ([]packing.Raw, error) {
+	j, err := newGPUJob(dtype, n, k, s, format, prefix)
+	if err != nil {
+		return nil, err
+	}
+	need := j.deviceBytes()
+	if len(raw) != need[slotInput] {
+		return nil, fmt.Errorf("tensor %s: %d bytes of %s for a %dx%d tensor (want %d)", prefix, len(raw), dtype, n, k, need[slotInput])
+	}
+	ptrs, err := q.buffers(j)
+	if err != nil {
+		return nil, err
+	}
+	outSlots := []int{slotCodes, slotScales, slotZeros, slotOffsets, slotStatus}
+	outBytes := 0
+	for _, sl := range outSlots {
+		outBytes += need[sl]
+	}
+	if err := q.growHost(&q.hostIn, len(raw)); err != nil {
+		return nil, err
+	}
+	if err := q.growHost(&q.hostOut, outBytes); err != nil {
+		return nil, err
+	}
+	copy(q.hostIn, raw)
+	if err := q.dev.CopyToDeviceAsync(ptrs[slotInput], q.hostIn[:len(raw)], q.stream); err != nil {
+		return nil, err
+	}
+	if err := q.enqueue(j, ptrs, q.stream); err != nil {
+		return nil, err
+	}
+	host := map[int][]byte{}
+	at := 0
+	for _, sl := range outSlots {
+		host[sl] = q.hostOut[at : at+need[sl]]
+		at += need[sl]
+		if err := q.dev.CopyFromDeviceAsync(host[sl], ptrs[sl], q.stream); err != nil {
+			return nil, err
+		}
+	}
+	if err := q.dev.SynchronizeStream(q.stream); err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
+	}
+	st := host[slotStatus]
+	if err := j.statusError([2]uint64{binary.LittleEndian.Uint64(st), binary.LittleEndian.Uint64(st[8:])}); err != nil {
+		return nil, err
+	}
+	return j.raws(host[slotCodes], host[slotScales], host[slotZeros], host[slotOffsets]), nil
+}
+
+// growHost makes *buf pinned memory of at least size bytes, growing by half again.
+func (q *GPUQuantizer) growHost(buf *[]byte, size int) error {
+	if len(*buf) >= size {
+		return nil
+	}
+	size = max(size, len(*buf)*3/2, 1<<20)
+	if *buf != nil {
+		if err := q.dev.FreeHost(*buf); err != nil {
+			return err
+		}
+		*buf = nil
+	}
+	b, err := q.dev.AllocHost(size)
+	if err != nil {
+		return err
+	}
+	*buf = b
+	return nil
+}
+
+// raws wraps the downloaded tensors (copied out of pinned memory) as Pack names and shapes them.
+func (j gpuJob) raws(codes, scales, zeros, offsets []byte) []packing.Raw {
+	own := func(b []byte) []byte { return append([]byte(nil), b...) }
+	s, n, k, ng, p := j.s, j.n, j.k, j.groups, j.prefix
+	if j.layout == layoutGPTQ {
+		gidx := make([]byte, 4*k)
+		for c := range k {
+			binary.LittleEndian.PutUint32(gidx[4*c:], uint32(c/j.gsize))
+		}
+		return []packing.Raw{
+			{Name: p + ".qweight", DType: "I32", Shape: []int{k * s.Bits / 32, n}, Data: own(codes)},
+			{Name: p + ".qzeros", DType: "I32", Shape: []int{ng, packing.PackedLen[uint32](n, s.Bits)}, Data: own(zeros)},
+			{Name: p + ".scales", DType: "F16", Shape: []int{ng, n}, Data: own(scales)},
+			{Name: p + ".g_idx", DType: "I32", Shape: []int{k}, Data: gidx},
+		}
+	}
+	shape := make([]byte, 16)
+	binary.LittleEndian.PutUint64(shape, uint64(n))
+	binary.LittleEndian.PutUint64(shape[8:], uint64(k))
+	out := []packing.Raw{
+		{Name: p + ".qpack_shape", DType: "I64", Shape: []int{2}, Data: shape},
+		{Name: p + ".qpack_codes", DType: "U8", Shape: []int{n, packing.PackedLen[uint8](k, s.Bits)}, Data: own(codes)},
+		{Name: p + ".qpack_scales", DType: "F16", Shape: []int{n, ng}, Data: own(scales)},
+	}
+	if len(zeros) > 0 {
+		out = append(out, packing.Raw{Name: p + ".qpack_zeros", DType: "U8", Shape: []int{n, packing.PackedLen[uint8](ng, s.Bits)}, Data: own(zeros)})
+	}
+	if len(offsets) > 0 {
+		out = append(out, packing.Raw{Name: p + ".qpack_offsets", DType: "F16", Shape: []int{n, ng}, Data: own(offsets)})
+	}
+	return out
+}

@@ -1,0 +1,279 @@
+package blockwise
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/packing"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// gpuPTX lets a GPU run try kernels compiled there (nvcc -ptx) before the embedded PTX is
+// regenerated: go test -args -blockwise.ptx=/path/blockwise.ptx
+var gpuPTX = flag.String("blockwise.ptx", "", "load this PTX instead of the embedded kernels/blockwise.ptx")
+
+func TestGPUPTXIsFresh(t *testing.T) {
+	if err := cuda.CheckPTX(blockwisePTX, blockwiseSource); err != nil {
+		t.Fatalf("kernels/blockwise.ptx: %v", err)
+	}
+}
+
+// openGPUQuantizer opens GPU 0 and the kernels, skipping without a driver or GPU.
+func openGPUQuantizer(tb testing.TB) (*cuda.Device, *GPUQuantizer) {
+	tb.Helper()
+	gpus, err := cuda.Devices()
+	if errors.Is(err, cuda.ErrNoDriver) {
+		tb.Skip("no NVIDIA driver: ", err)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if len(gpus) == 0 {
+		tb.Skip("driver present but no GPU")
+	}
+	dev, err := cuda.Open(0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ptx := blockwisePTX
+	if *gpuPTX != "" {
+		if ptx, err = os.ReadFile(*gpuPTX); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	q, err := newGPUQuantizer(dev, ptx)
+	if err != nil {
+		dev.Close()
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { q.Close(); dev.Close() })
+	return dev, q
+}
+
+// gpuTestWeights returns n×k weights: Gaussian rows of varying magnitude, plus rows that hit
+// the edge cases of the parameter formulas (all zero, all positive, tiny, outliers, all
+// negative, one non-zero value).
+func gpuTestWeights(r *rand.Rand, n, k int) []float32 {
+	w := make([]float32, n*k)
+	for row := range n {
+		mag := float32(math.Exp2(r.Float64()*14 - 10))
+		for c := range k {
+			v := float32(r.NormFloat64()) * mag
+			switch row % 8 {
+			case 1:
+				v = 0
+			case 2:
+				v = float32(math.Abs(float64(v)))
+			case 3:
+				v *= 1e-8 // scales underflow F16 and become its smallest subnormal
+			case 4:
+				if r.IntN(50) == 0 {
+					v *= 30
+				}
+			case 5:
+				v = -float32(math.Abs(float64(v)))
+			case 6:
+				if c%37 != 5 {
+					v = 0
+				}
+			}
+			w[row*k+c] = v
+		}
+	}
+	return w
+}
+
+// encodeWeights stores w as raw little-endian dtype bytes and returns the float32 values those
+// bytes hold (what the CPU path quantizes).
+func encodeWeights(w []float32, dtype string) ([]byte, []float32) {
+	held := make([]float32, len(w))
+	if dtype == "F32" {
+		raw := make([]byte, 4*len(w))
+		for i, v := range w {
+			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
+		}
+		return raw, append(held[:0], w...)
+	}
+	raw := make([]byte, 2*len(w))
+	for i, v := range w {
+		var h uint16
+		if dtype == "BF16" {
+			h = fp.F32ToBF16(v)
+			held[i] = fp.BF16ToF32(h)
+		} else {
+			h = fp.F32ToF16(v)
+			held[i] = fp.F16ToF32(h)
+		}
+		binary.LittleEndian.PutUint16(raw[2*i:], h)
+	}
+	return raw, held
+}
+
+// cpuQuantizePack is the reference: Quantize, then the format's Pack.
+func cpuQuantizePack(w []float32, n, k int, s quant.Scheme, format, prefix string) ([]packing.Raw, error) {
+	f, err := packing.Lookup(format)
+	if err != nil {
+		return nil, err
+	}
+	t, err := Quantize(w, n, k, s, Options{})
+	if err != nil {
+		return nil, err
+	}
+	return f.Pack(prefix, t)
+}
+
+func compareRaws(t *testing.T, what string, got, want []packing.Raw) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("%s: %d tensors, want %d", what, len(got), len(want))
+		return
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		switch {
+		case g.Name != w.Name || g.DType != w.DType || !slices.Equal(g.Shape, w.Shape):
+			t.Errorf("%s: tensor %d is %s %s%v, want %s %s%v", what, i, g.Name, g.DType, g.Shape, w.Name, w.DType, w.Shape)
+		case !bytes.Equal(g.Data, w.Data):
+			t.Errorf("%s: %s differs from the reference at byte %d of %d", what, w.Name, firstDiff(g.Data, w.Data), len(w.Data))
+		}
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+func TestGPUQuantizerMatchesCPU(t *testing.T) {
+	_, q := openGPUQuantizer(t)
+	q.poison = true
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 7))
+	intSchemes := []string{"int4-g128-asym", "int4-g128-sym", "int8-g128-asym", "int8-g128-sym", "int2-g64-asym",
+		"int3-g128-asym", "int3-g32-sym", "int4-g32-asym", "int4-g8-asym", "int4-g256-sym", "int4-pc-asym",
+		"int4-g96-asym", "int8-g512-sym", "int2-pc-sym"}
+	qpackOnly := []string{"nf4-g64", "nf4-g128", "nf4-g8", "nf4-pc", "nf4-g96", "bin-g128-asym", "bin-g128-sym",
+		"bin-pc-asym", "bin-g40-asym"}
+	// N not a multiple of 8 or 32; K with a partial last group; K = 4 mod 8 (8-bit GPTQ only);
+	// K odd and tiny (qpack only: GPTQ refuses them, which the reference must do too).
+	shapes := [][2]int{{13, 544}, {37, 4096}, {300, 1056}, {70, 200}, {9, 132}, {21, 203}, {5, 13}, {64, 256}}
+	dtypes := []string{"BF16", "F16", "F32"}
+	runs := 0
+	for _, format := range []string{"gptq", "gptq_v2", "qpack"} {
+		names := intSchemes
+		if format == "qpack" {
+			names = append(slices.Clone(intSchemes), qpackOnly...)
+		}
+		for _, name := range names {
+			s, err := quant.ParseScheme(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !q.Supports(s, format) {
+				t.Errorf("Supports(%s, %s) = false", name, format)
+				continue
+			}
+			for _, shape := range shapes {
+				n, k := shape[0], shape[1]
+				dtype := dtypes[runs%len(dtypes)]
+				runs++
+				raw, held := encodeWeights(gpuTestWeights(r, n, k), dtype)
+				what := fmt.Sprintf("%s %s %s %dx%d", format, name, dtype, n, k)
+				want, werr := cpuQuantizePack(held, n, k, s, format, "m.w")
+				got, gerr := q.QuantizePack(raw, dtype, n, k, s, format, "m.w")
+				if werr != nil || gerr != nil {
+					if (werr == nil) != (gerr == nil) {
+						t.Errorf("%s: GPU error %v, CPU error %v", what, gerr, werr)
+					}
+					continue
+				}
+				compareRaws(t, what, got, want)
+			}
+		}
+	}
+	// Every dtype on the main scheme, on a larger tensor.
+	s := quant.Scheme{Bits: 4, GroupSize: 128, Grid: quant.Integer}
+	for _, dtype := range dtypes {
+		raw, held := encodeWeights(gpuTestWeights(r, 1000, 2176), dtype)
+		want, err := cpuQuantizePack(held, 1000, 2176, s, "gptq", "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := q.QuantizePack(raw, dtype, 1000, 2176, s, "gptq", "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		compareRaws(t, "gptq int4 1000x2176 "+dtype, got, want)
+	}
+}
+
+func TestGPUQuantizerReportsBadInput(t *testing.T) {
+	_, q := openGPUQuantizer(t)
+	const n, k = 16, 256
+	s := quant.Scheme{Bits: 4, GroupSize: 128, Grid: quant.Integer}
+	raw, _ := encodeWeights(gpuTestWeights(rand.New(rand.NewPCG(1, 2)), n, k), "BF16")
+	nan := slices.Clone(raw)
+	nan[2*(5*k+77)], nan[2*(5*k+77)+1] = 0xc0, 0x7f // BF16 NaN at row 5, column 77
+	for _, format := range []string{"gptq", "qpack"} {
+		if _, err := q.QuantizePack(nan, "BF16", n, k, s, format, "w"); err == nil || !strings.Contains(err.Error(), "row 5, column 77") {
+			t.Errorf("%s, NaN weight: got %v", format, err)
+		}
+	}
+	huge := slices.Clone(raw)
+	big := fp.F32ToBF16(3e38)
+	huge[2*(9*k+130)], huge[2*(9*k+130)+1] = byte(big), byte(big>>8)
+	if _, err := q.QuantizePack(huge, "BF16", n, k, s, "gptq", "w"); err == nil || !strings.Contains(err.Error(), "row 9, group 1") {
+		t.Errorf("scale overflowing F16: got %v", err)
+	}
+	bin := quant.Scheme{Bits: 1, GroupSize: 128, Grid: quant.Binary}
+	if _, err := q.QuantizePack(huge, "BF16", n, k, bin, "qpack", "w"); err == nil || !strings.Contains(err.Error(), "row 9, group 1") {
+		t.Errorf("binary offset overflowing F16: got %v", err)
+	}
+	if _, err := q.QuantizePack(raw[:10], "BF16", n, k, s, "gptq", "w"); err == nil {
+		t.Error("short input accepted")
+	}
+	if _, err := q.QuantizePack(raw, "I8", n, k, s, "gptq", "w"); err == nil {
+		t.Error("dtype I8 accepted")
+	}
+	// After errors the quantizer still works.
+	if _, err := q.QuantizePack(raw, "BF16", n, k, s, "gptq", "w"); err != nil {
+		t.Errorf("good input after bad ones: %v", err)
+	}
+}
+
+func TestGPUQuantizerSupports(t *testing.T) {
+	q := &GPUQuantizer{}
+	for _, c := range []struct {
+		scheme, format string
+		want           bool
+	}{
+		{"int4-g128-asym", "gptq", true}, {"int3-pc-sym", "gptq_v2", true}, {"nf4-g64", "qpack", true},
+		{"bin-g128-sym", "qpack", true}, {"nf4-g64", "gptq", false}, {"fp8", "qpack", false},
+		{"int4-g128-asym", "awq", false}, {"int8-g128-sym", "compressed-tensors", false},
+	} {
+		s, err := quant.ParseScheme(c.scheme)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := q.Supports(s, c.format); got != c.want {
+			t.Errorf("Supports(%s, %s) = %v, want %v", c.scheme, c.format, got, c.want)
+		}
+	}
+}
