@@ -19,6 +19,7 @@ type TensorReport struct {
 	BPW      float64  `json:"bpw"`                 // stored bits per weight, parameters included
 	RelError float64  `json:"rel_error,omitempty"` // ‖W − Ŵ‖/‖W‖ of a quantized weight
 	Seconds  float64  `json:"seconds,omitempty"`   // quantize + pack time
+	Device   string   `json:"device,omitempty"`    // where it was quantized: cpu or cuda
 	Outputs  []string `json:"outputs,omitempty"`   // the stored tensors it became
 }
 
@@ -74,8 +75,17 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err := checkMixed(items, f); err != nil {
 		return nil, err
 	}
+	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
+	g, err := openGPU(opt.Device, logf)
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
+	if err := checkDevicePlan(g, opt.Device, items, f, opt); err != nil {
+		return nil, err
+	}
 	report := &Report{Source: src, Output: dst, Method: opt.Method, Format: f.Name()}
-	tensors, err := buildTensors(ck, items, f, opt, report)
+	tensors, err := buildTensors(ck, items, f, opt, g, report)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +120,7 @@ type outTensor struct {
 // buildTensors turns the plan into output tensors: kept tensors stream their input bytes, and
 // each quantized weight becomes its format's packed tensors, quantized when the first of them
 // is written and released after the last.
-func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, report *Report) ([]outTensor, error) {
+func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, g *gpu, report *Report) ([]outTensor, error) {
 	report.Tensors = make([]TensorReport, len(items))
 	layouts := layoutCache{}
 	total := 0
@@ -138,7 +148,7 @@ func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, op
 			tr.OutBytes += r.size
 			tr.Outputs = append(tr.Outputs, r.Name)
 		}
-		m := &packedModule{ck: ck, item: it, format: f, opt: opt, layout: layout, report: tr,
+		m := &packedModule{ck: ck, item: it, format: f, opt: opt, gpu: g, layout: layout, report: tr,
 			progress: fmt.Sprintf("[%d/%d]", done, total)}
 		for j := range layout {
 			out = append(out, outTensor{m.tensor(j), it.ShardIdx})

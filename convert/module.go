@@ -57,6 +57,7 @@ type packedModule struct {
 	item     Item
 	format   packing.Format
 	opt      Options
+	gpu      *gpu
 	layout   []rawLayout
 	report   *TensorReport
 	progress string
@@ -79,32 +80,77 @@ func (m *packedModule) tensor(i int) safetensors.WriterTensor {
 	}}
 }
 
-// run quantizes the weight, measures its error, and packs it.
+// run quantizes and packs the weight (on the GPU when it can), and measures its error when asked.
 func (m *packedModule) run() error {
 	start := time.Now()
 	name := m.item.Info.Name
-	t, err := quantizeWeight(m.ck, m.item, m.opt)
-	if err != nil {
-		return fmt.Errorf("tensor %s: %w", name, err)
-	}
-	relErr, err := measureError(m.ck, name, t)
-	if err != nil {
-		return err
-	}
-	m.ck.Release(name)
-	raws, err := m.format.Pack(m.item.Module, t)
+	raws, t, device, err := m.quantizePack()
 	if err != nil {
 		return fmt.Errorf("tensor %s: %w", name, err)
 	}
 	if err := m.checkLayout(raws); err != nil {
 		return err
 	}
+	if m.opt.MeasureError {
+		if t == nil {
+			if t, err = m.format.Unpack(m.item.Module, byName(raws), m.metadata()); err != nil {
+				return fmt.Errorf("tensor %s: %w", name, err)
+			}
+		}
+		if m.report.RelError, err = measureError(m.ck, name, t); err != nil {
+			return err
+		}
+	}
+	m.ck.Release(name)
 	m.packed = raws
-	m.report.RelError = relErr
 	m.report.Seconds = time.Since(start).Seconds()
-	fmt.Fprintf(m.opt.Log, "%s %s %s %dx%d rel.err %.4f %.0fms\n", m.progress, m.item.Module, t.Scheme,
-		t.N, t.K, relErr, 1000*m.report.Seconds)
+	m.report.Device = device
+	fmt.Fprintf(m.opt.Log, "%s %s %s %dx%d on %s", m.progress, m.item.Module, m.item.Scheme, m.item.N(), m.item.K(), device)
+	if m.opt.MeasureError {
+		fmt.Fprintf(m.opt.Log, " rel.err %.4f", m.report.RelError)
+	}
+	fmt.Fprintf(m.opt.Log, " %.0fms\n", 1000*m.report.Seconds)
 	return nil
+}
+
+// quantizePack runs the fused GPU kernel when it supports the scheme and layout, else the CPU
+// method followed by the format's packer (which also returns the quant.Tensor).
+func (m *packedModule) quantizePack() ([]packing.Raw, *quant.Tensor, string, error) {
+	s := *m.item.Scheme
+	if m.gpu.supports(s, m.format, m.opt) {
+		raw, err := m.ck.Bytes(m.item.Info.Name)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		raws, err := m.gpu.q.QuantizePack(raw, string(m.item.Info.DType), m.item.N(), m.item.K(), s, m.format.Name(), m.item.Module)
+		return raws, nil, DeviceCUDA, err
+	}
+	t, err := quantizeWeight(m.ck, m.item, m.opt)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	raws, err := m.format.Pack(m.item.Module, t)
+	return raws, t, DeviceCPU, err
+}
+
+// metadata is what the format's Unpack needs to read this module back.
+func (m *packedModule) metadata() map[string]string {
+	meta := packing.Config{Format: m.format.Name(), Scheme: *m.item.Scheme}.Meta()
+	for k, v := range m.format.Metadata(m.item.Module, &quant.Tensor{Scheme: *m.item.Scheme}) {
+		meta[k] = v
+	}
+	return meta
+}
+
+func byName(raws []packing.Raw) func(string) (packing.Raw, bool) {
+	return func(name string) (packing.Raw, bool) {
+		for _, r := range raws {
+			if r.Name == name {
+				return r, true
+			}
+		}
+		return packing.Raw{}, false
+	}
 }
 
 // checkLayout guards the promise the header made: the packer wrote exactly the planned tensors.

@@ -25,6 +25,11 @@ type Options struct {
 	Calib CalibOptions
 	// Plan, when set, is replayed exactly instead of planning (from `qpack plan --json`).
 	Plan *alloc.Plan
+	// Device is where block-wise quantization runs: DeviceAuto (default), DeviceCPU or DeviceCUDA.
+	Device string
+	// MeasureError computes each quantized weight's relative error ‖W − Ŵ‖/‖W‖ for the log and
+	// the report; it costs a dequantization per tensor on the CPU.
+	MeasureError bool
 	// MaxShardSize splits the output into shards of at most this many bytes; 0 keeps the
 	// input's sharding (one output shard per input shard).
 	MaxShardSize int64

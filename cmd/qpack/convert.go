@@ -34,6 +34,9 @@ func planFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "quantize-embeddings", Usage: "quantize the token embedding too"},
 		&cli.BoolFlag{Name: "quantize-head", Usage: "quantize lm_head too"},
 		&cli.StringFlag{Name: "plan", Usage: "replay a plan written by `qpack plan --json` instead of planning"},
+		&cli.StringFlag{Name: "calib", Usage: "calibration data (text, or .npy token ids): sensitivity becomes the activation-weighted error"},
+		&cli.IntFlag{Name: "calib-samples", Value: 128, Usage: "calibration sequences"},
+		&cli.IntFlag{Name: "calib-seqlen", Value: 512, Usage: "tokens per calibration sequence"},
 	}
 }
 
@@ -48,6 +51,8 @@ func convertCommand() *cli.Command {
 			&cli.BoolFlag{Name: "overwrite", Usage: "replace the output directory if it exists"},
 			&cli.StringFlag{Name: "report", Usage: "write a JSON report of the conversion to this file"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no per-tensor progress lines"},
+			&cli.StringFlag{Name: "device", Value: "auto", Usage: "where to quantize: auto (GPU when present), cpu, or cuda (fail without a GPU, or for a tensor the GPU cannot do)"},
+			&cli.BoolFlag{Name: "measure-error", Usage: "compute each weight's relative error ‖W−Ŵ‖/‖W‖ for the log and the report (costs a CPU dequantization per tensor)"},
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -63,6 +68,8 @@ func convertCommand() *cli.Command {
 				}
 			}
 			opt.Overwrite = c.Bool("overwrite")
+			opt.Device = c.String("device")
+			opt.MeasureError = c.Bool("measure-error")
 			if !c.Bool("quiet") {
 				opt.Log = c.App.ErrWriter
 			}
@@ -87,6 +94,7 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	opt.Method = c.String("method")
 	opt.Format = c.String("format")
 	opt.Clip = c.Bool("clip")
+	opt.Calib = convert.CalibOptions{File: c.String("calib"), Samples: c.Int("calib-samples"), SeqLen: c.Int("calib-seqlen")}
 	if p := c.String("plan"); p != "" {
 		f, err := os.Open(p)
 		if err != nil {
