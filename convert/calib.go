@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/qpack-dev/qpack/evaluate"
+	"github.com/qpack-dev/qpack/dataset"
 	"github.com/qpack-dev/qpack/model"
 )
 
@@ -43,7 +43,7 @@ func loadCalibration(src string, o CalibOptions) (*Calibration, error) {
 	}
 	sum := sha256.Sum256(raw)
 	c.SHA256 = hex.EncodeToString(sum[:])
-	ids, err := evaluate.LoadIDs(o.File, src)
+	ids, err := dataset.LoadIDs(o.File, src)
 	if err != nil {
 		return nil, fmt.Errorf("calibration data: %w", err)
 	}

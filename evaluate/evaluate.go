@@ -5,14 +5,11 @@ package evaluate
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/qpack-dev/qpack/dataset"
 	"github.com/qpack-dev/qpack/model"
-	"github.com/qpack-dev/qpack/npy"
-	"github.com/qpack-dev/qpack/tokenizer"
 )
 
 // Options say what to evaluate on.
@@ -47,7 +44,7 @@ func Run(dir string, opt Options) (*Report, error) {
 	if opt.SeqLen == 0 {
 		opt.SeqLen = 512
 	}
-	ids, err := LoadIDs(opt.Data, dir)
+	ids, err := dataset.LoadIDs(opt.Data, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -86,34 +83,6 @@ func Run(dir string, opt Options) (*Report, error) {
 
 func (r *Report) setResult(res model.Result) {
 	r.Perplexity, r.Tokens, r.Sequences = res.Perplexity, res.Tokens, res.Sequences
-}
-
-// LoadIDs reads token ids: an .npy array of integers as they are, anything else as UTF-8 text
-// tokenized with the tokenizer.json of modelDir (no special tokens added).
-func LoadIDs(path, modelDir string) ([]int, error) {
-	if path == "" {
-		return nil, fmt.Errorf("no data file given (--data)")
-	}
-	if strings.HasSuffix(path, ".npy") {
-		a, err := npy.ReadFile(path)
-		if err != nil {
-			return nil, err
-		}
-		ids, err := a.Ints()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		return ids, nil
-	}
-	text, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	tok, err := tokenizer.Load(filepath.Join(modelDir, "tokenizer.json"))
-	if err != nil {
-		return nil, fmt.Errorf("tokenizing %s: %w", path, err)
-	}
-	return tok.Encode(string(text)), nil
 }
 
 // Thresholds are the limits `qpack verify` enforces; zero means unchecked.
