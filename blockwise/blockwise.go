@@ -87,9 +87,9 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 	for w := range workers {
 		lo, hi := w*n/workers, (w+1)*n/workers
 		wg.Go(func() {
-			buf := make([]float32, k)
+			buf := make([]float32, groupLen(s, k))
 			for row := lo; row < hi; row++ {
-				if err := quantizeRow(dst, q, row, src.row(row, buf), opt.Importance, opt.Clip); err != nil {
+				if err := quantizeRow(dst, q, src, row, buf, opt.Importance, opt.Clip); err != nil {
 					errs[w] = err
 					return
 				}
@@ -103,6 +103,14 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 		}
 	}
 	return nil
+}
+
+// groupLen is the number of input channels per group (the last group may be shorter).
+func groupLen(s quant.Scheme, k int) int {
+	if s.GroupSize == quant.PerChannel || s.GroupSize > k {
+		return k
+	}
+	return s.GroupSize
 }
 
 func checkArgs(n, k int, s quant.Scheme, opt Options) error {
@@ -152,29 +160,30 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// quantizeRow quantizes row `row` of dst from its weights w, group by group.
-func quantizeRow(dst *quant.Tensor, q groupQuantizer, row int, w, imp []float32, clip bool) error {
-	if col := firstNonFinite(w); col >= 0 {
-		return fmt.Errorf("weight at row %d, column %d is %g", row, col, w[col])
-	}
+// quantizeRow quantizes row `row` of dst group by group, each group's weights read from src
+// into buf (len groupLen) so that they stay in the L1 cache from conversion to encoding.
+func quantizeRow(dst *quant.Tensor, q groupQuantizer, src rowSource, row int, buf, imp []float32, clip bool) error {
 	k := dst.K
-	gs := dst.Scheme.GroupSize
-	if gs == quant.PerChannel || gs > k {
-		gs = k
-	}
+	gs := groupLen(dst.Scheme, k)
 	groups := dst.Scheme.Groups(k)
 	codes := dst.Codes[row*k : (row+1)*k]
 	for g := range groups {
 		lo, hi := g*gs, min((g+1)*gs, k)
+		w := src.segment(row, lo, hi, buf)
+		r := minMax(w)
+		if !r.finite() {
+			col := firstNonFinite(w)
+			return fmt.Errorf("weight at row %d, column %d is %g", row, lo+col, w[col])
+		}
 		var gimp []float32
 		if imp != nil {
 			gimp = imp[lo:hi]
 		}
-		pr := fitGroup(q, w[lo:hi], gimp, codes[lo:hi], clip)
+		pr := fitGroup(q, w, r, gimp, codes[lo:hi], clip)
 		if !finite(pr.scale) || !finite(pr.offset) {
-			return fmt.Errorf("row %d, group %d: scale %g or offset %g is not finite in F16 (weights too large)", row, g, pr.scale, pr.offset)
+			return rowError(src, row, hi, k, buf, fmt.Errorf("row %d, group %d: scale %g or offset %g is not finite in F16 (weights too large)", row, g, pr.scale, pr.offset))
 		}
-		q.encode(codes[lo:hi], w[lo:hi], pr)
+		q.encode(codes[lo:hi], w, pr)
 		i := row*groups + g
 		dst.Scales[i] = pr.scale
 		if len(dst.Zeros) > 0 {
@@ -187,26 +196,30 @@ func quantizeRow(dst *quant.Tensor, q groupQuantizer, row int, w, imp []float32,
 	return nil
 }
 
-func fitGroup(q groupQuantizer, w, imp []float32, codes []uint8, clip bool) params {
-	if clip {
-		return clipSearch(q, w, imp, codes)
+// rowError returns the error for the first non-finite weight of row `row` at or after column
+// from, or err when there is none: a NaN or infinity is the root cause to report, wherever it is.
+func rowError(src rowSource, row, from, k int, buf []float32, err error) error {
+	for lo := from; lo < k; lo += len(buf) {
+		hi := min(lo+len(buf), k)
+		w := src.segment(row, lo, hi, buf)
+		if col := firstNonFinite(w); col >= 0 {
+			return fmt.Errorf("weight at row %d, column %d is %g", row, lo+col, w[col])
+		}
 	}
-	return q.fit(w, 1)
+	return err
+}
+
+func fitGroup(q groupQuantizer, w []float32, r span, imp []float32, codes []uint8, clip bool) params {
+	if clip {
+		return clipSearch(q, w, r, imp, codes)
+	}
+	return q.fit(w, r, 1)
 }
 
 func finite(f float32) bool { return !math.IsInf(float64(f), 0) && f == f }
 
-// firstNonFinite returns the index of the first NaN or ±Inf in w, or −1. The common all-finite
-// case is a branch-free OR over the exponent fields: adding 1 to an all-ones exponent carries
-// into the sign bit, and into no other exponent.
+// firstNonFinite returns the index of the first NaN or ±Inf in w, or −1.
 func firstNonFinite(w []float32) int {
-	var carry uint32
-	for _, v := range w {
-		carry |= math.Float32bits(v)&0x7f800000 + 0x00800000
-	}
-	if carry&0x80000000 == 0 {
-		return -1
-	}
 	for i, v := range w {
 		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
 			return i

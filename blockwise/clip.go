@@ -12,13 +12,13 @@ const (
 	clipNorm  = 2.4
 )
 
-// clipSearch returns the best parameters for group w; codes (len(w)) is scratch.
-func clipSearch(q groupQuantizer, w, imp []float32, codes []uint8) params {
+// clipSearch returns the best parameters for group w of span r; codes (len(w)) is scratch.
+func clipSearch(q groupQuantizer, w []float32, r span, imp []float32, codes []uint8) params {
 	var best params
 	bestErr := math.Inf(1)
 	for i := range clipSteps {
 		p := float32(1 - float64(i)/clipGrid)
-		pr := q.fit(w, p)
+		pr := q.fit(w, r, p)
 		if err := clipError(q, w, imp, pr, codes, bestErr); err < bestErr {
 			best, bestErr = pr, err
 		}

@@ -119,7 +119,8 @@ func goldenZero(w []float32, s quant.Scheme) uint8 {
 	if s.Sym {
 		return uint8((s.MaxQ() + 1) / 2)
 	}
-	xmin, xmax := minMax(w)
+	r := minMax(w)
+	xmin, xmax := r.lo, r.hi
 	if xmin == 0 && xmax == 0 {
 		xmin, xmax = -1, 1
 	}

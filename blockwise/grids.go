@@ -10,13 +10,19 @@ import (
 type params struct {
 	scale, offset float32
 	zero          uint8
+	// small (integer grid): every |w/scale| of the group is below 2^20, so the encoder needs no
+	// clamp before its float32 rounding (exact for |x| < 2^22).
+	small bool
 }
 
-// groupQuantizer is one grid's round-to-nearest: parameters from a group's weights, codes from
-// parameters, values from codes. fit shrinks the group's range by p (p = 1 is plain RTN; the
-// clip search tries smaller p).
+// span is min(w, 0) and max(w, 0) of a group, computed once per group (minMax).
+type span struct{ lo, hi float32 }
+
+// groupQuantizer is one grid's round-to-nearest: parameters from a group's weights (and their
+// span), codes from parameters, values from codes. fit shrinks the group's range by p (p = 1 is
+// plain RTN; the clip search tries smaller p).
 type groupQuantizer interface {
-	fit(w []float32, p float32) params
+	fit(w []float32, r span, p float32) params
 	encode(codes []uint8, w []float32, pr params)
 	decode(q uint8, pr params) float32
 }
@@ -38,31 +44,61 @@ func quantizerFor(s quant.Scheme) groupQuantizer {
 // symmetric) shrunk by p, scale rounded to F16, zero = round(−xmin/scale) or 2^(bits−1).
 type intQuantizer struct{ s quant.Scheme }
 
-func (q intQuantizer) fit(w []float32, p float32) params {
-	xmin, xmax := minMax(w)
-	scale, zero := q.s.IntParamsRange(p*xmin, p*xmax)
-	return params{scale: scale, zero: zero}
+func (q intQuantizer) fit(_ []float32, r span, p float32) params {
+	scale, zero := q.s.IntParamsRange(p*r.lo, p*r.hi)
+	return params{scale: scale, zero: zero, small: r.absMax() < scale*(1<<20)}
 }
 
-// encode computes clamp(round_half_even(w/scale) + zero, 0, maxq) for each weight. w/scale is
-// a float32 division (not a multiplication by the reciprocal, which rounds differently for some
-// weights), exactly as quant.QuantizeInt and torch compute it. The quotient is clamped to ±256,
-// which changes no code, and rounded in float32 by adding and subtracting 1.5·2^23: the sum
-// lands where float32's spacing is 1, so the hardware rounds it half to even, the same result as
-// math.RoundToEven for |x| < 2^22 (the float32 conversion keeps the compiler from fusing).
+// encode computes clamp(round_half_even(w/scale) + zero, 0, maxq) for each weight, where w/scale
+// is the float32 division of quant.QuantizeInt and torch. It multiplies by the float32
+// reciprocal instead, which may differ from the quotient in the last bits; that changes the
+// code only when one of the two lies within nearTie of a rounding boundary k + 0.5, so exactly
+// those weights are redone with the true division (roundQuotient).
 func (q intQuantizer) encode(codes []uint8, w []float32, pr params) {
 	codes = codes[:len(w)]
 	zero, maxq := int32(pr.zero), int32(q.s.MaxQ())
-	for i, v := range w {
-		x := v / pr.scale
-		if x > 256 {
-			x = 256
-		} else if x < -256 {
-			x = -256
+	inv := 1 / pr.scale
+	if !pr.small { // quotients may be huge: the plain definition
+		for i, v := range w {
+			codes[i] = uint8(min(max(int32(roundQuotient(v, pr.scale))+zero, 0), maxq))
 		}
+		return
+	}
+	for i, v := range w {
+		x := float32(v * inv)
 		r := float32(x+roundMagic) - roundMagic
+		if d := x - r; d > 0.5-nearTie || d < nearTie-0.5 { // d is exact: |d| ≤ 0.5, |x| < 2^21
+			r = roundQuotient(v, pr.scale)
+		}
 		codes[i] = uint8(min(max(int32(r)+zero, 0), maxq))
 	}
+}
+
+// nearTie bounds how far x = fl(w·fl(1/s)) can be from fl(w/s) where it matters: the two
+// roundings of x and the one of the quotient are relative errors of at most 2^−24 each, so for
+// |x| ≤ 257 the gap is below 257·3·2^−24 < 2^−14 (underflow adds at most 2^−149). If x is
+// further than nearTie from every boundary k + 0.5, the quotient lies strictly on the same side
+// of it, and both round to the same integer. Beyond |x| > 257 the gap may exceed nearTie, but
+// the quotient is then beyond ±256 too and every such x and quotient clamps to the same code.
+const nearTie = 1.0 / (1 << 12)
+
+// roundQuotient is round_half_even(w/scale) with the true float32 division. The quotient is
+// clamped to ±256, which changes no code, and rounded in float32 by adding and subtracting
+// 1.5·2^23: the sum lands where float32's spacing is 1, so the hardware rounds it half to even,
+// the same result as math.RoundToEven for |x| < 2^22 (the float32 conversion keeps the compiler
+// from fusing).
+func roundQuotient(v, scale float32) float32 {
+	x := clampQuotient(v / scale)
+	return float32(x+roundMagic) - roundMagic
+}
+
+func clampQuotient(x float32) float32 {
+	if x > 256 {
+		return 256
+	} else if x < -256 {
+		return -256
+	}
+	return x
 }
 
 // roundMagic is 1.5·2^23: for |x| < 2^22, float32(x + roundMagic) − roundMagic is x rounded
@@ -77,8 +113,8 @@ func (intQuantizer) decode(c uint8, pr params) float32 {
 // index, see quant.NF4Code).
 type nf4Quantizer struct{}
 
-func (nf4Quantizer) fit(w []float32, p float32) params {
-	return params{scale: quant.NF4Scale(p * absMax(w))}
+func (nf4Quantizer) fit(_ []float32, r span, p float32) params {
+	return params{scale: quant.NF4Scale(p * r.absMax())}
 }
 
 func (nf4Quantizer) encode(codes []uint8, w []float32, pr params) {
@@ -93,8 +129,8 @@ func (nf4Quantizer) decode(c uint8, pr params) float32 { return quant.Dequantize
 // fp8Quantizer: one float32 scale p·absmax/448 per output channel, code = E4M3(w/scale).
 type fp8Quantizer struct{}
 
-func (fp8Quantizer) fit(w []float32, p float32) params {
-	return params{scale: quant.FP8Scale(p * absMax(w))}
+func (fp8Quantizer) fit(_ []float32, r span, p float32) params {
+	return params{scale: quant.FP8Scale(p * r.absMax())}
 }
 
 func (fp8Quantizer) encode(codes []uint8, w []float32, pr params) {
@@ -110,7 +146,7 @@ func (fp8Quantizer) decode(c uint8, pr params) float32 { return quant.Dequantize
 // clipping shrinks the scale by p (then rounds it to F16 again).
 type binaryQuantizer struct{ sym bool }
 
-func (q binaryQuantizer) fit(w []float32, p float32) params {
+func (q binaryQuantizer) fit(w []float32, _ span, p float32) params {
 	scale, offset := quant.BinaryParams(w, q.sym)
 	if p != 1 {
 		scale = quant.RoundF16(p * scale)
@@ -132,10 +168,12 @@ func (binaryQuantizer) decode(c uint8, pr params) float32 {
 	return quant.DequantizeBinary(c, pr.scale, pr.offset)
 }
 
-// minMax returns min(w, 0) and max(w, 0); w holds no NaN (quantizeRow checked). It compares
-// order-preserving integer keys of the float bits, two lanes at a time: branch-free and several
-// times faster than float comparisons or the NaN-aware builtins on random data.
-func minMax(w []float32) (xmin, xmax float32) {
+// minMax returns the span of w: min(w, 0) and max(w, 0). It compares order-preserving integer
+// keys of the float bits, two lanes at a time: branch-free and several times faster than float
+// comparisons or the NaN-aware builtins on random data. A NaN or infinity in w makes the span
+// non-finite (its key lies beyond those of all finite values), which is how quantizeRow finds
+// bad weights without a separate pass.
+func minMax(w []float32) span {
 	var lo0, hi0, lo1, hi1 int32 // key(0) = 0 puts 0 in the range
 	i := 0
 	for ; i+2 <= len(w); i += 2 {
@@ -148,11 +186,11 @@ func minMax(w []float32) (xmin, xmax float32) {
 		k := orderKey(w[i])
 		lo, hi = min(lo, k), max(hi, k)
 	}
-	return fromOrderKey(lo), fromOrderKey(hi)
+	return span{fromOrderKey(lo), fromOrderKey(hi)}
 }
 
-// orderKey maps a non-NaN float32 to an int32 with the same order (−0 just below +0): negative
-// floats have their magnitude bits flipped.
+// orderKey maps a float32 to an int32 with the same order (−0 just below +0, NaNs beyond the
+// infinities): negative floats have their magnitude bits flipped.
 func orderKey(v float32) int32 {
 	u := int32(math.Float32bits(v))
 	return u ^ (u >> 31 & 0x7fffffff)
@@ -162,7 +200,6 @@ func fromOrderKey(k int32) float32 {
 	return math.Float32frombits(uint32(k ^ (k >> 31 & 0x7fffffff)))
 }
 
-func absMax(w []float32) float32 {
-	xmin, xmax := minMax(w)
-	return max(-xmin, xmax)
-}
+func (r span) absMax() float32 { return max(-r.lo, r.hi) }
+
+func (r span) finite() bool { return finite(r.lo) && finite(r.hi) }

@@ -7,6 +7,6 @@ import "github.com/qpack-dev/qpack/quant"
 // (imp: optional per-weight importance, len(w)). codes (len ≥ len(w)) is scratch. GPTQ fits its
 // groups with it, so both methods share one search.
 func IntGroupParams(s quant.Scheme, w, imp []float32, clip bool, codes []uint8) (scale float32, zero uint8) {
-	pr := fitGroup(intQuantizer{s}, w, imp, codes[:len(w)], clip)
+	pr := fitGroup(intQuantizer{s}, w, minMax(w), imp, codes[:len(w)], clip)
 	return pr.scale, pr.zero
 }

@@ -1,11 +1,14 @@
 package blockwise
 
-import "math"
+import (
+	"encoding/binary"
+	"math"
+)
 
-// rowSource yields one float32 row of W, either a view of the input or converted into buf
-// (len k, owned by the calling goroutine).
+// rowSource yields float32 weights W[n, lo:hi], either a view of the input or converted into
+// buf (len ≥ hi − lo, owned by the calling goroutine).
 type rowSource interface {
-	row(n int, buf []float32) []float32
+	segment(n, lo, hi int, buf []float32) []float32
 }
 
 type float32Rows struct {
@@ -13,7 +16,9 @@ type float32Rows struct {
 	k int
 }
 
-func (s float32Rows) row(n int, _ []float32) []float32 { return s.w[n*s.k : (n+1)*s.k] }
+func (s float32Rows) segment(n, lo, hi int, _ []float32) []float32 {
+	return s.w[n*s.k+lo : n*s.k+hi]
+}
 
 // bf16Rows converts little-endian BF16 rows: a BF16 value is the top half of a float32.
 type bf16Rows struct {
@@ -21,12 +26,20 @@ type bf16Rows struct {
 	k   int
 }
 
-func (s bf16Rows) row(n int, buf []float32) []float32 {
-	raw := s.raw[2*n*s.k : 2*(n+1)*s.k]
-	buf = buf[:len(raw)/2]
-	for i := range buf {
-		b := raw[2*i : 2*i+2 : 2*i+2] // one bounds check per value instead of two
-		buf[i] = math.Float32frombits(uint32(b[0])<<16 | uint32(b[1])<<24)
+func (s bf16Rows) segment(n, lo, hi int, buf []float32) []float32 {
+	raw := s.raw[2*(n*s.k+lo) : 2*(n*s.k+hi)]
+	buf = buf[:hi-lo]
+	i := 0
+	for ; i+4 <= len(buf); i += 4 { // four values per 8-byte load
+		x := binary.LittleEndian.Uint64(raw[2*i:])
+		b := buf[i : i+4 : i+4]
+		b[0] = math.Float32frombits(uint32(x << 16))
+		b[1] = math.Float32frombits(uint32(x) & 0xffff0000)
+		b[2] = math.Float32frombits(uint32(x>>16) & 0xffff0000)
+		b[3] = math.Float32frombits(uint32(x>>32) & 0xffff0000)
+	}
+	for ; i < len(buf); i++ {
+		buf[i] = math.Float32frombits(uint32(raw[2*i])<<16 | uint32(raw[2*i+1])<<24)
 	}
 	return buf
 }

@@ -1,7 +1,10 @@
 package packing
 
 import (
+	"encoding/binary"
 	"fmt"
+	"runtime"
+	"sync"
 
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -63,6 +66,15 @@ func gcd(a, b int) int {
 }
 
 func (f GPTQ) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
+	return f.PackInto(nil, prefix, t)
+}
+
+// PackInto is Pack writing into dst, the result of an earlier Pack or PackInto (or nil): the
+// names, shapes and data of its Raw values are reused where large enough, so a converter that
+// packs tensor after tensor allocates nothing once its buffers have grown (beyond a few words
+// for goroutines when a large 4-bit tensor is packed in parallel). The result aliases dst's
+// buffers.
+func (f GPTQ) PackInto(dst []Raw, prefix string, t *quant.Tensor) ([]Raw, error) {
 	if err := checkTensor(prefix, t); err != nil {
 		return nil, err
 	}
@@ -74,43 +86,135 @@ func (f GPTQ) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 		return nil, err
 	}
 	ng := s.Groups(k)
-	rows := k * s.Bits / 32
-	qweight := make([]uint32, rows*n)
-	// 32 codes fill exactly b words, so each column's stream can be cut into blocks of 32
-	// codes; going block by block over all columns reads and writes memory nearly in order.
-	for k0 := 0; k0 < k; k0 += 32 {
-		r0, count := k0*s.Bits/32, min(32, k-k0)
-		for c := range n {
-			if err := PackStream(qweight[r0*n+c:], n, t.Codes[c*k+k0:], 1, count, s.Bits); err != nil {
-				return nil, fmt.Errorf("tensor %s, output row %d, input channels from %d: %w", prefix, c, k0, err)
+	dst = growRaws(dst, 4)
+	qweight := reuseRaw(&dst[0], prefix, ".qweight", "I32", k*s.Bits/32, n)
+	if err := packGPTQWeights(qweight.Data, t); err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
+	}
+	qzeros := reuseRaw(&dst[1], prefix, ".qzeros", "I32", ng, PackedLen[uint32](n, s.Bits))
+	if err := f.packZeros(qzeros.Data, t); err != nil {
+		return nil, fmt.Errorf("tensor %s zeros: %w", prefix, err)
+	}
+	scales := reuseRaw(&dst[2], prefix, ".scales", "F16", ng, n)
+	if err := putF16Transposed(scales, t.Scales, n, ng); err != nil {
+		return nil, err
+	}
+	gidx := reuseRaw(&dst[3], prefix, ".g_idx", "I32", k)
+	for c := range k {
+		binary.LittleEndian.PutUint32(gidx.Data[4*c:], uint32(t.Group(c)))
+	}
+	return dst, nil
+}
+
+// packGPTQWeights writes qweight [K·b/32, N]: column c holds row c of the codes as one dense
+// bitstream along K. 32 codes fill exactly b words, so the stream is cut into blocks of 32
+// codes, each packed by PackStream into a small array; 4-bit codes take packGPTQ4.
+func packGPTQWeights(data []byte, t *quant.Tensor) error {
+	n, k, bits := t.N, t.K, t.Scheme.Bits
+	if bits == 4 {
+		if err := packGPTQ4(data, t.Codes, n, k); err == nil {
+			return nil
+		} // else redo it the general way for the error message
+	}
+	var words [8]uint32
+	for c := range n {
+		row := t.Codes[c*k : (c+1)*k]
+		for k0 := 0; k0 < k; k0 += 32 {
+			count := min(32, k-k0)
+			if err := PackStream(words[:], 1, row[k0:], 1, count, bits); err != nil {
+				return fmt.Errorf("output row %d, input channels from %d: %w", c, k0, err)
+			}
+			r0 := k0 * bits / 32
+			for j, w := range words[:count*bits/32] {
+				binary.LittleEndian.PutUint32(data[4*((r0+j)*n+c):], w)
 			}
 		}
 	}
+	return nil
+}
+
+// packGPTQ4 is packGPTQWeights for 4-bit codes: word (r, c) holds codes 8r…8r+7 of row c, read
+// as one little-endian uint64 and squeezed by squeeze4. Large tensors are split by output rows
+// over GOMAXPROCS goroutines. A code ≥ 16 returns an error without saying where.
+func packGPTQ4(data, codes []byte, n, k int) error {
+	workers := min(runtime.GOMAXPROCS(0), max(1, n*k/(1<<20)), n)
+	if workers == 1 { // no goroutines, no allocations
+		return checkNibbles(packGPTQ4Rows(data, codes, n, k, 0, n))
+	}
+	bad := make([]uint64, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() { bad[w] = packGPTQ4Rows(data, codes, n, k, w*n/workers, (w+1)*n/workers) })
+	}
+	wg.Wait()
+	for _, x := range bad {
+		if err := checkNibbles(x); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkNibbles reports an error when some byte ORed into bad is not a 4-bit code.
+func checkNibbles(bad uint64) error {
+	if bad&0xF0F0F0F0F0F0F0F0 != 0 {
+		return fmt.Errorf("a code does not fit in 4 bits")
+	}
+	return nil
+}
+
+// packGPTQ4Rows packs output rows c0…c1−1 and returns the OR of all their code bytes. Rows are
+// visited 16 at a time so that each word row is written a 64-byte line at a time while 16 rows
+// of codes are read in order.
+func packGPTQ4Rows(data, codes []byte, n, k, c0, c1 int) (bad uint64) {
+	const tile = 16
+	for t0 := c0; t0 < c1; t0 += tile {
+		t1 := min(t0+tile, c1)
+		for r := range k / 8 {
+			out := data[4*(r*n+t0) : 4*(r*n+t1)]
+			for c := t0; c < t1; c++ {
+				x := binary.LittleEndian.Uint64(codes[c*k+8*r:])
+				bad |= x
+				binary.LittleEndian.PutUint32(out[4*(c-t0):], squeeze4(x))
+			}
+		}
+	}
+	return bad
+}
+
+// squeeze4 packs the low nibbles of the eight bytes of x (code j in byte j) into a word, code
+// j at bits 4j…4j+3.
+func squeeze4(x uint64) uint32 {
+	x = (x | x>>4) & 0x00FF00FF00FF00FF
+	x = (x | x>>8) & 0x0000FFFF0000FFFF
+	x = (x | x>>16) & 0x00000000FFFFFFFF
+	return uint32(x)
+}
+
+// packZeros writes qzeros [ng, ⌈N·b/32⌉]: per group, the stored zero points of all output rows
+// as one dense bitstream, packed 32 at a time (32 codes fill b whole words).
+func (f GPTQ) packZeros(data []byte, t *quant.Tensor) error {
+	s, n := t.Scheme, t.N
+	ng := s.Groups(t.K)
 	zw := PackedLen[uint32](n, s.Bits)
-	qzeros := make([]uint32, ng*zw)
-	stored := make([]uint8, n)
+	var stored [32]uint8
+	var words [8]uint32
 	for g := range ng {
-		for c := range n {
-			stored[c] = uint8((int(t.Zeros[c*ng+g]) - f.zeroShift()) & s.MaxQ())
+		for c0 := 0; c0 < n; c0 += 32 {
+			count := min(32, n-c0)
+			for i := range count {
+				stored[i] = uint8((int(t.Zeros[(c0+i)*ng+g]) - f.zeroShift()) & s.MaxQ())
+			}
+			if err := PackStream(words[:], 1, stored[:], 1, count, s.Bits); err != nil {
+				return err
+			}
+			w0 := c0 * s.Bits / 32
+			for j, w := range words[:PackedLen[uint32](count, s.Bits)] {
+				binary.LittleEndian.PutUint32(data[4*(g*zw+w0+j):], w)
+			}
 		}
-		if err := PackStream(qzeros[g*zw:], 1, stored, 1, n, s.Bits); err != nil {
-			return nil, fmt.Errorf("tensor %s zeros: %w", prefix, err)
-		}
 	}
-	scales, err := f16Raw(prefix+".scales", t.Scales, transposed(n, ng), ng, n)
-	if err != nil {
-		return nil, err
-	}
-	gidx := t.GIdx
-	if gidx == nil {
-		gidx = plainGIdx(t)
-	}
-	return []Raw{
-		wordsRaw(prefix+".qweight", qweight, rows, n),
-		wordsRaw(prefix+".qzeros", qzeros, ng, zw),
-		scales,
-		int32sRaw(prefix+".g_idx", gidx),
-	}, nil
+	return nil
 }
 
 func (f GPTQ) Metadata(string, *quant.Tensor) map[string]string { return nil }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/qpack-dev/qpack/fp"
 )
@@ -158,4 +159,43 @@ func f32Raw(name string, v []float32, shape ...int) (Raw, error) {
 		binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(x))
 	}
 	return Raw{Name: name, DType: "F32", Shape: shape, Data: data}, nil
+}
+
+// growRaws returns dst with length count, keeping its elements (and their buffers).
+func growRaws(dst []Raw, count int) []Raw {
+	if cap(dst) < count {
+		dst = append(dst[:cap(dst)], make([]Raw, count-cap(dst))...)
+	}
+	return dst[:count]
+}
+
+// reuseRaw makes *r the tensor prefix+suffix of dtype and shape, reusing its name, shape and
+// data buffers where it can, and returns it. The data is not cleared.
+func reuseRaw(r *Raw, prefix, suffix, dtype string, shape ...int) *Raw {
+	if len(r.Name) != len(prefix)+len(suffix) || !strings.HasPrefix(r.Name, prefix) || !strings.HasSuffix(r.Name, suffix) {
+		r.Name = prefix + suffix
+	}
+	r.DType = dtype
+	r.Shape = append(r.Shape[:0], shape...)
+	size := numel(shape) * dtypeSize[dtype]
+	if cap(r.Data) < size {
+		r.Data = make([]byte, size)
+	}
+	r.Data = r.Data[:size]
+	return r
+}
+
+// putF16Transposed stores v, a row-major [rows, cols] array, as r's F16 [cols, rows] data. Like
+// f16Raw it refuses values that are not finite F16 values.
+func putF16Transposed(r *Raw, v []float32, rows, cols int) error {
+	for i := range rows {
+		for j, x := range v[i*cols : (i+1)*cols] {
+			h := fp.F32ToF16(x)
+			if fp.F16ToF32(h) != x || math.IsInf(float64(x), 0) {
+				return fmt.Errorf("tensor %s: value %g at index %d is not a finite F16 value", r.Name, x, i*cols+j)
+			}
+			binary.LittleEndian.PutUint16(r.Data[2*(j*rows+i):], h)
+		}
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package quant
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 )
@@ -20,15 +21,48 @@ func (t *Tensor) Dequantize(dst []float32) []float32 {
 		dst = make([]float32, t.N*t.K)
 	}
 	dst = dst[:t.N*t.K]
+	t.DequantizeRows(dst, 0, t.N)
+	return dst
+}
+
+// DequantizeRows writes rows r0…r1−1 of the weights (see Dequantize) into dst[:(r1−r0)·K], so
+// that a caller can stream a large tensor through a small buffer, e.g. to measure its error.
+// Without act-order, each group's parameters are looked up once per group, not per weight.
+func (t *Tensor) DequantizeRows(dst []float32, r0, r1 int) {
 	groups := t.Scheme.Groups(t.K)
-	for n := range t.N {
+	gs := t.K
+	if groups > 1 {
+		gs = t.Scheme.GroupSize
+	}
+	for n := r0; n < r1; n++ {
 		codes := t.Codes[n*t.K : (n+1)*t.K]
-		out := dst[n*t.K : (n+1)*t.K]
-		for k, q := range codes {
-			out[k] = t.dequantizeOne(q, n*groups+t.Group(k))
+		out := dst[(n-r0)*t.K : (n-r0+1)*t.K]
+		if t.GIdx != nil {
+			for k, q := range codes {
+				out[k] = t.dequantizeOne(q, n*groups+int(t.GIdx[k]))
+			}
+			continue
+		}
+		for g := range groups {
+			lo, hi := g*gs, min((g+1)*gs, t.K)
+			t.dequantizeGroup(out[lo:hi], codes[lo:hi], n*groups+g)
 		}
 	}
-	return dst
+}
+
+// dequantizeGroup writes the values of codes, all in group i, to out.
+func (t *Tensor) dequantizeGroup(out []float32, codes []uint8, i int) {
+	out = out[:len(codes)]
+	if t.Scheme.Grid != Integer {
+		for k, q := range codes {
+			out[k] = t.dequantizeOne(q, i)
+		}
+		return
+	}
+	scale, zero := t.Scales[i], t.Zeros[i]
+	for k, q := range codes {
+		out[k] = DequantizeInt(q, scale, zero)
+	}
 }
 
 // dequantizeOne returns the value of code q in group i (row-major over N × groups).
@@ -84,10 +118,8 @@ func (t *Tensor) Validate() error {
 			}
 		}
 	}
-	for i, c := range t.Codes {
-		if int(c) > s.MaxQ() || (s.Grid == FP8E4M3 && c&0x7f == 0x7f) {
-			return fmt.Errorf("code %#x at row %d, column %d is not a valid %s code", c, i/t.K, i%t.K, s)
-		}
+	if err := t.validateCodes(); err != nil {
+		return err
 	}
 	for i, v := range t.Scales {
 		if v == 0 || math.IsInf(float64(v), 0) || v != v {
@@ -95,6 +127,39 @@ func (t *Tensor) Validate() error {
 		}
 	}
 	return nil
+}
+
+// validateCodes checks that every code is below 2^bits and, for FP8, not a NaN byte. Codes
+// below 2^bits are exactly those whose bitwise OR is below 2^bits, which orBytes computes
+// eight codes at a time; only a failure or FP8 needs the per-code loop.
+func (t *Tensor) validateCodes() error {
+	s := t.Scheme
+	maxq := s.MaxQ()
+	if s.Grid != FP8E4M3 && int(orBytes(t.Codes)) <= maxq {
+		return nil
+	}
+	for i, c := range t.Codes {
+		if int(c) > maxq || (s.Grid == FP8E4M3 && c&0x7f == 0x7f) {
+			return fmt.Errorf("code %#x at row %d, column %d is not a valid %s code", c, i/t.K, i%t.K, s)
+		}
+	}
+	return nil
+}
+
+// orBytes returns the bitwise OR of all bytes of b.
+func orBytes(b []byte) byte {
+	var acc uint64
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		acc |= binary.LittleEndian.Uint64(b[i:])
+	}
+	for ; i < len(b); i++ {
+		acc |= uint64(b[i])
+	}
+	for acc > 0xff {
+		acc = acc>>8 | acc&0xff
+	}
+	return byte(acc)
 }
 
 // validateZerosAndOffsets checks the grid-specific per-group slices.
@@ -114,8 +179,9 @@ func (t *Tensor) validateZerosAndOffsets(ng int) error {
 	if err := checkLen("offsets", len(t.Offsets), wantOffsets); err != nil {
 		return err
 	}
+	maxq := s.MaxQ()
 	for i, z := range t.Zeros {
-		if int(z) > s.MaxQ() || (s.Sym && int(z) != (s.MaxQ()+1)/2) {
+		if int(z) > maxq || (s.Sym && int(z) != (maxq+1)/2) {
 			return fmt.Errorf("zero point %d at row %d, group %d is not valid for %s", z, i/groups, i%groups, s)
 		}
 	}
