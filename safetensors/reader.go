@@ -191,7 +191,13 @@ func (c *Checkpoint) checkIndex(path string) error {
 	if err != nil {
 		return err
 	}
-	for name, shard := range ix.WeightMap {
+	names := make([]string, 0, len(ix.WeightMap))
+	for name := range ix.WeightMap {
+		names = append(names, name)
+	}
+	sort.Strings(names) // report the same first problem on every run
+	for _, name := range names {
+		shard := ix.WeightMap[name]
 		ref, ok := c.where[name]
 		if !ok {
 			return fmt.Errorf("%s: tensor %q is not in any shard (index says %s)", path, name, shard)
