@@ -26,6 +26,8 @@ const (
 	gpuTileRows = 32  // TILE_ROWS: rows of W per block
 	gpuTileCols = 256 // TILE_COLS: columns of W per block
 	gpuThreads  = 256 // THREADS
+	gpuWarps    = 8   // WARPS
+	gptq4Rows   = 16  // G128_ROWS: rows per warp of bw_gptq4_g128
 	// gpuBlocksPerSM is the minimum resident blocks per SM in the encode kernels'
 	// __launch_bounds__.
 	gpuBlocksPerSM = 3
@@ -56,6 +58,7 @@ type GPUQuantizer struct {
 		// encode kernels by dtype code: fused (parameters fitted in the kernel) or reading
 		// the parameters of bw_params / bw_params_bin
 		fusedInt, fusedNF4, encodeInt, encodeNF4, encodeBin [3]cuda.Function
+		gptq4g128                                           [3]cuda.Function // see gpuJob.gptq4g128
 		params, paramsBin, packZeros, resetStatus           cuda.Function
 	}
 	tileBlocks int            // blocks of the persistent encode kernels: gpuBlocksPerSM per SM
@@ -111,7 +114,7 @@ func newGPUQuantizer(dev *cuda.Device, ptx []byte) (*GPUQuantizer, error) {
 			dst  *[3]cuda.Function
 			name string
 		}{{&k.fusedInt, "bw_fused_int"}, {&k.fusedNF4, "bw_fused_nf4"}, {&k.encodeInt, "bw_encode_int"},
-			{&k.encodeNF4, "bw_encode_nf4"}, {&k.encodeBin, "bw_encode_bin"}} {
+			{&k.encodeNF4, "bw_encode_nf4"}, {&k.encodeBin, "bw_encode_bin"}, {&k.gptq4g128, "bw_gptq4_g128"}} {
 			kernels = append(kernels, struct {
 				dst  *cuda.Function
 				name string
@@ -245,6 +248,13 @@ func (j gpuJob) fused() bool {
 	return j.s.Grid != quant.Binary && j.gsize%8 == 0 && lanes <= 32 && bits.OnesCount(uint(lanes)) == 1
 }
 
+// gptq4g128 reports whether the job runs on the one-launch kernel bw_gptq4_g128: GPTQ layouts,
+// integer 4-bit, groups of 128 with K a multiple of 128, and at most 65535 bands of 16 rows.
+func (j gpuJob) gptq4g128() bool {
+	return j.layout == layoutGPTQ && j.s.Grid == quant.Integer && j.s.Bits == 4 && j.gsize == 128 &&
+		j.k%128 == 0 && (j.n+gptq4Rows-1)/gptq4Rows <= 65535
+}
+
 // outputSizes are the byte sizes of the packed tensors the kernels write.
 func (j gpuJob) outputSizes() (codes, scales, zeros, offsets int) {
 	b, n, k, ng := j.s.Bits, j.n, j.k, j.groups
@@ -268,7 +278,7 @@ func (j gpuJob) deviceBytes() [numSlots]int {
 	sz[slotInput] = j.n * j.k * [3]int{2, 2, 4}[j.dtype]
 	sz[slotCodes], sz[slotScales], sz[slotZeros], sz[slotOffsets] = j.outputSizes()
 	ng := j.n * j.groups
-	if j.s.Grid == quant.Integer {
+	if j.s.Grid == quant.Integer && !j.gptq4g128() {
 		sz[slotZeroBytes] = ng
 	}
 	if !j.fused() {
@@ -326,6 +336,11 @@ func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numSlots]cuda.DevicePtr, st cuda.
 	n, kk, gsize, groups, nbits := int32(j.n), int32(j.k), int32(j.gsize), int32(j.groups), int32(s.Bits)
 	spread := cuda.Dim3{X: min(max(1, (j.n*j.groups*32+gpuThreads-1)/gpuThreads), 65536), Y: 1, Z: 1}
 	block := cuda.Dim3{X: gpuThreads, Y: 1, Z: 1}
+	if j.gptq4g128() {
+		grid := cuda.Dim3{X: (j.groups + gpuWarps - 1) / gpuWarps, Y: (j.n + gptq4Rows - 1) / gptq4Rows, Z: 1}
+		return k.gptq4g128[j.dtype].Launch(grid, block, 0, st, ptrs[slotInput], n, kk, groups, sym, j.zeroShift,
+			ptrs[slotCodes], ptrs[slotScales], ptrs[slotZeros], ptrs[slotStatus])
+	}
 	var encode cuda.Function
 	switch {
 	case j.fused() && s.Grid == quant.Integer:

@@ -277,3 +277,44 @@ func TestGPUQuantizerSupports(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUQuantizerGPTQ4G128 covers the one-launch kernel bw_gptq4_g128 on every dtype, both
+// GPTQ formats and both zero-point modes, with N not a multiple of 8 or 16 (partial qzeros
+// words and row bands) and BF16/F16 weights, whose quotients hit exact rounding ties often.
+func TestGPUQuantizerGPTQ4G128(t *testing.T) {
+	_, q := openGPUQuantizer(t)
+	q.poison = true
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 11))
+	for _, shape := range [][2]int{{45, 640}, {16, 128}, {203, 1152}} {
+		n, k := shape[0], shape[1]
+		for _, name := range []string{"int4-g128-asym", "int4-g128-sym"} {
+			s, err := quant.ParseScheme(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, format := range []string{"gptq", "gptq_v2"} {
+				j, err := newGPUJob("BF16", n, k, s, format, "m")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !j.gptq4g128() {
+					t.Fatalf("%s %s %dx%d does not take bw_gptq4_g128", format, name, n, k)
+				}
+				for _, dtype := range []string{"BF16", "F16", "F32"} {
+					raw, held := encodeWeights(gpuTestWeights(r, n, k), dtype)
+					want, err := cpuQuantizePack(held, n, k, s, format, "m")
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, err := q.QuantizePack(raw, dtype, n, k, s, format, "m")
+					if err != nil {
+						t.Fatalf("%s %s %s %dx%d: %v", format, name, dtype, n, k, err)
+					}
+					compareRaws(t, fmt.Sprintf("%s %s %s %dx%d", format, name, dtype, n, k), got, want)
+				}
+			}
+		}
+	}
+}

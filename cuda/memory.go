@@ -71,7 +71,7 @@ func (d *Device) FreeHost(buf []byte) error {
 	})
 }
 
-// isPinned reports whether buf lies inside one allocation from AllocHost (device thread only).
+// isPinned reports whether buf lies inside one allocation from AllocHost (inside do).
 func (d *Device) isPinned(buf []byte) bool {
 	start := uintptr(unsafe.Pointer(&buf[0]))
 	for base, size := range d.pinned {

@@ -18,6 +18,9 @@
 // first run a parameter kernel (bw_params, bw_params_bin) and then bw_encode_*.
 // Scales go straight to their layout; integer zero points go to a byte per (row, group) that
 // bw_pack_zeros packs into GPTQ's qzeros or qpack's zeros afterwards.
+// The hottest case, GPTQ int4 with groups of 128 and K a multiple of 128, has its own
+// one-launch kernel (bw_gptq4_g128_*, at the end).
+// Integer codes are computed without a division per weight (int_code_fast): see recip_int.
 #include <cuda_fp16.h>
 
 #define WARPS 8
@@ -110,6 +113,54 @@ __device__ __forceinline__ void int_params(float xmin, float xmax, int sym, int 
     *scale_h = h;
     *scale = __half2float(h);
     *zero = sym ? (float)((maxq + 1) / 2) : fminf(fmaxf(rintf(__fdiv_rn(-xmin, *scale)), 0.0f), (float)maxq);
+}
+
+// Integer codes without a division per weight; blockwise/reciprocal_test.go derives the bound,
+// mirrors this arithmetic and checks it against the reference. x = w·r with r = 1/scale
+// correctly rounded is within 3.0001·2^-24·|x| of the quotient fl(w/scale), so both round to
+// the same integer unless x lies that close to a half-integer. x + ROUND_MAGIC rounds x to an
+// integer, ties to even (exact for |x| < 2^22); the distance of x to that integer is exact, and
+// a weight whose distance to the half-integer is at most RECIP_MARGIN·X (X ≥ |x| for every
+// weight it is applied to), or whose x is not finite, or of a group with X ≥ RECIP_LIMIT, is
+// redone with int_code.
+#define ROUND_MAGIC 12582912.0f             // 1.5·2^23
+#define RECIP_MARGIN 4.76837158203125e-07f  // 2^-21
+#define RECIP_LIMIT 2097152.0f              // 2^21
+
+struct RecipInt {
+    float r, cutoff, nlo, nhi, magic_zero;
+};
+
+// recip_int prepares int_round_fast for a group with scale, zero point and max |w| absw.
+__device__ __forceinline__ RecipInt recip_int(float scale, float zero, int maxq, float absw) {
+    RecipInt p;
+    p.r = __frcp_rn(scale);
+    const float absx = __fmul_rn(absw, p.r);
+    const float thresh = absx < RECIP_LIMIT ? __fmul_rn(absx, RECIP_MARGIN) : __int_as_float(0x7f800000);
+    p.cutoff = __fsub_rn(0.5f, thresh);
+    p.nlo = -zero;
+    p.nhi = __fsub_rn((float)maxq, zero);
+    p.magic_zero = __fadd_rn(ROUND_MAGIC, zero);
+    return p;
+}
+
+// int_round_fast returns clamp(round(w/scale), −zero, maxq − zero) (the code minus the zero
+// point, an integer-valued float), or clears ok when w must be redone with int_code.
+__device__ __forceinline__ float int_round_fast(float w, const RecipInt& p, bool& ok) {
+    const float x = __fmul_rn(w, p.r);
+    const float n = __fsub_rn(__fadd_rn(x, ROUND_MAGIC), ROUND_MAGIC);
+    ok &= fabsf(__fsub_rn(x, n)) < p.cutoff;
+    return fminf(fmaxf(n, p.nlo), p.nhi);
+}
+
+// int_code_fast is the code itself: the low bits of n + zero + ROUND_MAGIC.
+__device__ __forceinline__ unsigned int int_code_fast(float w, const RecipInt& p, bool& ok) {
+    return __float_as_uint(__fadd_rn(int_round_fast(w, p, ok), p.magic_zero)) - __float_as_uint(ROUND_MAGIC);
+}
+
+// int_code is the reference formula with the true division.
+__device__ __forceinline__ unsigned int int_code(float w, float scale, float zero, int maxq) {
+    return (unsigned int)fminf(fmaxf(rintf(__fdiv_rn(w, scale)) + zero, 0.0f), (float)maxq);
 }
 
 // NF4 scale from the group's absolute maximum: quant.NF4Scale.
@@ -209,6 +260,7 @@ __device__ __forceinline__ void process_tile(ENCODE_PARAMS, int tile, int tiles_
         if (bad) atomicMin(status, (u64)r * k + kk + __ffs(bad) - 1);
 
         float scale = 1.0f, zero = 0.0f, offset = 0.0f;
+        float absw = 0.0f;  // bounds |v[j]|: the group's when fused, else this chunk's
         if (FUSED) {
             float lo = 0.0f, hi = 0.0f;
 #pragma unroll
@@ -220,6 +272,7 @@ __device__ __forceinline__ void process_tile(ENCODE_PARAMS, int tile, int tiles_
                 lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
                 hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, off));
             }
+            absw = fmaxf(-lo, hi);
             __half h;
             if (GRID == GRID_INT) int_params(lo, hi, sym, maxq, &h, &scale, &zero);
             else nf4_params(fmaxf(-lo, hi), &h, &scale);
@@ -235,6 +288,21 @@ __device__ __forceinline__ void process_tile(ENCODE_PARAMS, int tile, int tiles_
             if (GRID == GRID_BIN) offset = poffset[pi];
         }
 
+        unsigned int icode[8];
+        if (GRID == GRID_INT) {
+            if (!FUSED) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) absw = fmaxf(absw, fabsf(v[j]));
+            }
+            const RecipInt p = recip_int(scale, zero, maxq, absw);
+            bool ok = true;
+#pragma unroll
+            for (int j = 0; j < 8; j++) icode[j] = int_code_fast(v[j], p, ok);
+            if (!ok) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) icode[j] = int_code(v[j], scale, zero, maxq);
+            }
+        }
         unsigned int lo_codes = 0, hi_codes = 0;  // codes 0-3 and 4-7, each packed from bit 0
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -242,7 +310,7 @@ __device__ __forceinline__ void process_tile(ENCODE_PARAMS, int tile, int tiles_
             if (j < nv) {
                 const float x = v[j];
                 if (GRID == GRID_INT) {
-                    code = (unsigned int)fminf(fmaxf(rintf(__fdiv_rn(x, scale)) + zero, 0.0f), (float)maxq);
+                    code = icode[j];
                 } else if (GRID == GRID_NF4) {
                     code = nf4_code(__fdiv_rn(x, scale), t);
                 } else {
@@ -432,3 +500,131 @@ extern "C" __global__ void bw_pack_zeros(const unsigned char* zbytes, int n_rows
 extern "C" __global__ void bw_reset_status(u64* status) {
     if (threadIdx.x < 2) status[threadIdx.x] = ~0ull;
 }
+
+// bw_gptq4_g128_*: GPTQ int4 with groups of 128 (K a multiple of 128) in one launch. A warp
+// takes 16 rows × one group; lanes 2i and 2i+1 hold row r0 + i, lane half h loading chunks
+// 2j + h (j = 0..7, 8 columns each), so that each 16-byte load instruction reads 16 rows × 32
+// contiguous bytes. Chunk c of group g is qweight word (16g + c, row), so store j writes two
+// runs of 16 consecutive words and needs no shared memory. The group's range comes from packed
+// min/max and one shuffle; the 16 rows' zero points (two qzeros words) are gathered with
+// shuffles. Blocks are 8 warps on consecutive groups of the same rows (blockIdx.x: groups,
+// blockIdx.y: row bands of 16).
+#define G128_ROWS 16
+
+// Packed min/max of two 16-bit floats; NaN loses (as fminf), and NaN weights are reported by
+// the code path.
+template <int DT>
+__device__ __forceinline__ unsigned int min2(unsigned int a, unsigned int b) {
+    unsigned int d;
+    if constexpr (DT == IN_BF16) asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    else asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+template <int DT>
+__device__ __forceinline__ unsigned int max2(unsigned int a, unsigned int b) {
+    unsigned int d;
+    if constexpr (DT == IN_BF16) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    else asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+template <int DT>
+__device__ __forceinline__ void gptq4_g128(const void* w, int n_rows, int k, int groups, int sym, int zero_shift,
+                                           unsigned int* qweight, unsigned short* scales, unsigned int* qzeros,
+                                           u64* status) {
+    const int lane = threadIdx.x & 31;
+    const int g = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (g >= groups) return;  // whole warps: no shuffle or barrier misses them
+    const int r0 = blockIdx.y * G128_ROWS;
+    const int r = r0 + (lane >> 1), h = lane & 1;
+    const bool live = r < n_rows;
+    const u64 base = (u64)min(r, n_rows - 1) * k + (u64)g * 128;  // rows past N reload the last
+    Raw<DT> x[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) load_raw<DT>(w, base + 8 * (2 * j + h), 8, true, x[j]);
+
+    float lo = 0.0f, hi = 0.0f;
+    if constexpr (DT == IN_F32) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                lo = fminf(lo, raw_at<DT>(x[j], e));
+                hi = fmaxf(hi, raw_at<DT>(x[j], e));
+            }
+        }
+    } else {
+        unsigned int mn = 0, mx = 0;  // two +0s: the range includes 0
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                mn = min2<DT>(mn, x[j].u[q]);
+                mx = max2<DT>(mx, x[j].u[q]);
+            }
+        }
+        Raw<DT> m;
+        m.u[0] = mn;
+        m.u[1] = mx;
+        lo = fminf(raw_at<DT>(m, 0), raw_at<DT>(m, 1));
+        hi = fmaxf(raw_at<DT>(m, 2), raw_at<DT>(m, 3));
+    }
+    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
+    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
+    __half scale_h;
+    float scale, zero;
+    int_params(lo, hi, sym, 15, &scale_h, &scale, &zero);
+    const RecipInt p = recip_int(scale, zero, 15, fmaxf(-lo, hi));
+
+    // Four codes c_e = n_e + zero pack exactly in float: 2^23 + Σ c_e·16^e stays in [2^23, 2^24),
+    // where the float's low 16 bits are the packed codes (all products and sums are exact).
+    const float pack0 = __fadd_rn(8388608.0f, __fmul_rn(zero, 4369.0f));  // 2^23 + zero·0x1111
+    unsigned int word[8];
+    bool ok = true;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float pk[2] = {pack0, pack0};
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            pk[e >> 2] = __fmaf_rn(int_round_fast(raw_at<DT>(x[j], e), p, ok), (float)(1 << (4 * (e & 3))), pk[e >> 2]);
+        word[j] = __byte_perm(__float_as_uint(pk[0]), __float_as_uint(pk[1]), 0x5410);
+    }
+    if (!ok) {  // a weight near a rounding tie, or not finite: redo this lane with divisions
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            unsigned int wd = 0, bad = 0;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float v = raw_at<DT>(x[j], e);
+                bad |= (non_finite(v) ? 1u : 0u) << e;
+                wd |= int_code(v, scale, zero, 15) << (4 * e);
+            }
+            word[j] = wd;
+            if (bad) atomicMin(status, base + 8 * (2 * j + h) + __ffs(bad) - 1);
+        }
+    }
+    if (live) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) qweight[(u64)(16 * g + 2 * j + h) * n_rows + r] = word[j];
+        if (h == 0) {
+            scales[(u64)g * n_rows + r] = __half_as_ushort(scale_h);
+            if (non_finite(scale)) atomicMin(status + 1, (u64)r * groups + g);
+        }
+    }
+    // qzeros [groups, ceil(N/8)]: word (g, r/8) holds rows r..r+7, (z − zero_shift) mod 16 each.
+    unsigned int zw = live && h == 0 ? ((unsigned int)((int)zero - zero_shift) & 15u) << (4 * ((lane >> 1) & 7)) : 0u;
+#pragma unroll
+    for (int off = 1; off < 16; off <<= 1) zw |= __shfl_xor_sync(0xffffffffu, zw, off);
+    const int zr = r0 + 8 * (lane >> 4);
+    if ((lane & 15) == 0 && zr < n_rows) qzeros[(u64)g * ((n_rows + 7) / 8) + zr / 8] = zw;
+}
+
+#define GPTQ4_ENTRY(suffix, DTV, MIN_BLOCKS)                                                                   \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                                         \
+        bw_gptq4_g128##suffix(const void* w, int n_rows, int k, int groups, int sym, int zero_shift,          \
+                              unsigned int* qweight, unsigned short* scales, unsigned int* qzeros, u64* status) { \
+        gptq4_g128<DTV>(w, n_rows, k, groups, sym, zero_shift, qweight, scales, qzeros, status);              \
+    }
+GPTQ4_ENTRY(_bf16, IN_BF16, 3)
+GPTQ4_ENTRY(_f16, IN_F16, 3)
+GPTQ4_ENTRY(_f32, IN_F32, 2)
