@@ -76,22 +76,40 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-	g, err := openGPU(opt.Device, logf)
-	if err != nil {
-		return nil, err
-	}
-	defer g.close()
-	if err := checkDevicePlan(g, opt.Device, items, f, opt); err != nil {
-		return nil, err
+	var g *gpu
+	var runner *gptqRunner
+	if opt.Method == "gptq" {
+		if opt.Device == DeviceCUDA {
+			return nil, fmt.Errorf("--method gptq runs on the CPU in this version; use --device auto or cpu")
+		}
+		if runner, err = newGPTQRunner(items, opt.GPTQ, opt.Clip, logf); err != nil {
+			return nil, err
+		}
+	} else {
+		if g, err = openGPU(opt.Device, logf); err != nil {
+			return nil, err
+		}
+		defer g.close()
+		if err := checkDevicePlan(g, opt.Device, items, f, opt); err != nil {
+			return nil, err
+		}
 	}
 	report := &Report{Source: src, Output: dst, Method: opt.Method, Format: f.Name()}
-	tensors, err := buildTensors(ck, items, f, opt, g, report)
+	tensors, err := buildTensors(ck, items, f, opt, g, runner, report)
 	if err != nil {
 		return nil, err
 	}
 	meta, err := outputMetadata(ck, items, plan, calib, f, opt)
 	if err != nil {
 		return nil, err
+	}
+	if runner != nil {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			runner.run(ck.Dir, calib, opt.GPTQ.TrueSequential)
+		}()
+		defer func() { runner.stop(); <-done }()
 	}
 	err = writeStaged(dst, opt.Overwrite, func(dir string) error {
 		files, err := safetensors.WriteShards(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)
@@ -120,7 +138,7 @@ type outTensor struct {
 // buildTensors turns the plan into output tensors: kept tensors stream their input bytes, and
 // each quantized weight becomes its format's packed tensors, quantized when the first of them
 // is written and released after the last.
-func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, g *gpu, report *Report) ([]outTensor, error) {
+func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, g *gpu, runner *gptqRunner, report *Report) ([]outTensor, error) {
 	report.Tensors = make([]TensorReport, len(items))
 	layouts := layoutCache{}
 	total := 0
@@ -148,7 +166,7 @@ func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, op
 			tr.OutBytes += r.size
 			tr.Outputs = append(tr.Outputs, r.Name)
 		}
-		m := &packedModule{ck: ck, item: it, format: f, opt: opt, gpu: g, layout: layout, report: tr,
+		m := &packedModule{ck: ck, item: it, format: f, opt: opt, gpu: g, gptq: runner, layout: layout, report: tr,
 			progress: fmt.Sprintf("[%d/%d]", done, total)}
 		for j := range layout {
 			out = append(out, outTensor{m.tensor(j), it.ShardIdx})

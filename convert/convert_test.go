@@ -97,7 +97,22 @@ func TestRoundTripEveryFormat(t *testing.T) {
 	}
 }
 
-// small-llama is BF16 and sharded: the BF16 fast path, shards mirrored, ≈4.16 bits per weight.
+// small-llama (BF16, 5 shards) in every layout: the BF16 fast path, exact round trips.
+func TestSmallLlamaEveryFormat(t *testing.T) {
+	src := testenv.Shared(t, "models/small-llama")
+	for _, c := range []struct{ format, scheme string }{
+		{"gptq", "int3-g128-asym"}, {"gptq", "int8-g128-sym"}, {"gptq", "int2-g64-asym"}, {"gptq_v2", "int4-g128-asym"},
+		{"awq", "int4-g128-asym"}, {"compressed-tensors", "int4-g128-sym"}, {"qpack", "nf4-g64"}, {"qpack", "bin-g128-asym"}, {"qpack", "fp8"},
+	} {
+		s, err := quant.ParseScheme(c.scheme)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roundTrip(t, src, c.format, s)
+	}
+}
+
+// small-llama to 4-bit GPTQ: shards mirrored, ≈4.16 bits per weight plus g_idx.
 func TestSmallLlamaGPTQ(t *testing.T) {
 	src := testenv.Shared(t, "models/small-llama")
 	r := roundTrip(t, src, "gptq", quant.Scheme{Bits: 4, GroupSize: 128})
@@ -171,5 +186,20 @@ func TestExistingOutputNeedsOverwrite(t *testing.T) {
 	prov := c.Metadata()[ProvenanceKey]
 	if !strings.Contains(prov, `"sha256"`) || !strings.Contains(prov, "model.layers.3.mlp.down_proj") {
 		t.Errorf("provenance %q", prov)
+	}
+}
+
+// BenchmarkConvertSmallLlama: the whole conversion to 4-bit GPTQ on the CPU, in input bytes/s.
+func BenchmarkConvertSmallLlama(b *testing.B) {
+	src := testenv.Shared(b, "models/small-llama")
+	opt := DefaultOptions()
+	opt.Device, opt.Overwrite = DeviceCPU, true
+	dst := filepath.Join(b.TempDir(), "q")
+	for i := 0; i < b.N; i++ {
+		r, err := Convert(src, dst, opt)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.SetBytes(r.InBytes)
 	}
 }

@@ -58,6 +58,7 @@ type packedModule struct {
 	format   packing.Format
 	opt      Options
 	gpu      *gpu
+	gptq     *gptqRunner // set for --method gptq: the tensor comes from the calibration run
 	layout   []rawLayout
 	report   *TensorReport
 	progress string
@@ -117,6 +118,14 @@ func (m *packedModule) run() error {
 // method followed by the format's packer (which also returns the quant.Tensor).
 func (m *packedModule) quantizePack() ([]packing.Raw, *quant.Tensor, string, error) {
 	s := *m.item.Scheme
+	if m.gptq != nil {
+		t, err := m.gptq.result(m.item.Module)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		raws, err := m.format.Pack(m.item.Module, t)
+		return raws, t, DeviceCPU, err
+	}
 	if m.gpu.supports(s, m.format, m.opt) {
 		raw, err := m.ck.Bytes(m.item.Info.Name)
 		if err != nil {

@@ -14,9 +14,11 @@ import (
 
 // Options say how to convert. Start from DefaultOptions.
 type Options struct {
-	Method string // "rtn"
+	Method string // "rtn" or "gptq"
 	Format string // output layout: a packing registry name
-	Clip   bool   // MSE-optimal clipping search per group (rtn)
+	Clip   bool   // MSE-optimal clipping search per group (rtn; gptq's mse option)
+	// GPTQ tunes --method gptq, which needs Calib.
+	GPTQ GPTQOptions
 	// Alloc says how the allocator chooses each tensor's scheme (strategy, ladder, overrides,
 	// budget, whether embeddings and lm_head are candidates).
 	Alloc alloc.Options
@@ -46,7 +48,7 @@ var DefaultScheme = quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}
 
 // DefaultOptions: RTN with the default scheme on every decoder linear, GPTQ layout.
 func DefaultOptions() Options {
-	return Options{Method: "rtn", Format: "gptq", Alloc: Uniform(DefaultScheme)}
+	return Options{Method: "rtn", Format: "gptq", Alloc: Uniform(DefaultScheme), GPTQ: GPTQOptions{TrueSequential: true}}
 }
 
 // Uniform is the allocator setting that gives every candidate tensor scheme s.
@@ -55,8 +57,14 @@ func Uniform(s quant.Scheme) alloc.Options {
 }
 
 func (o *Options) validate() (packing.Format, error) {
-	if o.Method != "rtn" {
-		return nil, fmt.Errorf("method %q is not available (available: rtn)", o.Method)
+	switch o.Method {
+	case "rtn":
+	case "gptq":
+		if o.Calib.File == "" {
+			return nil, fmt.Errorf("--method gptq needs calibration data (--calib FILE)")
+		}
+	default:
+		return nil, fmt.Errorf("method %q is not available (available: rtn, gptq)", o.Method)
 	}
 	f, err := packing.Lookup(o.Format)
 	if err != nil {

@@ -18,7 +18,11 @@ import (
 // planFlags are shared by convert and plan: they say what to quantize, and how.
 func planFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "method", Value: "rtn", Usage: "quantization method: rtn"},
+		&cli.StringFlag{Name: "method", Value: "rtn", Usage: "quantization method: rtn (round-to-nearest, no data) or gptq (needs --calib)"},
+		&cli.BoolFlag{Name: "act-order", Usage: "gptq: quantize columns by decreasing activation energy (desc_act, writes a non-trivial g_idx)"},
+		&cli.BoolFlag{Name: "static-groups", Usage: "gptq: fit group parameters before any update (trivial g_idx even with --act-order)"},
+		&cli.Float64Flag{Name: "damp", Value: 0.01, Usage: "gptq: damping as a fraction of the mean Hessian diagonal (raised ×10 when the Hessian will not factor)"},
+		&cli.BoolFlag{Name: "no-true-sequential", Usage: "gptq: quantize a block's linears all at once instead of q/k/v, o, gate/up, down in turn"},
 		&cli.IntFlag{Name: "bits", Value: 4, Usage: "code width of the integer grid: 2, 3, 4 or 8"},
 		&cli.IntFlag{Name: "group-size", Value: 128, Usage: "input channels per scale; -1 or 0 for one group per output channel"},
 		&cli.BoolFlag{Name: "sym", Usage: "symmetric grid (the default)"},
@@ -94,6 +98,8 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	opt.Method = c.String("method")
 	opt.Format = c.String("format")
 	opt.Clip = c.Bool("clip")
+	opt.GPTQ = convert.GPTQOptions{Damp: c.Float64("damp"), ActOrder: c.Bool("act-order"), StaticGroups: c.Bool("static-groups"),
+		TrueSequential: !c.Bool("no-true-sequential")}
 	opt.Calib = convert.CalibOptions{File: c.String("calib"), Samples: c.Int("calib-samples"), SeqLen: c.Int("calib-seqlen")}
 	if p := c.String("plan"); p != "" {
 		f, err := os.Open(p)

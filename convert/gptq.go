@@ -1,0 +1,138 @@
+package convert
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/qpack-dev/qpack/gptq"
+	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// GPTQOptions are the GPTQ variant's settings (`--method gptq`).
+type GPTQOptions struct {
+	Damp           float64 // relative damping (default 0.01), raised ×10 when H will not factor
+	ActOrder       bool    // desc_act: quantize columns by decreasing diag H
+	StaticGroups   bool    // fit group parameters before any update (keeps g_idx trivial with act-order)
+	TrueSequential bool    // quantize q/k/v, then o, then gate/up, then down, each seeing the earlier ones quantized
+}
+
+// gptqResult is one module's GPTQ output, delivered to the writer when its block is done.
+type gptqResult struct {
+	t     *quant.Tensor
+	stats gptq.Stats
+	err   error
+}
+
+// gptqRunner quantizes the planned linears block by block through the model engine and hands
+// each result to the writer, which streams the output while later blocks are still running.
+// Linears that share an input share one Hessian.
+type gptqRunner struct {
+	opt     gptq.Options
+	schemes map[string]quant.Scheme // module prefix → planned scheme
+	hess    map[string]*gptq.Hessian
+	logf    func(string, ...any)
+	stopped atomic.Bool
+
+	mu      sync.Mutex
+	results map[string]chan gptqResult
+}
+
+func newGPTQRunner(items []Item, o GPTQOptions, clip bool, logf func(string, ...any)) (*gptqRunner, error) {
+	r := &gptqRunner{schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
+		results: map[string]chan gptqResult{},
+		opt:     gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, MSE: clip, BaselineLoss: true}}
+	for _, it := range items {
+		if it.Scheme == nil {
+			continue
+		}
+		if it.Role == model.RoleEmbedding || it.Role == model.RoleClassifier || it.Info.Shape[0] <= 0 {
+			return nil, fmt.Errorf("tensor %s: GPTQ quantizes decoder linears only; keep it (drop --quantize-embeddings/--quantize-head) or use --method rtn", it.Info.Name)
+		}
+		if it.Scheme.Grid != quant.Integer {
+			return nil, fmt.Errorf("tensor %s: GPTQ needs an integer scheme, not %s (use --method rtn for nf4, fp8 and bin)", it.Info.Name, it.Scheme)
+		}
+		r.schemes[it.Module] = *it.Scheme
+		r.results[it.Module] = make(chan gptqResult, 1)
+	}
+	return r, nil
+}
+
+// result waits for a module's quantized tensor.
+func (r *gptqRunner) result(module string) (*quant.Tensor, error) {
+	res := <-r.results[module]
+	return res.t, res.err
+}
+
+// fail delivers err to every module still waiting.
+func (r *gptqRunner) fail(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for m, ch := range r.results {
+		select {
+		case ch <- gptqResult{err: fmt.Errorf("GPTQ did not reach %s: %w", m, err)}:
+		default:
+		}
+	}
+}
+
+// run calibrates the model over the sequences, quantizing as it goes.
+func (r *gptqRunner) run(src string, calib *Calibration, trueSequential bool) {
+	m, err := model.Open(src)
+	if err == nil {
+		defer m.Close()
+		err = model.Calibrate(m, calib.seqs, r, model.CalibrateOptions{TrueSequential: trueSequential})
+	}
+	if err != nil {
+		r.fail(err)
+	}
+}
+
+// stop makes the calibration end at its next step (the writer failed).
+func (r *gptqRunner) stop() { r.stopped.Store(true) }
+
+func (r *gptqRunner) Observe(block int, g model.Group, x []float32, rows, cols int) error {
+	if r.stopped.Load() {
+		return fmt.Errorf("stopped")
+	}
+	key := fmt.Sprintf("%d/%s", block, g)
+	h := r.hess[key]
+	if h == nil {
+		h = gptq.NewHessian(cols)
+		r.hess[key] = h
+	}
+	if err := h.Add(x, rows, cols); err != nil {
+		return fmt.Errorf("block %d, input of %s: %w", block, g, err)
+	}
+	return nil
+}
+
+// Update quantizes each planned linear of the groups with its group's Hessian and puts the
+// dequantized weights back, so the next groups and blocks see the quantization error.
+func (r *gptqRunner) Update(b *model.Block, groups []model.Group) error {
+	for _, g := range groups {
+		key := fmt.Sprintf("%d/%s", b.Index, g)
+		h := r.hess[key]
+		delete(r.hess, key) // K² float64s: free as soon as the group is done
+		for _, l := range b.Linears(g) {
+			s, planned := r.schemes[l.Name]
+			if !planned {
+				continue
+			}
+			t, st, err := gptq.Quantize(l.W, l.Out, l.In, h.H, s, r.opt)
+			if err != nil {
+				err = fmt.Errorf("tensor %s.weight: %w", l.Name, err)
+				r.results[l.Name] <- gptqResult{err: err}
+				return err
+			}
+			if err := l.SetWeight(t.Dequantize(nil)); err != nil {
+				return err
+			}
+			r.logf("gptq %s %s: relative loss %.5f, damping %g (%d retries), %.0fms\n",
+				l.Name, s, st.RelativeLoss, st.Damp, st.Retries, 1000*st.Total.Seconds())
+			r.results[l.Name] <- gptqResult{t: t, stats: st}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,116 @@
+package cuda
+
+import "fmt"
+
+// Transpose says whether a cuBLAS operand is used as stored or transposed (cublasOperation_t).
+type Transpose int32
+
+const (
+	NoTrans Transpose = 0
+	Trans   Transpose = 1
+)
+
+// BLAS is a cuBLAS handle bound to one device. Matrices are column-major, as in cuBLAS; a
+// row-major m×n matrix is the column-major n×m matrix of its transpose. Calls are enqueued on
+// the handle's stream (SetStream; the default stream until then). Not safe for concurrent use.
+type BLAS struct {
+	d *Device
+	h uintptr
+
+	create    func(h *uintptr) int32
+	destroy   func(h uintptr) int32
+	setStream func(h, s uintptr) int32
+	sgemm     func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32
+	dgemm     func(h uintptr, ta, tb, m, n, k int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32, beta *float64, c uintptr, ldc int32) int32
+	dtrsm     func(h uintptr, side, uplo, ta, diag, m, n int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32) int32
+}
+
+// Side says on which side of B a triangular matrix stands (cublasSideMode_t).
+type Side int32
+
+const (
+	Left  Side = 0
+	Right Side = 1
+)
+
+// NewBLAS loads cuBLAS (see FindLibraries) and creates a handle on d.
+func (d *Device) NewBLAS() (*BLAS, error) {
+	lib, err := mathLibrary("cublas")
+	if err != nil {
+		return nil, err
+	}
+	b := &BLAS{d: d}
+	if err := bindFunctions(lib, map[string]any{
+		"cublasCreate_v2": &b.create, "cublasDestroy_v2": &b.destroy, "cublasSetStream_v2": &b.setStream,
+		"cublasSgemm_v2": &b.sgemm, "cublasDgemm_v2": &b.dgemm, "cublasDtrsm_v2": &b.dtrsm,
+	}); err != nil {
+		return nil, err
+	}
+	if err := d.do(func() error { return blasCheck("cublasCreate", b.create(&b.h)) }); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// blasCheck turns a cublasStatus_t into an error naming the call.
+func blasCheck(call string, status int32) error {
+	if status == 0 {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s failed with cuBLAS status %d", call, status)
+}
+
+// SetStream makes later calls run on stream s.
+func (b *BLAS) SetStream(s Stream) error {
+	return b.d.do(func() error { return blasCheck("cublasSetStream", b.setStream(b.h, uintptr(s))) })
+}
+
+// Close destroys the handle.
+func (b *BLAS) Close() error {
+	return b.d.do(func() error { return blasCheck("cublasDestroy", b.destroy(b.h)) })
+}
+
+// gemmArgs checks the sizes of C[m×n] = alpha·op(A)·op(B) + beta·C for 32-bit cuBLAS ints.
+func gemmArgs(m, n, k, lda, ldb, ldc int) error {
+	for _, v := range []int{m, n, k, lda, ldb, ldc} {
+		if v < 0 || v > 1<<31-1 {
+			return fmt.Errorf("cuda: gemm size %d out of range (m=%d n=%d k=%d lda=%d ldb=%d ldc=%d)", v, m, n, k, lda, ldb, ldc)
+		}
+	}
+	return nil
+}
+
+// Sgemm enqueues C = alpha·op(A)·op(B) + beta·C in float32 (column-major; C is m×n, op(A) m×k,
+// op(B) k×n), with cuBLAS's default math: true float32, no TF32.
+func (b *BLAS) Sgemm(ta, tb Transpose, m, n, k int, alpha float32, a DevicePtr, lda int, bm DevicePtr, ldb int, beta float32, c DevicePtr, ldc int) error {
+	if err := gemmArgs(m, n, k, lda, ldb, ldc); err != nil {
+		return err
+	}
+	return b.d.do(func() error {
+		return blasCheck("cublasSgemm", b.sgemm(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
+			&alpha, uintptr(a), int32(lda), uintptr(bm), int32(ldb), &beta, uintptr(c), int32(ldc)))
+	})
+}
+
+// Dgemm is Sgemm in float64.
+func (b *BLAS) Dgemm(ta, tb Transpose, m, n, k int, alpha float64, a DevicePtr, lda int, bm DevicePtr, ldb int, beta float64, c DevicePtr, ldc int) error {
+	if err := gemmArgs(m, n, k, lda, ldb, ldc); err != nil {
+		return err
+	}
+	return b.d.do(func() error {
+		return blasCheck("cublasDgemm", b.dgemm(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
+			&alpha, uintptr(a), int32(lda), uintptr(bm), int32(ldb), &beta, uintptr(c), int32(ldc)))
+	})
+}
+
+// Dtrsm enqueues the float64 triangular solve op(A)·X = alpha·B (side Left) or
+// X·op(A) = alpha·B (Right) in place of B (m×n); A is triangular (uplo, diag), m×m or n×n.
+func (b *BLAS) Dtrsm(side Side, uplo Fill, ta Transpose, diag Diag, m, n int, alpha float64, a DevicePtr, lda int, bm DevicePtr, ldb int) error {
+	if err := gemmArgs(m, n, 0, lda, ldb, ldb); err != nil {
+		return err
+	}
+	return b.d.do(func() error {
+		return blasCheck("cublasDtrsm", b.dtrsm(b.h, int32(side), int32(uplo), int32(ta), int32(diag), int32(m), int32(n),
+			&alpha, uintptr(a), int32(lda), uintptr(bm), int32(ldb)))
+	})
+}

@@ -1,0 +1,243 @@
+package cuda
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// deviceMatrix uploads data and returns its device copy (freed at cleanup).
+func deviceMatrix[T float32 | float64](tb testing.TB, d *Device, data []T) DevicePtr {
+	tb.Helper()
+	p, err := d.Alloc(len(Bytes(data)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { d.Free(p) })
+	if err := d.CopyToDevice(p, Bytes(data)); err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
+func download[T float32 | float64 | int32](tb testing.TB, d *Device, p DevicePtr, n int) []T {
+	tb.Helper()
+	out := make([]T, n)
+	if err := d.CopyFromDevice(Bytes(out), p); err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}
+
+// TestGemmMatchesPlainGo: C = alpha·op(A)·op(B) + beta·C, column-major, with transposes and
+// leading dimensions larger than the rows, in float32 and float64, against float64 loops.
+func TestGemmMatchesPlainGo(t *testing.T) {
+	d := openTestDevice(t)
+	b, err := d.NewBLAS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r := rand.New(rand.NewPCG(3, 4))
+	const m, n, k, ld = 37, 29, 71, 80
+	for _, ta := range []Transpose{NoTrans, Trans} {
+		for _, tb := range []Transpose{NoTrans, Trans} {
+			a, bm, c := make([]float64, ld*ld), make([]float64, ld*ld), make([]float64, ld*ld)
+			for i := range a {
+				a[i], bm[i], c[i] = r.NormFloat64(), r.NormFloat64(), r.NormFloat64()
+			}
+			at := func(i, l int) float64 { // op(A)[i, l]
+				if ta == Trans {
+					return a[l+i*ld]
+				}
+				return a[i+l*ld]
+			}
+			bt := func(l, j int) float64 {
+				if tb == Trans {
+					return bm[j+l*ld]
+				}
+				return bm[l+j*ld]
+			}
+			want := append([]float64(nil), c...)
+			for i := range m {
+				for j := range n {
+					s := 0.0
+					for l := range k {
+						s += at(i, l) * bt(l, j)
+					}
+					want[i+j*ld] = -0.5*s + 2*c[i+j*ld]
+				}
+			}
+			f32 := func(v []float64) []float32 {
+				out := make([]float32, len(v))
+				for i, x := range v {
+					out[i] = float32(x)
+				}
+				return out
+			}
+			dc64 := deviceMatrix(t, d, c)
+			if err := b.Dgemm(ta, tb, m, n, k, -0.5, deviceMatrix(t, d, a), ld, deviceMatrix(t, d, bm), ld, 2, dc64, ld); err != nil {
+				t.Fatal(err)
+			}
+			dc32 := deviceMatrix(t, d, f32(c))
+			if err := b.Sgemm(ta, tb, m, n, k, -0.5, deviceMatrix(t, d, f32(a)), ld, deviceMatrix(t, d, f32(bm)), ld, 2, dc32, ld); err != nil {
+				t.Fatal(err)
+			}
+			got64, got32 := download[float64](t, d, dc64, len(c)), download[float32](t, d, dc32, len(c))
+			for i := range want {
+				if math.Abs(got64[i]-want[i]) > 1e-12*(1+math.Abs(want[i]))*k {
+					t.Fatalf("trans %d/%d: Dgemm[%d] = %g, want %g", ta, tb, i, got64[i], want[i])
+				}
+				if math.Abs(float64(got32[i])-want[i]) > 1e-5*k {
+					t.Fatalf("trans %d/%d: Sgemm[%d] = %g, want %g", ta, tb, i, got32[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+// TestCholeskyAndTriangularInverse: Potrf gives L with L·Lᵀ = A, Trtri then L⁻¹ with
+// L·L⁻¹ = I, in float64 and float32; a matrix that is not positive definite reports info > 0.
+func TestCholeskyAndTriangularInverse(t *testing.T) {
+	d := openTestDevice(t)
+	s, err := d.NewSolver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	info, err := d.Alloc(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(info)
+	r := rand.New(rand.NewPCG(5, 6))
+	const n = 150
+	x := make([]float64, n*2*n)
+	for i := range x {
+		x[i] = r.NormFloat64()
+	}
+	a := make([]float64, n*n) // A = X·Xᵀ/2n + 0.1·I, column-major (symmetric)
+	for i := range n {
+		for j := range n {
+			sum := 0.0
+			for l := range 2 * n {
+				sum += x[i*2*n+l] * x[j*2*n+l]
+			}
+			a[i+j*n] = sum / (2 * n)
+			if i == j {
+				a[i+j*n] += 0.1
+			}
+		}
+	}
+	for _, dt := range []DataType{Float64, Float32} {
+		tol := 1e-10
+		var p DevicePtr
+		if dt == Float64 {
+			p = deviceMatrix(t, d, a)
+		} else {
+			tol = 2e-4
+			a32 := make([]float32, len(a))
+			for i, v := range a {
+				a32[i] = float32(v)
+			}
+			p = deviceMatrix(t, d, a32)
+		}
+		if err := d.Fill32(info, 7, 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Potrf(Lower, n, dt, p, n, info); err != nil {
+			t.Fatal(err)
+		}
+		l := lowerOf(t, d, p, n, dt)
+		if dt == Float64 { // the triangular solve against the identity gives L⁻¹ too
+			checkTrsmInverse(t, d, p, n, l)
+		}
+		if err := s.Trtri(Lower, NonUnit, n, dt, p, n, info.Add(4)); err != nil {
+			t.Fatal(err)
+		}
+		linv := lowerOf(t, d, p, n, dt)
+		if got := download[int32](t, d, info, 2); got[0] != 0 || got[1] != 0 {
+			t.Fatalf("dtype %d: info %v", dt, got)
+		}
+		for i := range n {
+			for j := range n {
+				llt, prod := 0.0, 0.0
+				for q := range n {
+					llt += l[i+q*n] * l[j+q*n]
+					prod += l[i+q*n] * linv[q+j*n]
+				}
+				id := 0.0
+				if i == j {
+					id = 1
+				}
+				if math.Abs(llt-a[i+j*n]) > tol || math.Abs(prod-id) > tol*10 {
+					t.Fatalf("dtype %d (%d,%d): L·Lᵀ = %g (A = %g), L·L⁻¹ = %g", dt, i, j, llt, a[i+j*n], prod)
+				}
+			}
+		}
+	}
+	bad := append([]float64(nil), a...)
+	bad[3+3*n] = -1
+	p := deviceMatrix(t, d, bad)
+	if err := s.Potrf(Lower, n, Float64, p, n, info); err != nil {
+		t.Fatal(err)
+	}
+	if got := download[int32](t, d, info, 1); got[0] <= 0 {
+		t.Errorf("indefinite matrix: info %d, want > 0", got[0])
+	}
+}
+
+// lowerOf downloads the lower triangle of the column-major n×n matrix at p as float64 (zero above).
+func lowerOf(tb testing.TB, d *Device, p DevicePtr, n int, dt DataType) []float64 {
+	out := make([]float64, n*n)
+	if dt == Float64 {
+		copy(out, download[float64](tb, d, p, n*n))
+	} else {
+		for i, v := range download[float32](tb, d, p, n*n) {
+			out[i] = float64(v)
+		}
+	}
+	for j := range n {
+		for i := 0; i < j; i++ {
+			out[i+j*n] = 0
+		}
+	}
+	return out
+}
+
+// checkTrsmInverse solves L·X = I with Dtrsm (L: lower triangle at p) and checks L·X = I.
+func checkTrsmInverse(t *testing.T, d *Device, p DevicePtr, n int, l []float64) {
+	t.Helper()
+	b, err := d.NewBLAS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	id := make([]float64, n*n)
+	for i := range n {
+		id[i+i*n] = 1
+	}
+	x := deviceMatrix(t, d, id)
+	if err := b.Dtrsm(Left, Lower, NoTrans, NonUnit, n, n, 1, p, n, x, n); err != nil {
+		t.Fatal(err)
+	}
+	inv := download[float64](t, d, x, n*n)
+	for i := range n {
+		for j := range n {
+			prod := 0.0
+			for q := range n {
+				prod += l[i+q*n] * inv[q+j*n]
+			}
+			if want := float64(btoi(i == j)); math.Abs(prod-want) > 1e-9 {
+				t.Fatalf("Dtrsm: (L·X)[%d,%d] = %g, want %g", i, j, prod, want)
+			}
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,59 @@
+package gptq
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// checkInputs refuses shapes that do not match, schemes GPTQ cannot use, bad options and
+// non-finite or asymmetric inputs, naming the first offending entry.
+func checkInputs(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) error {
+	if n <= 0 || k <= 0 {
+		return fmt.Errorf("gptq: weight shape %dx%d must be positive", n, k)
+	}
+	if len(w) != n*k {
+		return fmt.Errorf("gptq: %d weights for a %dx%d tensor", len(w), n, k)
+	}
+	if len(h) != k*k {
+		return fmt.Errorf("gptq: Hessian has %d values; a %dx%d weight needs %dx%d = %d", len(h), n, k, k, k, k*k)
+	}
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("gptq: %w", err)
+	}
+	if s.Grid != quant.Integer {
+		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to a uniform integer grid; %s is not one (use blockwise)", s, s.Grid)
+	}
+	if opt.Damp < 0 || opt.MaxDamp < 0 || opt.BlockSize < 0 || math.IsNaN(opt.Damp) || math.IsNaN(opt.MaxDamp) {
+		return fmt.Errorf("gptq: damping %g, max damping %g and block size %d must not be negative", opt.Damp, opt.MaxDamp, opt.BlockSize)
+	}
+	for i, v := range w {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("gptq: weight at row %d, column %d is %g", i/k, i%k, v)
+		}
+	}
+	return checkHessian(h, k)
+}
+
+// checkHessian requires finite entries, a non-negative diagonal and symmetry up to float32
+// rounding (the factorisation reads both triangles once columns are permuted).
+func checkHessian(h []float64, k int) error {
+	for i, v := range h {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("gptq: Hessian entry (%d, %d) is %g", i/k, i%k, v)
+		}
+	}
+	for i := range k {
+		if h[i*k+i] < 0 {
+			return fmt.Errorf("gptq: Hessian diagonal entry (%d, %d) is negative (%g)", i, i, h[i*k+i])
+		}
+		for j := i + 1; j < k; j++ {
+			a, b := h[i*k+j], h[j*k+i]
+			if math.Abs(a-b) > 1e-5*math.Sqrt(h[i*k+i]*h[j*k+j]) {
+				return fmt.Errorf("gptq: Hessian is not symmetric: (%d, %d) = %g but (%d, %d) = %g", i, j, a, j, i, b)
+			}
+		}
+	}
+	return nil
+}

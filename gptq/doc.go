@@ -1,0 +1,33 @@
+// Package gptq quantizes a linear layer's weights with GPTQ (Frantar et al., 2022), following
+// the reference implementation (IST-DASLab/gptq, fasterquant) and its AutoGPTQ options.
+//
+// Collect the Hessian of the layer's inputs, then quantize:
+//
+//	h := gptq.NewHessian(k)
+//	for each calibration batch x[rows, k]: h.Add(x, rows, k)   // H = 2/n Σ xᵀx, float64
+//	t, stats, err := gptq.Quantize(w, n, k, h.H, quant.Scheme{Bits: 4, GroupSize: 128, Sym: true},
+//		gptq.Options{ActOrder: true})
+//
+// Hessians collected in parallel combine with Merge. Quantize returns a quant.Tensor (codes in
+// the original column order, F16-exact scales, integer zeros, GIdx under act-order) and Stats:
+// the proxy loss tr(ΔW H ΔWᵀ), the damping used and the failed tries, timings.
+//
+// The algorithm, as in the reference:
+//
+//  1. Dead columns (H_ii = 0) get H_ii = 1 and zero weights.
+//  2. Per-channel parameters come from the whole row; static groups (Options.StaticGroups)
+//     from the original weights, in the original column order.
+//  3. Act-order (Options.ActOrder) quantizes columns by decreasing diag H.
+//  4. λ = Damp·mean(diag H) is added to the diagonal and U, the upper Cholesky factor of
+//     H⁻¹, is computed in float64 (gonum's LAPACK). A failed factorisation is retried with
+//     ten times the damping, up to MaxDamp.
+//  5. Columns are quantized in blocks of 128, each row on its own (rows share only U):
+//     q = quantize(w), err = (w − q)/U_ii, the rest of the block −= err·U[i, ·] (float32);
+//     after the block, all later columns −= Err·U[block, later] (a float32 GEMM).
+//     Groups fitted on the fly read the weights as they were before the current block's own
+//     updates, which is what the reference's find_params(W[:, i:i+gs]) sees.
+//
+// Every integer scheme of package quant (2, 3, 4, 8 bits; per-channel or groups; symmetric
+// or not) is supported, with min-max parameters or the reference's MSE clipping search
+// (Options.MSE, shared with blockwise). Other grids are refused.
+package gptq

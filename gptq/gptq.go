@@ -1,0 +1,184 @@
+package gptq
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// Quantize quantizes W[n, k] (float32, row-major, out × in) with GPTQ, given the Hessian
+// h = 2/n Σ xᵀx of the layer's inputs (k×k, row-major, symmetric; Hessian.H). w and h are
+// not modified. s must be an integer scheme. The tensor's codes, scales and zeros are exactly
+// what the error feedback assumed: Dequantize gives the Q the algorithm optimised.
+func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	start := time.Now()
+	var st Stats
+	if err := checkInputs(w, n, k, h, s, opt); err != nil {
+		return nil, st, err
+	}
+	opt = opt.withDefaults()
+	dead, deadCount := deadColumns(h, k)
+	st.DeadColumns = deadCount
+	perm := columnOrder(h, k, dead, opt.ActOrder)
+	p := &problem{
+		t: newTensor(s, n, k), lay: newLayout(s, k, perm, opt.StaticGroups),
+		k: k, bs: opt.BlockSize, mse: opt.MSE,
+	}
+	if err := p.loadWeights(opt.Work, w, dead); err != nil {
+		return nil, st, err
+	}
+	factorStart := time.Now()
+	u, err := inverseFactor(opt.Work, h, k, perm, dead, opt, &st)
+	st.Factor = time.Since(factorStart)
+	if err != nil {
+		return nil, st, err
+	}
+	p.u = u
+	errSq, err := p.run(n)
+	if err != nil {
+		return nil, st, err
+	}
+	p.t.GIdx = p.lay.gIdx()
+	// With E the scaled errors, ΔW = W − Q = E·U and (H + λI)⁻¹ = UᵀU, so
+	// tr(ΔW (H + λI) ΔWᵀ) = Σ err²: the proxy loss needs no product with H, only the
+	// damping's share λ‖ΔW‖² taken off.
+	st.Loss = max(0, errSq-st.Lambda*squaredError(p.t, w, dead))
+	if opt.BaselineLoss {
+		st.Baseline = quadraticForm(w, n, k, h, dead)
+		st.RelativeLoss = st.Loss / st.Baseline
+	}
+	st.Total = time.Since(start)
+	return p.t, st, nil
+}
+
+// problem is one quantization in progress: the working weights in quantization order and the
+// inverse factor they are updated with, shared read-only by the row workers.
+type problem struct {
+	t   *quant.Tensor
+	lay layout
+	w   []float32 // N×K working weights, column i is original column perm[i]
+	u   []float32 // K×K upper Cholesky factor of the damped H⁻¹, in quantization order
+	k   int
+	bs  int
+	mse bool
+}
+
+// run quantizes all rows; rows are independent given U, so each worker owns a range of rows
+// from the first block to the last. It returns Σ err² over all weights.
+func (p *problem) run(n int) (float64, error) {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	sums := make([]float64, workers)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Go(func() { sums[i], errs[i] = p.quantizeRows(i*n/workers, (i+1)*n/workers) })
+	}
+	wg.Wait()
+	total := 0.0
+	for i := range workers {
+		if errs[i] != nil {
+			return 0, errs[i]
+		}
+		total += sums[i]
+	}
+	return total, nil
+}
+
+// quantizeRows is the reference's block loop for rows [lo, hi): quantize a block of columns one
+// by one, spreading each column's error over the rest of the block, then push the block's
+// errors to all later columns at once.
+func (p *problem) quantizeRows(lo, hi int) (float64, error) {
+	k, bs := p.k, p.bs
+	errs := make([]float32, (hi-lo)*bs) // Err1: the block's scaled errors, one row per weight row
+	packed := make([]float32, bs*updateTile)
+	f := &fitter{t: p.t, mse: p.mse, codes: make([]uint8, p.lay.size)}
+	total := 0.0
+	for i1 := 0; i1 < k; i1 += bs {
+		i2 := min(i1+bs, k)
+		for r := lo; r < hi; r++ {
+			row := p.w[r*k : (r+1)*k]
+			if err := p.fitGroupsStartingIn(f, r, row, i1, i2); err != nil {
+				return 0, err
+			}
+			sum := p.quantizeBlock(r, row, i1, i2, errs[(r-lo)*bs:])
+			if math.IsNaN(sum) || math.IsInf(sum, 0) {
+				return 0, fmt.Errorf("gptq: row %d: the error feedback diverged in columns %d..%d (Hessian too ill-conditioned; raise the damping)", r, i1, i2-1)
+			}
+			total += sum
+		}
+		trailingUpdate(p.w, k, lo, hi, errs, bs, p.u, i1, i2, packed)
+	}
+	return total, nil
+}
+
+// fitGroupsStartingIn fits the on-the-fly groups that start inside the block [i1, i2) of row r.
+// Like the reference, which calls find_params(W[:, i:i+gs]) on the outer W, it reads the
+// weights as they were before this block's own updates.
+func (p *problem) fitGroupsStartingIn(f *fitter, r int, row []float32, i1, i2 int) error {
+	for i := i1; i < i2; i++ {
+		if p.lay.onTheFly(i) {
+			if err := f.fit(r, p.lay.group(i), row[i:min(i+p.lay.size, p.k)]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// quantizeBlock is the column loop of one row inside the block [i1, i2), in float32: quantize
+// column i, err = (w − q)/U[i,i], W[i+1:i2] −= err·U[i, i+1:i2]. It stores the codes in original
+// column order and the errors in errs[0:i2−i1], and returns Σ err² (float64).
+func (p *problem) quantizeBlock(r int, row []float32, i1, i2 int, errs []float32) float64 {
+	t, k, groups := p.t, p.k, p.t.Scheme.Groups(p.k)
+	sum := 0.0
+	for i := i1; i < i2; i++ {
+		g := r*groups + p.lay.group(i)
+		scale, zero := t.Scales[g], t.Zeros[g]
+		code := t.Scheme.QuantizeInt(row[i], scale, zero)
+		q := quant.DequantizeInt(code, scale, zero)
+		urow := p.u[i*k : i*k+i2]
+		e := (row[i] - q) / urow[i]
+		for j := i + 1; j < i2; j++ {
+			row[j] -= e * urow[j]
+		}
+		errs[i-i1] = e
+		t.Codes[r*k+p.lay.perm[i]] = code
+		sum += float64(e) * float64(e)
+	}
+	return sum
+}
+
+// loadWeights fits the parameters that precede all updates (per-channel, static groups) and
+// fills the working weights: W with dead columns zeroed, columns in quantization order.
+func (p *problem) loadWeights(ws *Workspace, w []float32, dead []bool) error {
+	n, k := p.t.N, p.k
+	ws.w = grow(ws.w, n*k)
+	p.w = ws.w
+	f := &fitter{t: p.t, mse: p.mse, codes: make([]uint8, p.lay.size)}
+	row := make([]float32, k)
+	for r := range n {
+		if err := f.fitBeforeUpdates(p.lay, w, r, dead, row); err != nil {
+			return err
+		}
+		dst := p.w[r*k : (r+1)*k]
+		for i, c := range p.lay.perm {
+			if !dead[c] {
+				dst[i] = w[r*k+c]
+			} else {
+				dst[i] = 0
+			}
+		}
+	}
+	return nil
+}
+
+// newTensor allocates an n×k integer-grid tensor of scheme s.
+func newTensor(s quant.Scheme, n, k int) *quant.Tensor {
+	ng := n * s.Groups(k)
+	return &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k),
+		Scales: make([]float32, ng), Zeros: make([]uint8, ng)}
+}

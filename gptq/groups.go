@@ -1,0 +1,146 @@
+package gptq
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// deadColumns marks the input channels that never saw a non-zero input (H_ii == 0).
+func deadColumns(h []float64, k int) (dead []bool, count int) {
+	dead = make([]bool, k)
+	for i := range k {
+		if h[i*k+i] == 0 {
+			dead[i] = true
+			count++
+		}
+	}
+	return dead, count
+}
+
+// columnOrder returns the order in which columns are quantized: perm[i] is the original column
+// at position i. With actOrder it sorts by decreasing diag H (dead columns count as 1, as after
+// the reference's fix), ties kept in column order; otherwise it is the identity.
+func columnOrder(h []float64, k int, dead []bool, actOrder bool) []int {
+	perm := make([]int, k)
+	for i := range perm {
+		perm[i] = i
+	}
+	if actOrder {
+		slices.SortStableFunc(perm, func(a, b int) int {
+			da, db := diagFixed(h, k, a, dead), diagFixed(h, k, b, dead)
+			switch {
+			case da > db:
+				return -1
+			case da < db:
+				return 1
+			}
+			return 0
+		})
+	}
+	return perm
+}
+
+// layout says which group (index into one row of the tensor's scales and zeros) each
+// quantization position uses, and when a group's parameters are fitted.
+type layout struct {
+	size       int // columns per group (K when per-channel)
+	perChannel bool
+	static     bool
+	perm       []int
+}
+
+func newLayout(s quant.Scheme, k int, perm []int, static bool) layout {
+	l := layout{size: s.GroupSize, perm: perm, static: static}
+	if s.GroupSize == quant.PerChannel {
+		l.size, l.perChannel, l.static = k, true, false
+	}
+	return l
+}
+
+// group returns the group used by the column at position i: groups follow the quantization
+// order when fitted on the fly, the original order when static.
+func (l layout) group(i int) int {
+	switch {
+	case l.perChannel:
+		return 0
+	case l.static:
+		return l.perm[i] / l.size
+	}
+	return i / l.size
+}
+
+// onTheFly reports whether the group starting at position i is fitted during the column loop.
+func (l layout) onTheFly(i int) bool { return !l.perChannel && !l.static && i%l.size == 0 }
+
+// gIdx returns the tensor's GIdx: nil when column c is in group c / size (no act-order, static
+// groups, per-channel), else g_idx[perm[i]] = i / size.
+func (l layout) gIdx() []int32 {
+	if l.perChannel || l.static || slices.IsSorted(l.perm) {
+		return nil
+	}
+	g := make([]int32, len(l.perm))
+	for i, c := range l.perm {
+		g[c] = int32(i / l.size)
+	}
+	return g
+}
+
+// fitter computes one group's parameters and stores them in the tensor.
+type fitter struct {
+	t     *quant.Tensor
+	mse   bool
+	codes []uint8 // scratch for the MSE search, len ≥ group size
+}
+
+// fit sets the parameters of row r, group g from the weights w of that group.
+func (f *fitter) fit(r, g int, w []float32) error {
+	scale, zero := blockwise.IntGroupParams(f.t.Scheme, w, nil, f.mse, f.codes)
+	if math.IsInf(float64(scale), 0) {
+		return fmt.Errorf("gptq: row %d, group %d: scale overflows F16 (weights up to %g)", r, g, absMax(w))
+	}
+	i := r*f.t.Scheme.Groups(f.t.K) + g
+	f.t.Scales[i], f.t.Zeros[i] = scale, zero
+	return nil
+}
+
+// fitBeforeUpdates fits the parameters that do not depend on the updates: per-channel ones
+// from the whole row as given (the reference fits the layer's quantizer before it zeroes dead
+// columns), static groups from the row with dead columns zeroed, in the original order. row is
+// scratch of length K.
+func (f *fitter) fitBeforeUpdates(l layout, w []float32, r int, dead []bool, row []float32) error {
+	k := f.t.K
+	if l.perChannel {
+		return f.fit(r, 0, w[r*k:(r+1)*k])
+	}
+	if !l.static {
+		return nil
+	}
+	copyZeroingDead(row, w[r*k:(r+1)*k], dead)
+	for g := 0; g*l.size < k; g++ {
+		if err := f.fit(r, g, row[g*l.size:min((g+1)*l.size, k)]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyZeroingDead(dst, src []float32, dead []bool) {
+	for c, v := range src {
+		if dead[c] {
+			v = 0
+		}
+		dst[c] = v
+	}
+}
+
+func absMax(w []float32) float32 {
+	var m float32
+	for _, v := range w {
+		m = max(m, float32(math.Abs(float64(v))))
+	}
+	return m
+}

@@ -1,0 +1,114 @@
+package gptq
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// randomWeights returns W[n, k] with normal entries and a few heavier rows.
+func randomWeights(r *rand.Rand, n, k int) []float32 {
+	w := make([]float32, n*k)
+	for i := range w {
+		w[i] = float32(r.NormFloat64() * 0.02)
+		if i/k%17 == 3 {
+			w[i] *= 4
+		}
+	}
+	return w
+}
+
+// correlatedActivations returns tokens×k inputs: neighbouring channels share a common factor,
+// every token has a shared component, and a few channels are 20× larger (outlier channels).
+func correlatedActivations(r *rand.Rand, tokens, k int) []float32 {
+	x := make([]float32, tokens*k)
+	for t := range tokens {
+		common := r.NormFloat64()
+		prev := r.NormFloat64()
+		for c := range k {
+			z := r.NormFloat64()
+			v := 0.6*z + 0.5*prev + 0.3*common
+			prev = z
+			if c%97 == 5 {
+				v *= 20
+			}
+			x[t*k+c] = float32(v)
+		}
+	}
+	return x
+}
+
+// testHessian builds the Hessian of 2k correlated tokens through Hessian.Add in batches.
+func testHessian(t testing.TB, r *rand.Rand, k int) []float64 {
+	t.Helper()
+	tokens := 2 * k
+	x := correlatedActivations(r, tokens, k)
+	h := NewHessian(k)
+	for lo := 0; lo < tokens; lo += 300 {
+		hi := min(lo+300, tokens)
+		if err := h.Add(x[lo*k:hi*k], hi-lo, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return h.H
+}
+
+// proxyLoss is tr(ΔW H ΔWᵀ) computed directly, with ΔW = W − Q (dead columns of W as zero).
+func proxyLoss(w []float32, q []float32, n, k int, h []float64) float64 {
+	total := 0.0
+	d := make([]float64, k)
+	for r := range n {
+		for c := range k {
+			v := float64(w[r*k+c])
+			if h[c*k+c] == 0 {
+				v = 0
+			}
+			d[c] = v - float64(q[r*k+c])
+		}
+		for i := range k {
+			dot := 0.0
+			for j := range k {
+				dot += h[i*k+j] * d[j]
+			}
+			total += d[i] * dot
+		}
+	}
+	return total
+}
+
+func relDiff(a, b float64) float64 {
+	if a == b {
+		return 0
+	}
+	return math.Abs(a-b) / max(math.Abs(a), math.Abs(b))
+}
+
+type variant struct {
+	name string
+	s    quant.Scheme
+	opt  Options
+}
+
+// variants lists the schemes and options the acceptance tests run.
+func variants() []variant {
+	var vs []variant
+	for _, bits := range []int{2, 3, 4, 8} {
+		for _, sym := range []bool{true, false} {
+			for _, gs := range []int{32, 128, quant.PerChannel} {
+				s := quant.Scheme{Bits: bits, GroupSize: gs, Sym: sym}
+				vs = append(vs, variant{s.String(), s, Options{}})
+				vs = append(vs, variant{s.String() + "-act", s, Options{ActOrder: true}})
+				if gs != quant.PerChannel {
+					vs = append(vs, variant{s.String() + "-act-static", s, Options{ActOrder: true, StaticGroups: true}})
+				}
+			}
+		}
+	}
+	s := quant.Scheme{Bits: 4, GroupSize: 128}
+	vs = append(vs, variant{s.String() + "-mse", s, Options{MSE: true}})
+	s = quant.Scheme{Bits: 3, GroupSize: 32, Sym: true}
+	vs = append(vs, variant{s.String() + "-act-mse", s, Options{MSE: true, ActOrder: true}})
+	return vs
+}

@@ -1,0 +1,71 @@
+package gptq
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// TestHessianAdd: batches of different sizes give 2/n Σ xᵀx (computed naively), Merge of two
+// partial Hessians gives the same, and bad batches are refused.
+func TestHessianAdd(t *testing.T) {
+	for _, k := range []int{1, 7, 64, 133} {
+		r := rand.New(rand.NewPCG(uint64(k), 1))
+		tokens := 3*k + 5
+		x := correlatedActivations(r, tokens, k)
+		want := make([]float64, k*k)
+		for tk := range tokens {
+			for i := range k {
+				for j := range k {
+					want[i*k+j] += float64(x[tk*k+i]) * float64(x[tk*k+j])
+				}
+			}
+		}
+		for i := range want {
+			want[i] *= 2 / float64(tokens)
+		}
+		var whole, a, b Hessian
+		split := tokens / 3
+		for lo, step := 0, 1; lo < tokens; lo, step = lo+step, step*2 {
+			hi := min(lo+step, tokens)
+			if err := whole.Add(x[lo*k:hi*k], hi-lo, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		must(t, a.Add(x[:split*k], split, k))
+		must(t, b.Add(x[split*k:], tokens-split, k))
+		must(t, a.Merge(&b))
+		for name, h := range map[string]*Hessian{"batched": &whole, "merged": &a} {
+			if h.N != tokens {
+				t.Errorf("k=%d %s: N = %d, want %d", k, name, h.N, tokens)
+			}
+			for i, v := range h.H {
+				if math.Abs(v-want[i]) > 1e-9*(math.Abs(want[i])+1) {
+					t.Fatalf("k=%d %s: H[%d,%d] = %g, want %g", k, name, i/k, i%k, v, want[i])
+				}
+			}
+		}
+	}
+	h := NewHessian(4)
+	x := []float32{1, 2, 3, float32(math.NaN())}
+	if err := h.Add(x, 1, 4); err == nil || !strings.Contains(err.Error(), "column 3") {
+		t.Errorf("NaN activation: got %v", err)
+	}
+	if err := h.Add(x[:3], 1, 3); err == nil || !strings.Contains(err.Error(), "width 4") {
+		t.Errorf("width mismatch: got %v", err)
+	}
+	if err := h.Add(x, 2, 4); err == nil {
+		t.Error("short batch accepted")
+	}
+	if h.N != 0 {
+		t.Errorf("refused batches changed N to %d", h.N)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

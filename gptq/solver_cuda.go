@@ -1,0 +1,562 @@
+package gptq
+
+import (
+	_ "embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+//go:generate go run github.com/qpack-dev/qpack/cuda/ptxgen kernels/gptq.cu
+
+var (
+	//go:embed kernels/gptq.ptx
+	gptqPTX []byte
+	//go:embed kernels/gptq.cu
+	gptqSource []byte
+)
+
+// Constants of kernels/gptq.cu.
+const (
+	gpuBlockSize = 128 // BS
+	gpuRowsPerCB = 8   // WARPS: rows per thread block of gptq_block
+)
+
+// GPUSolver runs GPTQ on one GPU: the same algorithm as Quantize, with the damped inverse
+// factor in float64 (cuSOLVER's Cholesky, then cuBLAS's triangular solve against the identity
+// for the inverse of the factor), the column loop of each
+// block of 128 columns in one kernel (a warp per row), and each block's trailing update as a
+// cuBLAS float32 GEMM. It keeps its kernels, handles and device buffers (grown to the largest
+// problem seen) between calls; it is not safe for concurrent use.
+type GPUSolver struct {
+	dev    *cuda.Device
+	module *cuda.Module
+	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, block, squaredError cuda.Function }
+	blas   *cuda.BLAS
+	solver *cuda.Solver
+	stream cuda.Stream
+	bufs   [numGPUSlots]gpuBuffer
+
+	// inverseByTRTRI inverts the Cholesky factor with cuSOLVER's trtri (K³/3 flops) instead of
+	// cuBLAS's triangular solve against the identity (K³ flops, but at GEMM speed: on an H200
+	// at K = 14336 the solve took 79 ms, trtri 144 ms).
+	inverseByTRTRI bool
+
+	poison  bool        // tests: fill outputs and scratch with garbage before each run
+	profile *gpuProfile // when set, each phase is timed with events
+}
+
+type gpuBuffer struct {
+	ptr  cuda.DevicePtr
+	size int
+}
+
+// Device buffer slots.
+const (
+	slotH        = iota // K×K float64 Hessian as given
+	slotFactor          // K×K float64 cuSOLVER matrix
+	slotInverse         // K×K float64 L⁻¹ from the triangular solve
+	slotU               // K×K float32 inverse factor
+	slotOrig            // N×K float32 weights as given
+	slotW               // N×K float32 working weights
+	slotErr             // N×128 float32 block errors
+	slotCodes           // N×K uint8
+	slotScales          // N×groups float32
+	slotZeros           // N×groups uint8
+	slotPerm            // K int32
+	slotRev             // K int32
+	slotPosGroup        // K int32
+	slotColGroup        // K int32
+	slotDead            // K uint8
+	slotRowSq           // N float64
+	slotRowDq           // N float64
+	slotFlags           // status (uint64), potrf info, trtri info, bad (int32 each)
+	numGPUSlots
+)
+
+// gpuProfile accumulates the device time of each phase, measured with CUDA events.
+type gpuProfile struct {
+	phases  [numPhases]time.Duration
+	pending []pendingSpan
+}
+
+// Profiled phases: the Cholesky factorisation (with building the damped matrix), the
+// triangular inverse (with U's conversion), the column kernels, the trailing GEMMs, the rest.
+const (
+	phaseCholesky = iota
+	phaseInverse
+	phaseColumns
+	phaseGEMMs
+	phaseOther
+	numPhases
+)
+
+type pendingSpan struct {
+	phase      int
+	start, end cuda.Event
+}
+
+// NewGPUSolver loads the kernels, cuBLAS and cuSOLVER on dev.
+func NewGPUSolver(dev *cuda.Device) (*GPUSolver, error) {
+	return newGPUSolver(dev, gptqPTX)
+}
+
+func newGPUSolver(dev *cuda.Device, ptx []byte) (g *GPUSolver, err error) {
+	g = &GPUSolver{dev: dev}
+	defer func() {
+		if err != nil {
+			g.Close()
+			g = nil
+		}
+	}()
+	if g.module, err = dev.LoadModule(ptx); err != nil {
+		return nil, fmt.Errorf("gptq: loading kernels/gptq.ptx: %w", err)
+	}
+	for _, f := range []struct {
+		dst  *cuda.Function
+		name string
+	}{
+		{&g.fn.buildFactor, "gptq_build_factor"}, {&g.fn.setDiagonal, "gptq_set_diagonal"}, {&g.fn.unreverse, "gptq_unreverse"},
+		{&g.fn.loadWeights, "gptq_load_weights"}, {&g.fn.fitFixed, "gptq_fit_fixed"},
+		{&g.fn.block, "gptq_block"}, {&g.fn.squaredError, "gptq_squared_error"},
+	} {
+		if *f.dst, err = g.module.Function(f.name); err != nil {
+			return nil, err
+		}
+	}
+	if g.stream, err = dev.NewStream(); err != nil {
+		return nil, err
+	}
+	if g.blas, err = dev.NewBLAS(); err != nil {
+		return nil, fmt.Errorf("gptq: the GPU path needs cuBLAS: %w", err)
+	}
+	if err = g.blas.SetStream(g.stream); err != nil {
+		return nil, err
+	}
+	if g.solver, err = dev.NewSolver(); err != nil {
+		return nil, fmt.Errorf("gptq: the GPU path needs cuSOLVER: %w", err)
+	}
+	if err = g.solver.SetStream(g.stream); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Close releases the solver's memory, handles, stream and kernels.
+func (g *GPUSolver) Close() error {
+	var errs []error
+	for i := range g.bufs {
+		if g.bufs[i].size > 0 {
+			errs = append(errs, g.dev.Free(g.bufs[i].ptr))
+			g.bufs[i] = gpuBuffer{}
+		}
+	}
+	if g.solver != nil {
+		errs = append(errs, g.solver.Close())
+		g.solver = nil
+	}
+	if g.blas != nil {
+		errs = append(errs, g.blas.Close())
+		g.blas = nil
+	}
+	if g.stream != 0 {
+		errs = append(errs, g.dev.DestroyStream(g.stream))
+		g.stream = 0
+	}
+	if g.module != nil {
+		errs = append(errs, g.module.Unload())
+		g.module = nil
+	}
+	return errors.Join(errs...)
+}
+
+// QuantizeGPU is Quantize on GPU dev: a GPUSolver for one call.
+func QuantizeGPU(dev *cuda.Device, w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	g, err := NewGPUSolver(dev)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	t, st, err := g.Quantize(w, n, k, h, s, opt)
+	if cerr := g.Close(); err == nil && cerr != nil {
+		return nil, st, cerr
+	}
+	return t, st, err
+}
+
+// Quantize is gptq.Quantize on the GPU: same inputs, same meaning of the result. Codes agree
+// with the CPU except where a weight lies within float32 rounding of a rounding tie (the
+// trailing GEMM sums in another order). MSE group fitting is not done on the GPU, and the block
+// size must be 128.
+func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	start := time.Now()
+	var st Stats
+	if err := checkInputs(w, n, k, h, s, opt); err != nil {
+		return nil, st, err
+	}
+	p, err := g.plan(n, k, h, s, opt)
+	if err != nil {
+		return nil, st, err
+	}
+	if err := g.upload(slotOrig, cuda.Bytes(w)); err != nil {
+		return nil, st, err
+	}
+	if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
+		return nil, st, err
+	}
+	t, err := g.run(p, &st)
+	if err != nil {
+		return nil, st, err
+	}
+	if p.opt.BaselineLoss {
+		st.Baseline = quadraticForm(w, n, k, h, p.dead)
+		st.RelativeLoss = st.Loss / st.Baseline
+	}
+	st.Total = time.Since(start)
+	return t, st, nil
+}
+
+// gpuPlan is what the host decides before the device works: the column order, the groups and
+// the dead columns, all from diag H.
+type gpuPlan struct {
+	n, k      int
+	s         quant.Scheme
+	opt       Options
+	dead      []bool
+	deadCount int
+	perm      []int
+	lay       layout
+	meanDiag  float64
+}
+
+func (g *GPUSolver) plan(n, k int, h []float64, s quant.Scheme, opt Options) (gpuPlan, error) {
+	opt = opt.withDefaults()
+	if opt.MSE {
+		return gpuPlan{}, fmt.Errorf("gptq: the GPU path fits groups with min-max only; MSE clipping runs on the CPU (gptq.Quantize)")
+	}
+	if opt.BlockSize != gpuBlockSize {
+		return gpuPlan{}, fmt.Errorf("gptq: the GPU path uses blocks of %d columns, not %d", gpuBlockSize, opt.BlockSize)
+	}
+	if n > math.MaxInt32/32 || k > 1<<20 {
+		return gpuPlan{}, fmt.Errorf("gptq: %dx%d is too large for the GPU path", n, k)
+	}
+	p := gpuPlan{n: n, k: k, s: s, opt: opt}
+	p.dead, p.deadCount = deadColumns(h, k)
+	p.perm = columnOrder(h, k, p.dead, opt.ActOrder)
+	p.lay = newLayout(s, k, p.perm, opt.StaticGroups)
+	for i := range k {
+		p.meanDiag += diagFixed(h, k, i, p.dead)
+	}
+	p.meanDiag /= float64(k)
+	return p, nil
+}
+
+// buffer returns slot's device buffer, grown to at least bytes.
+func (g *GPUSolver) buffer(slot, bytes int) (cuda.DevicePtr, error) {
+	b := &g.bufs[slot]
+	if bytes > b.size {
+		if b.size > 0 {
+			if err := g.dev.Free(b.ptr); err != nil {
+				return 0, err
+			}
+			*b = gpuBuffer{}
+		}
+		size := (bytes + 255) / 256 * 256
+		ptr, err := g.dev.Alloc(size)
+		if err != nil {
+			return 0, fmt.Errorf("gptq: %w", err)
+		}
+		*b = gpuBuffer{ptr: ptr, size: size}
+	}
+	return b.ptr, nil
+}
+
+func (g *GPUSolver) upload(slot int, data []byte) error {
+	ptr, err := g.buffer(slot, len(data))
+	if err != nil {
+		return err
+	}
+	return g.dev.CopyToDevice(ptr, data)
+}
+
+func int32s(v []int) []int32 {
+	out := make([]int32, len(v))
+	for i, x := range v {
+		out[i] = int32(x)
+	}
+	return out
+}
+
+// run quantizes the weights in slotOrig with the Hessian in slotH.
+func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
+	n, k, groups := p.n, p.k, p.s.Groups(p.k)
+	st.DeadColumns = p.deadCount
+	ptr, err := g.allocate(p)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.uploadPlan(p, ptr); err != nil {
+		return nil, err
+	}
+	factorStart := time.Now()
+	if err := g.factor(p, ptr, st); err != nil {
+		return nil, err
+	}
+	st.Factor = time.Since(factorStart)
+	if err := g.columns(p, ptr); err != nil {
+		return nil, err
+	}
+	t := newTensor(p.s, n, k)
+	rowSq, rowDq := make([]float64, n), make([]float64, n)
+	status := make([]byte, 8)
+	for _, c := range []struct {
+		dst []byte
+		src cuda.DevicePtr
+	}{
+		{t.Codes, ptr[slotCodes]}, {cuda.Bytes(t.Scales), ptr[slotScales]}, {t.Zeros, ptr[slotZeros]},
+		{cuda.Bytes(rowSq), ptr[slotRowSq]}, {cuda.Bytes(rowDq), ptr[slotRowDq]}, {status, ptr[slotFlags]},
+	} {
+		if err := g.dev.CopyFromDevice(c.dst, c.src); err != nil {
+			return nil, fmt.Errorf("gptq: %w", err)
+		}
+	}
+	if at := binary.LittleEndian.Uint64(status); at != math.MaxUint64 {
+		r, gr := int(at)/groups, int(at)%groups
+		return nil, fmt.Errorf("gptq: row %d, group %d: scale overflows F16", r, gr)
+	}
+	errSq, sqErr := 0.0, 0.0
+	for r := range n {
+		if math.IsNaN(rowSq[r]) || math.IsInf(rowSq[r], 0) {
+			return nil, fmt.Errorf("gptq: row %d: the error feedback diverged (Hessian too ill-conditioned; raise the damping)", r)
+		}
+		errSq += rowSq[r]
+		sqErr += rowDq[r]
+	}
+	t.GIdx = p.lay.gIdx()
+	st.Loss = max(0, errSq-st.Lambda*sqErr)
+	return t, g.finishProfile()
+}
+
+// allocate grows every buffer to the problem and returns their addresses.
+func (g *GPUSolver) allocate(p gpuPlan) ([numGPUSlots]cuda.DevicePtr, error) {
+	n, k, ng := p.n, p.k, p.n*p.s.Groups(p.k)
+	sizes := [numGPUSlots]int{
+		slotH: 8 * k * k, slotFactor: 8 * k * k, slotInverse: 8 * k * k, slotU: 4 * k * k, slotOrig: 4 * n * k, slotW: 4 * n * k,
+		slotErr: 4 * n * gpuBlockSize, slotCodes: n * k, slotScales: 4 * ng, slotZeros: ng,
+		slotPerm: 4 * k, slotRev: 4 * k, slotPosGroup: 4 * k, slotColGroup: 4 * k, slotDead: k,
+		slotRowSq: 8 * n, slotRowDq: 8 * n, slotFlags: 32,
+	}
+	var ptr [numGPUSlots]cuda.DevicePtr
+	for slot, size := range sizes {
+		var err error
+		if ptr[slot], err = g.buffer(slot, size); err != nil {
+			return ptr, err
+		}
+		if g.poison && slot != slotH && slot != slotOrig {
+			if err := g.dev.Fill32(ptr[slot], 0x7fc0dead, g.bufs[slot].size/4); err != nil {
+				return ptr, err
+			}
+		}
+	}
+	return ptr, nil
+}
+
+// uploadPlan copies the column order, groups and dead columns, and resets the accumulators.
+func (g *GPUSolver) uploadPlan(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error {
+	k := p.k
+	rev, posGroup, colGroup := make([]int, k), make([]int, k), make([]int, k)
+	dead := make([]byte, k)
+	for i, c := range p.perm {
+		rev[k-1-i] = c
+		posGroup[i] = p.lay.group(i)
+		colGroup[c] = p.lay.group(i)
+		if p.dead[c] {
+			dead[c] = 1
+		}
+	}
+	for _, u := range []struct {
+		slot int
+		data []byte
+	}{
+		{slotPerm, cuda.Bytes(int32s(p.perm))}, {slotRev, cuda.Bytes(int32s(rev))},
+		{slotPosGroup, cuda.Bytes(int32s(posGroup))}, {slotColGroup, cuda.Bytes(int32s(colGroup))}, {slotDead, dead},
+	} {
+		if err := g.dev.CopyToDevice(ptr[u.slot], u.data); err != nil {
+			return fmt.Errorf("gptq: %w", err)
+		}
+	}
+	if err := g.dev.Fill32(ptr[slotRowSq], 0, 2*p.n); err != nil {
+		return err
+	}
+	return g.dev.Fill32(ptr[slotFlags], math.MaxUint32, 2) // status: no overflowing scale yet
+}
+
+// factor computes U into slotU, retrying with tenfold damping like inverseFactor.
+func (g *GPUSolver) factor(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr, st *Stats) error {
+	k := int32(p.k)
+	tiles := cuda.Dim3{X: (p.k + 31) / 32, Y: (p.k + 7) / 8, Z: 1}
+	block := cuda.Dim3{X: 32, Y: 8, Z: 1}
+	flags := ptr[slotFlags]
+	info, trtriInfo := flags.Add(8), flags.Add(12) // then the bad-U flag at 16
+	for damp := p.opt.Damp; ; damp *= 10 {
+		lambda := damp * p.meanDiag
+		end := g.span(phaseCholesky)
+		err := g.dev.Fill32(info, 0, 3)
+		if err == nil {
+			err = g.fn.buildFactor.Launch(tiles, block, 0, g.stream, ptr[slotH], ptr[slotRev], ptr[slotDead], k, lambda, ptr[slotFactor])
+		}
+		if err == nil {
+			err = g.solver.Potrf(cuda.Lower, p.k, cuda.Float64, ptr[slotFactor], p.k, info)
+		}
+		end()
+		end = g.span(phaseInverse)
+		if err == nil {
+			err = g.invert(p.k, ptr, trtriInfo)
+		}
+		end()
+		if err == nil {
+			err = g.dev.SynchronizeStream(g.stream)
+		}
+		if err != nil {
+			return fmt.Errorf("gptq: inverse factor: %w", err)
+		}
+		var got [3]int32
+		if err := g.dev.CopyFromDevice(cuda.Bytes(got[:]), info); err != nil {
+			return fmt.Errorf("gptq: %w", err)
+		}
+		if got == [3]int32{} {
+			st.Damp, st.Lambda = damp, lambda
+			return nil
+		}
+		st.Retries++
+		st.FailedDamps = append(st.FailedDamps, damp)
+		if damp*10 > p.opt.MaxDamp*(1+1e-9) {
+			return fmt.Errorf("gptq: the Hessian is not positive definite even with damping %g (λ = %g, mean diag %g); %d tries",
+				damp, lambda, p.meanDiag, st.Retries)
+		}
+	}
+}
+
+// invert replaces L (lower triangle of slotFactor) by L⁻¹ and converts it to U in slotU.
+func (g *GPUSolver) invert(k int, ptr [numGPUSlots]cuda.DevicePtr, info cuda.DevicePtr) error {
+	tiles := cuda.Dim3{X: (k + 31) / 32, Y: (k + 7) / 8, Z: 1}
+	block := cuda.Dim3{X: 32, Y: 8, Z: 1}
+	linv := ptr[slotFactor]
+	if !g.inverseByTRTRI {
+		linv = ptr[slotInverse]
+		if err := g.dev.SynchronizeStream(g.stream); err != nil { // Fill32 runs on the default stream
+			return err
+		}
+		if err := g.dev.Fill32(linv, 0, 2*k*k); err != nil {
+			return err
+		}
+		if err := g.fn.setDiagonal.Launch(cuda.Dim3{X: (k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream, linv, int32(k), 1.0); err != nil {
+			return err
+		}
+		if err := g.blas.Dtrsm(cuda.Left, cuda.Lower, cuda.NoTrans, cuda.NonUnit, k, k, 1, ptr[slotFactor], k, linv, k); err != nil {
+			return err
+		}
+	} else if err := g.solver.Trtri(cuda.Lower, cuda.NonUnit, k, cuda.Float64, linv, k, info); err != nil {
+		return err
+	}
+	return g.fn.unreverse.Launch(tiles, block, 0, g.stream, linv, int32(k), ptr[slotU], info.Add(4))
+}
+
+// columns quantizes block after block, then computes ‖W − Q‖² per row.
+func (g *GPUSolver) columns(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error {
+	n, k, groups, s := int32(p.n), int32(p.k), int32(p.s.Groups(p.k)), p.s
+	threads := cuda.Dim3{X: 256, Y: 1, Z: 1}
+	sym := int32(0)
+	if s.Sym {
+		sym = 1
+	}
+	end := g.span(phaseOther)
+	err := g.fn.loadWeights.Launch(cuda.Dim3{X: (p.k + 255) / 256, Y: min(p.n, 65535), Z: 1}, threads, 0, g.stream,
+		ptr[slotOrig], ptr[slotPerm], ptr[slotDead], n, k, ptr[slotW])
+	if err == nil && (p.lay.perChannel || p.lay.static) {
+		gsize, zeroDead := int32(p.lay.size), int32(1)
+		if p.lay.perChannel {
+			zeroDead = 0
+		}
+		jobs := p.n * int(groups)
+		err = g.fn.fitFixed.Launch(cuda.Dim3{X: (jobs + 7) / 8, Y: 1, Z: 1}, threads, 0, g.stream, ptr[slotOrig], ptr[slotDead],
+			n, k, gsize, groups, zeroDead, int32(s.Bits), sym, ptr[slotScales], ptr[slotZeros], ptr[slotFlags])
+	}
+	end()
+	if err != nil {
+		return err
+	}
+	onTheFly := int32(0)
+	if !p.lay.perChannel && !p.lay.static {
+		onTheFly = 1
+	}
+	grid := cuda.Dim3{X: (p.n + gpuRowsPerCB - 1) / gpuRowsPerCB, Y: 1, Z: 1}
+	for i1 := 0; i1 < p.k; i1 += gpuBlockSize {
+		i2 := min(i1+gpuBlockSize, p.k)
+		end := g.span(phaseColumns)
+		err := g.fn.block.Launch(grid, threads, 0, g.stream, ptr[slotW], ptr[slotU], n, k, int32(i1), int32(i2-i1),
+			int32(s.Bits), sym, int32(p.lay.size), groups, onTheFly, ptr[slotPosGroup], ptr[slotPerm],
+			ptr[slotScales], ptr[slotZeros], ptr[slotCodes], ptr[slotErr], ptr[slotRowSq], ptr[slotFlags])
+		end()
+		if err != nil {
+			return err
+		}
+		if i2 == p.k {
+			break
+		}
+		// Row-major W[N, K] is column-major K×N; W[:, i2:] −= Err·U[i1:i2, i2:] is, column-major,
+		// W[i2:, :] −= U[i1:i2, i2:]ᵀ (a (K−i2)×count view of U at ld K) · Errᵀ (count×N at ld 128).
+		end = g.span(phaseGEMMs)
+		err = g.blas.Sgemm(cuda.NoTrans, cuda.NoTrans, p.k-i2, p.n, i2-i1, -1, ptr[slotU].Add(4*(i1*p.k+i2)), p.k,
+			ptr[slotErr], gpuBlockSize, 1, ptr[slotW].Add(4*i2), p.k)
+		end()
+		if err != nil {
+			return err
+		}
+	}
+	end = g.span(phaseOther)
+	err = g.fn.squaredError.Launch(cuda.Dim3{X: (p.n + 7) / 8, Y: 1, Z: 1}, threads, 0, g.stream, ptr[slotOrig], ptr[slotDead],
+		ptr[slotCodes], ptr[slotScales], ptr[slotZeros], ptr[slotColGroup], n, k, groups, ptr[slotRowDq])
+	end()
+	if err != nil {
+		return err
+	}
+	return g.dev.SynchronizeStream(g.stream)
+}
+
+// span starts timing a phase (one of gpuProfile's fields) when profiling and returns the
+// function that ends it.
+func (g *GPUSolver) span(phase int) func() {
+	if g.profile == nil {
+		return func() {}
+	}
+	start, err1 := g.dev.NewEvent()
+	end, err2 := g.dev.NewEvent()
+	if err1 != nil || err2 != nil || g.dev.Record(start, g.stream) != nil {
+		return func() {}
+	}
+	return func() {
+		if g.dev.Record(end, g.stream) == nil {
+			g.profile.pending = append(g.profile.pending, pendingSpan{phase, start, end})
+		}
+	}
+}
+
+// finishProfile adds the recorded spans to the profile and frees their events.
+func (g *GPUSolver) finishProfile() error {
+	if g.profile == nil {
+		return nil
+	}
+	var errs []error
+	for _, s := range g.profile.pending {
+		d, err := g.dev.Elapsed(s.start, s.end)
+		errs = append(errs, err, g.dev.DestroyEvent(s.start), g.dev.DestroyEvent(s.end))
+		g.profile.phases[s.phase] += d
+	}
+	g.profile.pending = g.profile.pending[:0]
+	return errors.Join(errs...)
+}

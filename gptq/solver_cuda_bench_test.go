@@ -1,0 +1,101 @@
+package gptq
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// bandedKMSHessian is kmsHessian (H_ij = s_i·s_j·0.9^|i−j|, a few channels 20× larger)
+// without a power per entry, fast enough for K = 14336.
+func bandedKMSHessian(k int) []float64 {
+	s := make([]float64, k)
+	for i := range s {
+		s[i] = 1 + 0.5*math.Sin(float64(i))
+		if i%97 == 5 {
+			s[i] *= 20
+		}
+	}
+	pow := make([]float64, k)
+	pow[0] = 1
+	for d := 1; d < k; d++ {
+		pow[d] = pow[d-1] * 0.9
+	}
+	h := make([]float64, k*k)
+	for i := range k {
+		for j := range k {
+			d := i - j
+			if d < 0 {
+				d = -d
+			}
+			h[i*k+j] = s[i] * s[j] * pow[d]
+		}
+	}
+	return h
+}
+
+// BenchmarkGPUQuantize times the quantization step (int4-g128-sym, W and H already on the
+// GPU, results downloaded): the host plan from diag H, the inverse factor, the column
+// kernels, the GEMMs and the loss, median of 3 after a warm-up; then one profiled run for the
+// breakdown, with either inversion of the Cholesky factor. Run with -test.benchtime=1x; each shape prints a "TABLE" line.
+func BenchmarkGPUQuantize(b *testing.B) {
+	_, g := openGPUSolver(b)
+	g.poison = false
+	s := quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}
+	for _, shape := range [][2]int{{4096, 4096}, {4096, 11008}, {4096, 14336}, {8192, 8192}} {
+		n, k := shape[0], shape[1]
+		b.Run(fmt.Sprintf("%dx%d", n, k), func(b *testing.B) {
+			w := randomWeights(rand.New(rand.NewPCG(1, 1)), n, k)
+			h := bandedKMSHessian(k)
+			if err := g.upload(slotOrig, cuda.Bytes(w)); err != nil {
+				b.Fatal(err)
+			}
+			if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
+				b.Fatal(err)
+			}
+			once := func() (Stats, time.Duration) {
+				start := time.Now()
+				var st Stats
+				p, err := g.plan(n, k, h, s, Options{})
+				if err == nil {
+					_, err = g.run(p, &st)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				return st, time.Since(start)
+			}
+			for _, trtri := range []bool{false, true} {
+				g.inverseByTRTRI = trtri
+				once()
+				var times []time.Duration
+				var st Stats
+				for range 3 {
+					var d time.Duration
+					st, d = once()
+					times = append(times, d)
+				}
+				slices.Sort(times)
+				g.profile = &gpuProfile{}
+				once()
+				ph := g.profile.phases
+				g.profile = nil
+				inverse := "trsm"
+				if trtri {
+					inverse = "trtri"
+				}
+				b.ReportMetric(times[1].Seconds()*1e3, inverse+"-ms")
+				fmt.Printf("TABLE %5dx%-5d %-5s median %6.1f ms (runs %v)  cholesky %5.1f  inverse %5.1f  columns %5.1f  gemms %5.1f  other %4.1f ms  loss %.6g damp %g\n",
+					n, k, inverse, ms(times[1]), times, ms(ph[phaseCholesky]), ms(ph[phaseInverse]), ms(ph[phaseColumns]), ms(ph[phaseGEMMs]), ms(ph[phaseOther]), st.Loss, st.Damp)
+			}
+		})
+	}
+}
+
+func ms(d time.Duration) float64 { return d.Seconds() * 1e3 }

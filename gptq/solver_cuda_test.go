@@ -1,0 +1,233 @@
+package gptq
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// gpuPTX lets a GPU run try kernels compiled there before the embedded PTX is regenerated:
+// go test -args -gptq.ptx=/path/gptq.ptx
+var gpuPTX = flag.String("gptq.ptx", "", "load this PTX instead of the embedded kernels/gptq.ptx")
+
+func TestGPUPTXIsFresh(t *testing.T) {
+	if err := cuda.CheckPTX(gptqPTX, gptqSource); err != nil {
+		t.Fatalf("kernels/gptq.ptx: %v", err)
+	}
+}
+
+// openGPUSolver opens GPU 0 and a solver that poisons its buffers, skipping without a GPU.
+func openGPUSolver(tb testing.TB) (*cuda.Device, *GPUSolver) {
+	tb.Helper()
+	gpus, err := cuda.Devices()
+	if errors.Is(err, cuda.ErrNoDriver) {
+		tb.Skip("no NVIDIA driver: ", err)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if len(gpus) == 0 {
+		tb.Skip("driver present but no GPU")
+	}
+	dev, err := cuda.Open(0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ptx := gptqPTX
+	if *gpuPTX != "" {
+		if ptx, err = os.ReadFile(*gpuPTX); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	g, err := newGPUSolver(dev, ptx)
+	if err != nil {
+		dev.Close()
+		tb.Fatal(err)
+	}
+	g.poison = true
+	tb.Cleanup(func() { g.Close(); dev.Close() })
+	return dev, g
+}
+
+// killColumns makes channels dead (H row and column zero), as inputs that were always zero.
+func killColumns(h []float64, k int, cols ...int) {
+	for _, c := range cols {
+		for j := range k {
+			h[c*k+j], h[j*k+c] = 0, 0
+		}
+	}
+}
+
+// compareWithCPU runs both paths and checks the acceptance: codes equal except near ties
+// (< 0.1%), proxy losses within 1e-4 relative, same damping, same g_idx. It returns the
+// number of differing codes.
+func compareWithCPU(t *testing.T, g *GPUSolver, w []float32, n, k int, h []float64, s quant.Scheme, opt Options) int {
+	t.Helper()
+	want, wst, err := Quantize(w, n, k, h, s, opt)
+	if err != nil {
+		t.Fatalf("CPU: %v", err)
+	}
+	got, gst, err := g.Quantize(w, n, k, h, s, opt)
+	if err != nil {
+		t.Fatalf("GPU: %v", err)
+	}
+	if got.N != n || got.K != k || got.Scheme != s {
+		t.Fatalf("GPU tensor is %dx%d %s", got.N, got.K, got.Scheme)
+	}
+	diff := 0
+	for i := range want.Codes {
+		if got.Codes[i] != want.Codes[i] {
+			diff++
+		}
+		if got.Codes[i] > uint8(s.MaxQ()) {
+			t.Fatalf("code %d at %d is out of range (unwritten?)", got.Codes[i], i)
+		}
+	}
+	paramDiff := 0
+	for i := range want.Scales {
+		if got.Scales[i] != want.Scales[i] || got.Zeros[i] != want.Zeros[i] {
+			paramDiff++
+		}
+	}
+	if limit := max(1, len(want.Codes)/1000); diff >= limit {
+		t.Errorf("%d of %d codes differ from the CPU (limit %d)", diff, len(want.Codes), limit)
+	}
+	if paramDiff > max(1, len(want.Scales)/100) {
+		t.Errorf("%d of %d group parameters differ from the CPU", paramDiff, len(want.Scales))
+	}
+	if d := relDiff(gst.Loss, wst.Loss); d > 1e-4 || gst.Loss != gst.Loss {
+		t.Errorf("proxy loss %g, CPU %g (relative difference %.2g)", gst.Loss, wst.Loss, d)
+	}
+	// The reported loss is the one of the tensor returned.
+	q := dequantizeAll(got)
+	if direct := proxyLoss(w, q, n, k, h); relDiff(direct, gst.Loss) > 1e-3 {
+		t.Errorf("GPU Stats.Loss %g, but tr(ΔW H ΔWᵀ) of its tensor is %g", gst.Loss, direct)
+	}
+	if gst.Damp != wst.Damp || gst.Retries != wst.Retries || gst.DeadColumns != wst.DeadColumns {
+		t.Errorf("GPU damp %g retries %d dead %d, CPU %g %d %d", gst.Damp, gst.Retries, gst.DeadColumns, wst.Damp, wst.Retries, wst.DeadColumns)
+	}
+	if !slices.Equal(got.GIdx, want.GIdx) {
+		t.Errorf("g_idx differs from the CPU")
+	}
+	return diff
+}
+
+func dequantizeAll(t *quant.Tensor) []float32 {
+	q := make([]float32, t.N*t.K)
+	groups := t.Scheme.Groups(t.K)
+	for r := range t.N {
+		for c := range t.K {
+			i := r*groups + t.Group(c)
+			q[r*t.K+c] = quant.DequantizeInt(t.Codes[r*t.K+c], t.Scales[i], t.Zeros[i])
+		}
+	}
+	return q
+}
+
+func TestGPUMatchesCPU(t *testing.T) {
+	_, g := openGPUSolver(t)
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, shape := range [][2]int{{77, 300}, {64, 256}} {
+		n, k := shape[0], shape[1]
+		h := testHessian(t, r, k)
+		killColumns(h, k, 7, k-2)
+		for _, v := range variants() {
+			if v.opt.MSE {
+				continue
+			}
+			t.Run(fmt.Sprintf("%dx%d/%s", n, k, v.name), func(t *testing.T) {
+				w := randomWeights(r, n, k)
+				compareWithCPU(t, g, w, n, k, h, v.s, v.opt)
+			})
+		}
+	}
+}
+
+// TestGPULargerShapes: several blocks, groups of 64 and 256 across block edges, rows not a
+// multiple of the kernel's 8 per block.
+func TestGPULargerShapes(t *testing.T) {
+	_, g := openGPUSolver(t)
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, c := range []struct {
+		n, k int
+		s    quant.Scheme
+		opt  Options
+	}{
+		{301, 1000, quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}, Options{}},
+		{301, 1000, quant.Scheme{Bits: 4, GroupSize: 128}, Options{ActOrder: true}},
+		{250, 640, quant.Scheme{Bits: 3, GroupSize: 64}, Options{ActOrder: true}},
+		{250, 640, quant.Scheme{Bits: 4, GroupSize: 256, Sym: true}, Options{}},
+		{250, 640, quant.Scheme{Bits: 2, GroupSize: 96}, Options{ActOrder: true, StaticGroups: true}},
+		{130, 520, quant.Scheme{Bits: 8, GroupSize: quant.PerChannel}, Options{ActOrder: true}},
+	} {
+		h := testHessian(t, r, c.k)
+		w := randomWeights(r, c.n, c.k)
+		for _, trtri := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%dx%d/%s/act=%v/static=%v/trtri=%v", c.n, c.k, c.s, c.opt.ActOrder, c.opt.StaticGroups, trtri), func(t *testing.T) {
+				g.inverseByTRTRI = trtri
+				defer func() { g.inverseByTRTRI = false }()
+				diff := compareWithCPU(t, g, w, c.n, c.k, h, c.s, c.opt)
+				t.Logf("%d of %d codes differ", diff, c.n*c.k)
+			})
+		}
+	}
+}
+
+// indefiniteHessian returns blocks [[1, c], [c, 1]] on the diagonal: eigenvalues 1 ± c.
+func indefiniteHessian(k int, c float64) []float64 {
+	h := make([]float64, k*k)
+	for i := range k {
+		h[i*k+i] = 1
+		j := i ^ 1
+		if j < k {
+			h[i*k+j] = c
+		}
+	}
+	return h
+}
+
+func TestGPUDampingRetries(t *testing.T) {
+	_, g := openGPUSolver(t)
+	r := rand.New(rand.NewPCG(15, 16))
+	n, k := 40, 200
+	h := indefiniteHessian(k, 1.05) // needs λ ≥ 0.05: damping 0.01 fails, 0.1 succeeds
+	w := randomWeights(r, n, k)
+	compareWithCPU(t, g, w, n, k, h, quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}, Options{})
+	_, st, err := g.Quantize(w, n, k, h, quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}, Options{})
+	if err != nil || st.Retries != 1 || st.Damp != 0.1 {
+		t.Errorf("retries %d, damp %g, err %v; want 1 retry and damping 0.1", st.Retries, st.Damp, err)
+	}
+	_, _, err = g.Quantize(w, n, k, indefiniteHessian(k, 3), quant.Scheme{Bits: 4, GroupSize: 128}, Options{})
+	if err == nil || !strings.Contains(err.Error(), "not positive definite") {
+		t.Errorf("indefinite beyond MaxDamp: %v", err)
+	}
+}
+
+func TestGPURefusesWhatItCannotDo(t *testing.T) {
+	_, g := openGPUSolver(t)
+	n, k := 8, 128
+	w := make([]float32, n*k)
+	h := indefiniteHessian(k, 0)
+	s := quant.Scheme{Bits: 4, GroupSize: 128}
+	if _, _, err := g.Quantize(w, n, k, h, s, Options{MSE: true}); err == nil || !strings.Contains(err.Error(), "MSE") {
+		t.Errorf("MSE: %v", err)
+	}
+	if _, _, err := g.Quantize(w, n, k, h, s, Options{BlockSize: 64}); err == nil || !strings.Contains(err.Error(), "blocks of 128") {
+		t.Errorf("block size 64: %v", err)
+	}
+	if _, _, err := g.Quantize(w[:10], n, k, h, s, Options{}); err == nil {
+		t.Errorf("short weights accepted")
+	}
+	w[5] = 1e30 // the scale of its group overflows F16
+	if _, _, err := g.Quantize(w, n, k, h, s, Options{}); err == nil || !strings.Contains(err.Error(), "row 0, group 0: scale overflows") {
+		t.Errorf("overflowing scale: %v", err)
+	}
+}
