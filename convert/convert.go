@@ -39,6 +39,11 @@ type Report struct {
 	Compression float64        `json:"compression"` // InBytes / OutBytes
 	Files       []string       `json:"files"`
 	Seconds     float64        `json:"seconds"`
+	// Where the time went: hashing the inputs for the provenance, quantizing and packing
+	// (reading the weights, and for the GPU the copies and kernels), and writing the output.
+	HashSeconds     float64 `json:"hash_seconds"`
+	QuantizeSeconds float64 `json:"quantize_seconds"`
+	WriteSeconds    float64 `json:"write_seconds"`
 }
 
 // Convert quantizes the checkpoint at src into a new checkpoint directory dst.
@@ -76,30 +81,34 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-	var g *gpu
+	g, err := openGPU(opt.Device, logf)
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
 	var runner *gptqRunner
 	if opt.Method == "gptq" {
-		if opt.Device == DeviceCUDA {
-			return nil, fmt.Errorf("--method gptq runs on the CPU in this version; use --device auto or cpu")
-		}
 		if runner, err = newGPTQRunner(items, opt.GPTQ, opt.Clip, logf); err != nil {
 			return nil, err
 		}
-	} else {
-		if g, err = openGPU(opt.Device, logf); err != nil {
+		if opt.Device == DeviceCUDA && opt.Clip {
+			return nil, fmt.Errorf("--method gptq --clip (MSE group parameters) has no GPU path; use --device auto or cpu")
+		}
+		if err := runner.useGPU(g); err != nil {
 			return nil, err
 		}
-		defer g.close()
-		if err := checkDevicePlan(g, opt.Device, items, f, opt); err != nil {
-			return nil, err
-		}
+		defer runner.close()
+	} else if err := checkDevicePlan(g, opt.Device, items, f, opt); err != nil {
+		return nil, err
 	}
 	report := &Report{Source: src, Output: dst, Method: opt.Method, Format: f.Name()}
 	tensors, err := buildTensors(ck, items, f, opt, g, runner, report)
 	if err != nil {
 		return nil, err
 	}
+	hashStart := time.Now()
 	meta, err := outputMetadata(ck, items, plan, calib, f, opt)
+	report.HashSeconds = time.Since(hashStart).Seconds()
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +162,7 @@ func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, op
 		tr := &report.Tensors[i]
 		*tr = TensorReport{Name: it.Info.Name, Shape: it.Info.Shape, InBytes: it.Info.Size, Scheme: "keep", OutBytes: it.Info.Size}
 		if it.Scheme == nil {
-			out = append(out, outTensor{keptTensor(ck, it.Info), it.ShardIdx})
+			out = append(out, outTensor{keptTensor(ck, it.Info, report), it.ShardIdx})
 			continue
 		}
 		layout, err := layouts.get(f, it.Module, *it.Scheme, it.N(), it.K())
@@ -166,7 +175,7 @@ func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, op
 			tr.OutBytes += r.size
 			tr.Outputs = append(tr.Outputs, r.Name)
 		}
-		m := &packedModule{ck: ck, item: it, format: f, opt: opt, gpu: g, gptq: runner, layout: layout, report: tr,
+		m := &packedModule{ck: ck, item: it, format: f, opt: opt, gpu: g, gptq: runner, layout: layout, report: tr, total: report,
 			progress: fmt.Sprintf("[%d/%d]", done, total)}
 		for j := range layout {
 			out = append(out, outTensor{m.tensor(j), it.ShardIdx})
@@ -176,14 +185,16 @@ func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, op
 }
 
 // keptTensor copies an input tensor unchanged, straight from the mapped file.
-func keptTensor(ck *safetensors.Checkpoint, info safetensors.TensorInfo) safetensors.WriterTensor {
+func keptTensor(ck *safetensors.Checkpoint, info safetensors.TensorInfo, report *Report) safetensors.WriterTensor {
 	return safetensors.WriterTensor{Name: info.Name, DType: info.DType, Shape: info.Shape,
 		WriteTo: func(w io.Writer) error {
 			b, err := ck.Bytes(info.Name)
 			if err != nil {
 				return err
 			}
+			start := time.Now()
 			_, err = w.Write(b)
+			report.WriteSeconds += time.Since(start).Seconds()
 			ck.Release(info.Name)
 			return err
 		}}
@@ -215,6 +226,7 @@ func shardTensors(ts []outTensor, inputShards int, maxBytes int64) [][]safetenso
 func (r *Report) finish(elapsed time.Duration) {
 	r.Seconds = elapsed.Seconds()
 	for _, t := range r.Tensors {
+		r.QuantizeSeconds += t.Seconds
 		r.InBytes += t.InBytes
 		r.OutBytes += t.OutBytes
 		params := numel(t.Shape)

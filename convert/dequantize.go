@@ -58,7 +58,7 @@ func dequantizedTensors(c *quantized.Checkpoint, dtype safetensors.DType) ([][]s
 			prefix, owned := c.Owner(info.Name)
 			switch {
 			case !owned:
-				shard = append(shard, keptTensor(c.Checkpoint, info))
+				shard = append(shard, keptTensor(c.Checkpoint, info, &Report{}))
 			case info.Name == c.Format.TensorNames(prefix)[0]:
 				shape, ok := c.Shape(prefix + ".weight")
 				if !ok {

@@ -30,6 +30,8 @@ type gptqResult struct {
 // Linears that share an input share one Hessian.
 type gptqRunner struct {
 	opt     gptq.Options
+	solver  *gptq.GPUSolver // nil: the pure-Go solver
+	device  string
 	schemes map[string]quant.Scheme // module prefix → planned scheme
 	hess    map[string]*gptq.Hessian
 	logf    func(string, ...any)
@@ -120,7 +122,7 @@ func (r *gptqRunner) Update(b *model.Block, groups []model.Group) error {
 			if !planned {
 				continue
 			}
-			t, st, err := gptq.Quantize(l.W, l.Out, l.In, h.H, s, r.opt)
+			t, st, err := r.quantize(l.W, l.Out, l.In, h.H, s)
 			if err != nil {
 				err = fmt.Errorf("tensor %s.weight: %w", l.Name, err)
 				r.results[l.Name] <- gptqResult{err: err}
@@ -129,10 +131,38 @@ func (r *gptqRunner) Update(b *model.Block, groups []model.Group) error {
 			if err := l.SetWeight(t.Dequantize(nil)); err != nil {
 				return err
 			}
-			r.logf("gptq %s %s: relative loss %.5f, damping %g (%d retries), %.0fms\n",
-				l.Name, s, st.RelativeLoss, st.Damp, st.Retries, 1000*st.Total.Seconds())
+			r.logf("gptq %s %s on %s: relative loss %.5f, damping %g (%d retries), %.0fms\n",
+				l.Name, s, r.device, st.RelativeLoss, st.Damp, st.Retries, 1000*st.Total.Seconds())
 			r.results[l.Name] <- gptqResult{t: t, stats: st}
 		}
 	}
 	return nil
+}
+
+// useGPU makes the runner solve on the GPU (the column loop and factorisations; the forward
+// pass and the Hessians stay on the CPU). MSE clipping has no GPU path and keeps the CPU.
+func (r *gptqRunner) useGPU(g *gpu) error {
+	if g == nil || r.opt.MSE {
+		r.device = DeviceCPU
+		return nil
+	}
+	solver, err := gptq.NewGPUSolver(g.dev)
+	if err != nil {
+		return err
+	}
+	r.solver, r.device = solver, DeviceCUDA
+	return nil
+}
+
+func (r *gptqRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
+	if r.solver != nil {
+		return r.solver.Quantize(w, n, k, h, s, r.opt)
+	}
+	return gptq.Quantize(w, n, k, h, s, r.opt)
+}
+
+func (r *gptqRunner) close() {
+	if r.solver != nil {
+		r.solver.Close()
+	}
 }

@@ -61,6 +61,7 @@ type packedModule struct {
 	gptq     *gptqRunner // set for --method gptq: the tensor comes from the calibration run
 	layout   []rawLayout
 	report   *TensorReport
+	total    *Report // receives the write time
 	progress string
 	packed   []packing.Raw
 }
@@ -73,7 +74,9 @@ func (m *packedModule) tensor(i int) safetensors.WriterTensor {
 				return err
 			}
 		}
+		start := time.Now()
 		_, err := w.Write(m.packed[i].Data)
+		m.total.WriteSeconds += time.Since(start).Seconds()
 		if i == len(m.layout)-1 {
 			m.packed = nil
 		}
@@ -124,7 +127,7 @@ func (m *packedModule) quantizePack() ([]packing.Raw, *quant.Tensor, string, err
 			return nil, nil, "", err
 		}
 		raws, err := m.format.Pack(m.item.Module, t)
-		return raws, t, DeviceCPU, err
+		return raws, t, m.gptq.device, err
 	}
 	if m.gpu.supports(s, m.format, m.opt) {
 		raw, err := m.ck.Bytes(m.item.Info.Name)

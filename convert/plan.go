@@ -117,7 +117,7 @@ func needsMeasurement(a alloc.Options) bool { return a.Strategy != alloc.Strateg
 // sensitivityRows is how many rows of a weight the allocator quantizes to measure its
 // sensitivity. RTN treats rows independently, so the error energy ratio of evenly spaced rows
 // estimates the whole tensor's, and a 7B-scale plan reads megabytes instead of the checkpoint.
-const sensitivityRows = 128
+const sensitivityRows = 64
 
 // weightError quantizes (a row sample of) one tensor with RTN and returns ‖W − Ŵ‖/‖W‖, each
 // input channel k weighted by importance[k] when given.
@@ -136,8 +136,8 @@ func weightError(ck *safetensors.Checkpoint, name string, s quant.Scheme, bopt b
 	return quant.RelativeError(w, t.Dequantize(nil)), nil
 }
 
-// sampleRows decodes at most max evenly spaced rows of a 2-D tensor (all rows when it has
-// no more), touching only their bytes.
+// sampleRows decodes about max rows of a 2-D tensor, in a few evenly spaced runs of consecutive
+// rows (all rows when it has no more), touching only their bytes.
 func sampleRows(ck *safetensors.Checkpoint, name string, max int) (w []float32, rows, k int, err error) {
 	info, _ := ck.Info(name)
 	n, k := info.Shape[0], info.Shape[1]
@@ -149,15 +149,19 @@ func sampleRows(ck *safetensors.Checkpoint, name string, max int) (w []float32, 
 	if err != nil {
 		return nil, 0, 0, err
 	}
+	// sampleChunks runs of consecutive rows, evenly spaced: few, sequential reads.
+	const sampleChunks = 4
 	rowBytes := len(raw) / n
-	w = make([]float32, max*k)
-	for i := range max {
-		r := i * n / max
-		if err := safetensors.DecodeFloat32(info.DType, w[i*k:(i+1)*k], raw[r*rowBytes:(r+1)*rowBytes]); err != nil {
+	per := max / sampleChunks
+	w = make([]float32, sampleChunks*per*k)
+	for c := range sampleChunks {
+		r := c * n / sampleChunks
+		dst := w[c*per*k : (c+1)*per*k]
+		if err := safetensors.DecodeFloat32(info.DType, dst, raw[r*rowBytes:(r+per)*rowBytes]); err != nil {
 			return nil, 0, 0, fmt.Errorf("tensor %s: %w", name, err)
 		}
 	}
-	return w, max, k, nil
+	return w, sampleChunks * per, k, nil
 }
 
 // planItems lists every tensor in file order with its planned scheme.

@@ -1,31 +1,50 @@
 #!/usr/bin/env bash
 # Quality table: converts small-llama with several methods/plans and evaluates each on the
 # held-out ids (64 × 512 tokens, the protocol of the shared models' reference.json).
-# Usage: scripts/quality.sh QPACK_BINARY MODELS_DIR OUT_DIR   (MODELS_DIR holds small-llama/ and calib.txt)
+# Usage: scripts/quality.sh QPACK_BINARY MODELS_DIR OUT_DIR [SET...]
+#   MODELS_DIR holds small-llama/ and calib.txt; SETs: rtn, budget, gptq, gptq-budget (default: rtn budget).
 set -euo pipefail
 qpack=$1 models=$2 out=$3
+shift 3
+sets=${*:-rtn budget}
 src=$models/small-llama
 data=$src/heldout_ids.npy
 mkdir -p "$out"
 ladder=int2-g64-asym,int3-g128-asym,int3-g64-asym,int4-g128-asym,int4-g64-asym,int8-g128-asym
+gptq=(--method gptq --calib "$models/calib.txt" --calib-samples 128 --calib-seqlen 512 --no-true-sequential)
+alloc=(--calib "$models/calib.txt" --calib-samples "${CALIB_SAMPLES:-32}" --format qpack --ladder "$ladder")
 row() { # name, then convert flags
   local name=$1; shift
-  "$qpack" convert "$src" -o "$out/$name" --overwrite -q --report "$out/$name.report.json" "$@" > "$out/$name.convert.txt"
+  "$qpack" convert "$src" -o "$out/$name" --overwrite -q --report "$out/$name.report.json" "$@" > "$out/$name.convert.txt" 2>&1
   "$qpack" eval "$out/$name" --data "$data" --json > "$out/$name.eval.json"
-  printf '%-28s bpw %6.3f  ppl %8.3f\n' "$name" \
+  printf '%-30s bpw %6.3f  ppl %8.3f  (%s)\n' "$name" \
     "$(grep -m1 '"quantized_bpw"' "$out/$name.report.json" | tr -dc '0-9.')" \
-    "$(grep -m1 '"perplexity"' "$out/$name.eval.json" | tr -dc '0-9.')" | tee -a "$out/table.txt"
+    "$(grep -m1 '"perplexity"' "$out/$name.eval.json" | tr -dc '0-9.')" "$*" | tee -a "$out/table.txt"
+  rm -rf "${out:?}/$name"
 }
 "$qpack" eval "$src" --data "$data" --json > "$out/reference.eval.json"
-echo "reference ppl $(grep -m1 '"perplexity"' "$out/reference.eval.json" | tr -dc '0-9.')" | tee "$out/table.txt"
-row rtn-int4-g128-asym --scheme int4-g128-asym
-row rtn-int4-g128-sym --scheme int4-g128-sym
-row rtn-int3-g128-asym --scheme int3-g128-asym
-row rtn-int2-g64-asym --scheme int2-g64-asym
-row rtn-int4-g128-asym-clip --scheme int4-g128-asym --clip
-row rtn-nf4-g64 --scheme nf4-g64 --format qpack
-calib=(--calib "$models/calib.txt" --calib-samples "${CALIB_SAMPLES:-32}" --format qpack --ladder "$ladder")
-for bpw in 3.0 3.5 4.0 4.5; do
-  row "rtn-budget-$bpw" --strategy budget --target-bpw "$bpw" "${calib[@]}"
+echo "reference ppl $(grep -m1 '"perplexity"' "$out/reference.eval.json" | tr -dc '0-9.')" | tee -a "$out/table.txt"
+for set in $sets; do
+  case $set in
+  rtn)
+    row rtn-int4-g128-asym --scheme int4-g128-asym
+    row rtn-int4-g128-sym --scheme int4-g128-sym
+    row rtn-int3-g128-asym --scheme int3-g128-asym
+    row rtn-int2-g64-asym --scheme int2-g64-asym
+    row rtn-int4-g128-asym-clip --scheme int4-g128-asym --clip
+    row rtn-nf4-g64 --scheme nf4-g64 --format qpack ;;
+  budget)
+    for bpw in 3.0 3.5 4.0 4.5; do row "rtn-budget-$bpw" --strategy budget --target-bpw "$bpw" "${alloc[@]}"; done
+    row rtn-evolved --strategy evolved "${alloc[@]}" --ladder int4-g128-asym,int8-g128-asym ;;
+  gptq)
+    row gptq-int4-g128-asym --scheme int4-g128-asym "${gptq[@]}"
+    row gptq-int4-g128-asym-actorder --scheme int4-g128-asym --act-order "${gptq[@]}"
+    row gptq-int4-g128-sym --scheme int4-g128-sym "${gptq[@]}"
+    row gptq-int3-g128-asym --scheme int3-g128-asym "${gptq[@]}"
+    row gptq-int2-g64-asym --scheme int2-g64-asym "${gptq[@]}" ;;
+  gptq-budget)
+    for bpw in 3.0 3.5 4.0 4.5; do row "gptq-budget-$bpw" --strategy budget --target-bpw "$bpw" "${alloc[@]}" "${gptq[@]}"; done
+    row gptq-evolved --strategy evolved "${alloc[@]}" --ladder int4-g128-asym,int8-g128-asym "${gptq[@]}" ;;
+  *) echo "unknown set $set" >&2; exit 2 ;;
+  esac
 done
-row rtn-evolved --strategy evolved --calib "$models/calib.txt" --calib-samples "${CALIB_SAMPLES:-32}" --format qpack --ladder int4-g128-asym,int8-g128-asym

@@ -81,8 +81,9 @@ func convertCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.App.Writer, "wrote %s: %d tensors quantized (%s) at %.3f bits/weight; %s → %s bytes (%.2f×) in %.1fs\n",
-				r.Output, r.Quantized, r.Method, r.QuantBPW, thousands(r.InBytes), thousands(r.OutBytes), r.Compression, r.Seconds)
+			fmt.Fprintf(c.App.Writer, "wrote %s: %d tensors quantized (%s) at %.3f bits/weight; %s → %s bytes (%.2f×) in %.1fs (hash %.1fs, quantize %.1fs, write %.1fs)\n",
+				r.Output, r.Quantized, r.Method, r.QuantBPW, thousands(r.InBytes), thousands(r.OutBytes), r.Compression, r.Seconds,
+				r.HashSeconds, r.QuantizeSeconds, r.WriteSeconds)
 			if p := c.String("report"); p != "" {
 				return writeJSONFile(p, r)
 			}
