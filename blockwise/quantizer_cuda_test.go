@@ -3,18 +3,17 @@ package blockwise
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/gputest"
 	"github.com/qpack-dev/qpack/fp"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
@@ -33,32 +32,12 @@ func TestGPUPTXIsFresh(t *testing.T) {
 // openGPUQuantizer opens GPU 0 and the kernels, skipping without a driver or GPU.
 func openGPUQuantizer(tb testing.TB) (*cuda.Device, *GPUQuantizer) {
 	tb.Helper()
-	gpus, err := cuda.Devices()
-	if errors.Is(err, cuda.ErrNoDriver) {
-		tb.Skip("no NVIDIA driver: ", err)
-	}
+	dev := gputest.Open(tb)
+	q, err := newGPUQuantizer(dev, gputest.PTX(tb, blockwisePTX, *gpuPTX))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if len(gpus) == 0 {
-		tb.Skip("driver present but no GPU")
-	}
-	dev, err := cuda.Open(0)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ptx := blockwisePTX
-	if *gpuPTX != "" {
-		if ptx, err = os.ReadFile(*gpuPTX); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	q, err := newGPUQuantizer(dev, ptx)
-	if err != nil {
-		dev.Close()
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { q.Close(); dev.Close() })
+	tb.Cleanup(func() { q.Close() })
 	return dev, q
 }
 

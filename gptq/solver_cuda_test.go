@@ -1,16 +1,15 @@
 package gptq
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/gputest"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -27,33 +26,13 @@ func TestGPUPTXIsFresh(t *testing.T) {
 // openGPUSolver opens GPU 0 and a solver that poisons its buffers, skipping without a GPU.
 func openGPUSolver(tb testing.TB) (*cuda.Device, *GPUSolver) {
 	tb.Helper()
-	gpus, err := cuda.Devices()
-	if errors.Is(err, cuda.ErrNoDriver) {
-		tb.Skip("no NVIDIA driver: ", err)
-	}
+	dev := gputest.Open(tb)
+	g, err := newGPUSolver(dev, gputest.PTX(tb, gptqPTX, *gpuPTX))
 	if err != nil {
-		tb.Fatal(err)
-	}
-	if len(gpus) == 0 {
-		tb.Skip("driver present but no GPU")
-	}
-	dev, err := cuda.Open(0)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ptx := gptqPTX
-	if *gpuPTX != "" {
-		if ptx, err = os.ReadFile(*gpuPTX); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	g, err := newGPUSolver(dev, ptx)
-	if err != nil {
-		dev.Close()
 		tb.Fatal(err)
 	}
 	g.poison = true
-	tb.Cleanup(func() { g.Close(); dev.Close() })
+	tb.Cleanup(func() { g.Close() })
 	return dev, g
 }
 

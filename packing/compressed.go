@@ -78,12 +78,9 @@ func (f CompressedTensors) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 func (CompressedTensors) Metadata(string, *quant.Tensor) map[string]string { return nil }
 
 func (f CompressedTensors) Unpack(prefix string, get func(string) (Raw, bool), meta map[string]string) (*quant.Tensor, error) {
-	s, err := schemeFor(prefix, meta)
+	s, err := supportedScheme(f, prefix, meta)
 	if err != nil {
 		return nil, err
-	}
-	if err := f.Supports(s); err != nil {
-		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
 	}
 	g := getter(get)
 	shape, err := g.need(prefix + ".weight_shape")

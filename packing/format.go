@@ -45,6 +45,18 @@ func SchemeOf(prefix string, meta map[string]string) (quant.Scheme, error) {
 	return schemeFor(prefix, meta)
 }
 
+// supportedScheme finds the scheme of prefix in meta and checks that f can hold it.
+func supportedScheme(f Format, prefix string, meta map[string]string) (quant.Scheme, error) {
+	s, err := schemeFor(prefix, meta)
+	if err != nil {
+		return s, err
+	}
+	if err := f.Supports(s); err != nil {
+		return s, fmt.Errorf("tensor %s: %w", prefix, err)
+	}
+	return s, nil
+}
+
 // schemeFor finds the scheme of prefix in meta.
 func schemeFor(prefix string, meta map[string]string) (quant.Scheme, error) {
 	name, ok := meta[SchemeKey+"."+prefix]

@@ -220,12 +220,9 @@ func (f GPTQ) packZeros(data []byte, t *quant.Tensor) error {
 func (f GPTQ) Metadata(string, *quant.Tensor) map[string]string { return nil }
 
 func (f GPTQ) Unpack(prefix string, get func(string) (Raw, bool), meta map[string]string) (*quant.Tensor, error) {
-	s, err := schemeFor(prefix, meta)
+	s, err := supportedScheme(f, prefix, meta)
 	if err != nil {
 		return nil, err
-	}
-	if err := f.Supports(s); err != nil {
-		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
 	}
 	g := getter(get)
 	qw, err := g.need(prefix + ".qweight")

@@ -1,0 +1,46 @@
+// Package gputest opens the GPU for tests: it skips a test on a machine without an NVIDIA
+// driver or GPU, and lets a GPU run load freshly compiled PTX instead of the embedded kernels.
+package gputest
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/qpack-dev/qpack/cuda"
+)
+
+// Open opens GPU 0, closed when the test ends; without a driver or a GPU the test is skipped.
+func Open(tb testing.TB) *cuda.Device {
+	tb.Helper()
+	gpus, err := cuda.Devices()
+	if errors.Is(err, cuda.ErrNoDriver) {
+		tb.Skip("no NVIDIA driver: ", err)
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if len(gpus) == 0 {
+		tb.Skip("driver present but no GPU")
+	}
+	dev, err := cuda.Open(0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { dev.Close() })
+	return dev
+}
+
+// PTX returns the kernels to load: the file named by override (a test flag such as
+// -blockwise.ptx, for PTX compiled on the GPU machine) or else the embedded ones.
+func PTX(tb testing.TB, embedded []byte, override string) []byte {
+	tb.Helper()
+	if override == "" {
+		return embedded
+	}
+	ptx, err := os.ReadFile(override)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ptx
+}
