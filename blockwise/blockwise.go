@@ -169,8 +169,7 @@ func quantizeRow(dst *quant.Tensor, q groupQuantizer, src rowSource, row int, bu
 	codes := dst.Codes[row*k : (row+1)*k]
 	for g := range groups {
 		lo, hi := g*gs, min((g+1)*gs, k)
-		w := src.segment(row, lo, hi, buf)
-		r := minMax(w)
+		w, r := src.spanned(row, lo, hi, buf)
 		if !r.finite() {
 			col := firstNonFinite(w)
 			return fmt.Errorf("weight at row %d, column %d is %g", row, lo+col, w[col])

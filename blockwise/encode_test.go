@@ -98,3 +98,40 @@ func TestBF16SegmentAnyRange(t *testing.T) {
 		}
 	}
 }
+
+// spanned must give segment's values and exactly minMax's span for any range, with NaN and
+// infinities anywhere making the span non-finite.
+func TestBF16SpannedMatchesMinMax(t *testing.T) {
+	const k = 37
+	raw := randomBF16(3, k, 29)
+	specials := []uint16{0x7fc0, 0x7f80, 0xff80, 0x8000} // NaN, +Inf, −Inf, −0
+	for i, v := range specials {
+		j := 2 * (5 + 23*i)
+		raw[j], raw[j+1] = byte(v), byte(v>>8)
+	}
+	src := bf16Rows{raw: raw, k: k}
+	buf, ref := make([]float32, k), make([]float32, k)
+	for row := range 3 {
+		for lo := 0; lo < k; lo++ {
+			for hi := lo; hi <= k; hi++ {
+				want := minMax(src.segment(row, lo, hi, ref))
+				got, r := src.spanned(row, lo, hi, buf)
+				if len(got) != hi-lo || !sameSpan(r, want) {
+					t.Fatalf("row %d [%d, %d): span %v, minMax %v", row, lo, hi, r, want)
+				}
+				for i := range got {
+					if math.Float32bits(got[i]) != math.Float32bits(ref[i]) {
+						t.Fatalf("row %d [%d, %d): value %d differs", row, lo, hi, i)
+					}
+				}
+			}
+		}
+	}
+}
+
+func sameSpan(a, b span) bool {
+	if a.finite() != b.finite() {
+		return false
+	}
+	return !a.finite() || (math.Float32bits(a.lo) == math.Float32bits(b.lo) && math.Float32bits(a.hi) == math.Float32bits(b.hi))
+}

@@ -191,9 +191,12 @@ func minMax(w []float32) span {
 
 // orderKey maps a float32 to an int32 with the same order (−0 just below +0, NaNs beyond the
 // infinities): negative floats have their magnitude bits flipped.
-func orderKey(v float32) int32 {
-	u := int32(math.Float32bits(v))
-	return u ^ (u >> 31 & 0x7fffffff)
+func orderKey(v float32) int32 { return bitsKey(math.Float32bits(v)) }
+
+// bitsKey is orderKey of the float32 with bits u.
+func bitsKey(u uint32) int32 {
+	k := int32(u)
+	return k ^ (k >> 31 & 0x7fffffff)
 }
 
 func fromOrderKey(k int32) float32 {
