@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
-	"github.com/qpack-dev/qpack/internal/gputest"
 	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/internal/gputest"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 )
