@@ -68,9 +68,15 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 			return nil, err
 		}
 	}
+	var sample weightSample // the planner measures a tensor's rungs one after another
 	measure := func(t alloc.TensorDesc, s quant.Scheme) (float64, error) {
+		if sample.name != t.Name {
+			if err := sample.read(ck, t.Name, sensitivityRows); err != nil {
+				return 0, err
+			}
+		}
 		imp := importance[model.ParseTensorName(t.Name).Module]
-		e, err := weightError(ck, t.Name, s, blockwise.Options{Clip: opt.Clip}, imp)
+		e, err := sample.relativeError(s, blockwise.Options{Clip: opt.Clip}, imp)
 		return e * e, err
 	}
 	planner, err := alloc.NewPlanner(descs, f.Bytes, f.Supports, measure)
@@ -117,51 +123,57 @@ func needsMeasurement(a alloc.Options) bool { return a.Strategy != alloc.Strateg
 // sensitivityRows is how many rows of a weight the allocator quantizes to measure its
 // sensitivity. RTN treats rows independently, so the error energy ratio of evenly spaced rows
 // estimates the whole tensor's, and a 7B-scale plan reads megabytes instead of the checkpoint.
-const sensitivityRows = 64
+const sensitivityRows = 32
 
-// weightError quantizes (a row sample of) one tensor with RTN and returns ‖W − Ŵ‖/‖W‖, each
-// input channel k weighted by importance[k] when given.
-func weightError(ck *safetensors.Checkpoint, name string, s quant.Scheme, bopt blockwise.Options, importance []float32) (float64, error) {
-	w, rows, k, err := sampleRows(ck, name, sensitivityRows)
-	if err != nil {
-		return 0, err
-	}
-	t, err := blockwise.Quantize(w, rows, k, s, bopt)
-	if err != nil {
-		return 0, fmt.Errorf("tensor %s: %w", name, err)
-	}
-	if importance != nil {
-		return quant.WeightedRelativeError(w, t.Dequantize(nil), t.N, t.K, importance), nil
-	}
-	return quant.RelativeError(w, t.Dequantize(nil)), nil
+// weightSample holds rows of one weight for measuring its sensitivity.
+type weightSample struct {
+	name    string
+	w       []float32
+	rows, k int
 }
 
-// sampleRows decodes about max rows of a 2-D tensor, in a few evenly spaced runs of consecutive
+// relativeError quantizes the sample with RTN and returns ‖W − Ŵ‖/‖W‖, each input channel k
+// weighted by importance[k] when given.
+func (ws *weightSample) relativeError(s quant.Scheme, bopt blockwise.Options, importance []float32) (float64, error) {
+	t, err := blockwise.Quantize(ws.w, ws.rows, ws.k, s, bopt)
+	if err != nil {
+		return 0, fmt.Errorf("tensor %s: %w", ws.name, err)
+	}
+	if importance != nil {
+		return quant.WeightedRelativeError(ws.w, t.Dequantize(nil), t.N, t.K, importance), nil
+	}
+	return quant.RelativeError(ws.w, t.Dequantize(nil)), nil
+}
+
+// read decodes about max rows of a 2-D tensor, in a few evenly spaced runs of consecutive
 // rows (all rows when it has no more), touching only their bytes.
-func sampleRows(ck *safetensors.Checkpoint, name string, max int) (w []float32, rows, k int, err error) {
+func (ws *weightSample) read(ck *safetensors.Checkpoint, name string, max int) error {
 	info, _ := ck.Info(name)
 	n, k := info.Shape[0], info.Shape[1]
+	*ws = weightSample{name: name, rows: n, k: k}
 	if n <= max {
-		w, err = ck.Float32(name)
-		return w, n, k, err
+		var err error
+		ws.w, err = ck.Float32(name)
+		return err
 	}
 	raw, err := ck.Bytes(name)
 	if err != nil {
-		return nil, 0, 0, err
+		return err
 	}
 	// sampleChunks runs of consecutive rows, evenly spaced: few, sequential reads.
 	const sampleChunks = 4
 	rowBytes := len(raw) / n
 	per := max / sampleChunks
-	w = make([]float32, sampleChunks*per*k)
+	ws.rows = sampleChunks * per
+	ws.w = make([]float32, ws.rows*k)
 	for c := range sampleChunks {
 		r := c * n / sampleChunks
-		dst := w[c*per*k : (c+1)*per*k]
+		dst := ws.w[c*per*k : (c+1)*per*k]
 		if err := safetensors.DecodeFloat32(info.DType, dst, raw[r*rowBytes:(r+per)*rowBytes]); err != nil {
-			return nil, 0, 0, fmt.Errorf("tensor %s: %w", name, err)
+			return fmt.Errorf("tensor %s: %w", name, err)
 		}
 	}
-	return w, sampleChunks * per, k, nil
+	return nil
 }
 
 // planItems lists every tensor in file order with its planned scheme.
