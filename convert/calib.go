@@ -119,7 +119,7 @@ func measureImportance(src string, c *Calibration) (map[string][]float32, error)
 	}
 	defer m.Close()
 	e := &channelEnergy{sums: map[string][]float64{}, tokens: map[string]int{}, modules: map[string]string{}}
-	if err := model.Calibrate(m, c.seqs, e, model.CalibrateOptions{}); err != nil {
+	if err := model.Calibrate(m, c.seqs, e, model.CalibrateOptions{ReleaseBlocks: true}); err != nil {
 		return nil, err
 	}
 	return e.importance(), nil

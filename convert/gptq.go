@@ -84,7 +84,7 @@ func (r *gptqRunner) run(src string, calib *Calibration, trueSequential bool) {
 	m, err := model.Open(src)
 	if err == nil {
 		defer m.Close()
-		err = model.Calibrate(m, calib.seqs, r, model.CalibrateOptions{TrueSequential: trueSequential})
+		err = model.Calibrate(m, calib.seqs, r, model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true})
 	}
 	if err != nil {
 		r.fail(err)

@@ -27,6 +27,9 @@ type CalibrateOptions struct {
 	// --true-sequential does. Otherwise all four groups are observed with the block's weights
 	// as loaded and updated by one Update call.
 	TrueSequential bool
+	// ReleaseBlocks drops each block's weights once the next block's inputs are computed, so
+	// only one block is resident at a time; m is then not the updated model afterwards.
+	ReleaseBlocks bool
 }
 
 // Calibrate runs m block by block over the calibration sequences, the sequential pipeline of
@@ -39,7 +42,8 @@ type CalibrateOptions struct {
 //  3. after the last step, runs the block with its final (e.g. quantized) weights to make the
 //     next block's inputs, so quantization error propagates as it will at inference.
 //
-// Replaced weights stay in m: afterwards m is the updated model (Perplexity(m, ...) evaluates it).
+// Replaced weights stay in m: afterwards m is the updated model (Perplexity(m, ...) evaluates it),
+// unless opt.ReleaseBlocks dropped each block after use to bound memory.
 func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error {
 	hidden := make([][]float32, len(seqs))
 	for s, seq := range seqs {
@@ -70,6 +74,9 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 			if err := b.Forward(hidden[s], len(seq), nil); err != nil {
 				return err
 			}
+		}
+		if opt.ReleaseBlocks {
+			m.ReleaseBlock(i)
 		}
 	}
 	return nil

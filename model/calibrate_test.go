@@ -291,3 +291,44 @@ func TestCalibrateErrors(t *testing.T) {
 		t.Error("an out-of-vocabulary token id was accepted")
 	}
 }
+
+// ReleaseBlocks leaves no block resident after calibration, and a later use reads the
+// original weights back.
+func TestCalibrateReleasesBlocks(t *testing.T) {
+	m := openModel(t, tinyDir)
+	seqs := [][]int{{1, 2, 3, 4, 5, 6, 7, 8}}
+	if err := Calibrate(m, seqs, zeroingCalibrator{}, CalibrateOptions{ReleaseBlocks: true}); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range m.blocks {
+		if b != nil {
+			t.Fatalf("block %d still resident", i)
+		}
+	}
+	b, err := m.Block(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonzero := false
+	for _, v := range b.Q.W {
+		nonzero = nonzero || v != 0
+	}
+	if !nonzero {
+		t.Errorf("block 0 came back with the replaced (zeroed) weights")
+	}
+}
+
+// zeroingCalibrator replaces every linear with zeros.
+type zeroingCalibrator struct{}
+
+func (zeroingCalibrator) Observe(int, Group, []float32, int, int) error { return nil }
+func (zeroingCalibrator) Update(b *Block, groups []Group) error {
+	for _, g := range groups {
+		for _, l := range b.Linears(g) {
+			if err := l.SetWeight(make([]float32, l.Out*l.In)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

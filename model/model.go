@@ -85,6 +85,17 @@ func (m *Model) Block(i int) (*Block, error) {
 	return m.blocks[i], nil
 }
 
+// ReleaseBlock drops block i's float32 weights so their memory can be reclaimed. A later use
+// reads the block again from the model's Weights, without any replacement made through
+// Linear.SetWeight.
+func (m *Model) ReleaseBlock(i int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if i >= 0 && i < len(m.blocks) {
+		m.blocks[i] = nil
+	}
+}
+
 // Embedding returns the hidden states [len(ids), Hidden] of the token ids.
 func (m *Model) Embedding(ids []int) ([]float32, error) {
 	h := m.Config.Hidden
