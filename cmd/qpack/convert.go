@@ -38,6 +38,7 @@ func planFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "quantize-embeddings", Usage: "quantize the token embedding too"},
 		&cli.BoolFlag{Name: "quantize-head", Usage: "quantize lm_head too"},
 		&cli.StringFlag{Name: "plan", Usage: "replay a plan written by `qpack plan --json` instead of planning"},
+		configFlag,
 		&cli.StringFlag{Name: "calib", Usage: "calibration data (text, or .npy token ids): sensitivity becomes the activation-weighted error"},
 		&cli.IntFlag{Name: "calib-samples", Value: 128, Usage: "calibration sequences"},
 		&cli.IntFlag{Name: "calib-seqlen", Value: 512, Usage: "tokens per calibration sequence"},
@@ -95,6 +96,9 @@ func convertCommand() *cli.Command {
 // convertOptions reads the planning flags.
 func convertOptions(c *cli.Context) (convert.Options, error) {
 	opt := convert.DefaultOptions()
+	if err := applyConfig(c); err != nil {
+		return opt, err
+	}
 	opt.Version = version
 	opt.Method = c.String("method")
 	opt.Format = c.String("format")

@@ -96,3 +96,45 @@ func TestConvertPlanReplayDequantize(t *testing.T) {
 		t.Errorf("an infeasible budget should fail naming the minimum bpw, got %v", err)
 	}
 }
+
+// A config file says what flags say; the command line wins, and override lists merge.
+func TestConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	cfg := dir + "/qpack.yaml"
+	os.WriteFile(cfg, []byte("format: qpack\nscheme: int3-g128-asym\noverride:\n  - 'layers\\.0\\.=keep'\n"), 0o644)
+	out, err := run(t, "plan", "../../testdata/models/tiny", "--config", cfg, "--override", `down_proj=int8-g128-sym`, "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan struct {
+		Overrides []string `json:"overrides"`
+		Entries   []struct {
+			Name, Scheme string
+		} `json:"entries"`
+	}
+	if err := json.Unmarshal([]byte(out), &plan); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"model.layers.0.self_attn.q_proj.weight": "keep",          // from the file
+		"model.layers.1.mlp.down_proj.weight":    "int8-g128-sym", // command line, listed first
+		"model.layers.1.mlp.up_proj.weight":      "int3-g128-asym",
+	}
+	for _, e := range plan.Entries {
+		if w, ok := want[e.Name]; ok && e.Scheme != w {
+			t.Errorf("%s: %s, want %s", e.Name, e.Scheme, w)
+		}
+	}
+	if len(plan.Overrides) != 2 || !strings.HasPrefix(plan.Overrides[0], "down_proj") {
+		t.Errorf("overrides %v: want the command line's first, then the file's", plan.Overrides)
+	}
+	os.WriteFile(cfg, []byte("no-such-flag: 1\n"), 0o644)
+	if _, err := run(t, "plan", "../../testdata/models/tiny", "--config", cfg); err == nil || !strings.Contains(err.Error(), "no-such-flag") {
+		t.Errorf("an unknown key should be an error naming it, got %v", err)
+	}
+	// The command line wins over the file for single-valued flags.
+	os.WriteFile(cfg, []byte("format: awq\n"), 0o644)
+	if _, err := run(t, "plan", "../../testdata/models/tiny", "--config", cfg, "--format", "qpack", "--scheme", "int3-g128-sym"); err != nil {
+		t.Errorf("--format on the command line should override the file's awq: %v", err)
+	}
+}

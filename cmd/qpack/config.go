@@ -1,0 +1,77 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+	"go.yaml.in/yaml/v3"
+)
+
+// configFlag names a YAML (or JSON) file whose keys are the command's flag names, so a config
+// file says exactly what flags say:
+//
+//	scheme: int4-g128-asym
+//	format: qpack
+//	strategy: budget
+//	target-bpw: 3.5
+//	override: ['mlp\.down_proj=int8-g128-asym', 'layers\.0\.=keep']
+var configFlag = &cli.StringFlag{Name: "config", Usage: "YAML or JSON file of flag values (keys are flag names); flags on the command line win, list flags add to the file's"}
+
+// applyConfig sets every flag the config file names that the command line did not; list flags
+// (override) keep the command line's entries first and add the file's after them.
+func applyConfig(c *cli.Context) error {
+	path := c.String("config")
+	if path == "" {
+		return nil
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var values map[string]any
+	if err := yaml.Unmarshal(raw, &values); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	known := map[string]cli.Flag{}
+	for _, f := range c.Command.Flags {
+		for _, n := range f.Names() {
+			known[n] = f
+		}
+	}
+	keys := make([]string, 0, len(values))
+	for k := range values {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		f, ok := known[key]
+		if !ok || key == "config" {
+			return fmt.Errorf("%s: %q is not a flag of %s", path, key, c.Command.Name)
+		}
+		_, isList := f.(*cli.StringSliceFlag)
+		if c.IsSet(key) && !isList {
+			continue
+		}
+		for _, v := range listOf(values[key]) {
+			if err := c.Set(key, v); err != nil {
+				return fmt.Errorf("%s: %s: %w", path, key, err)
+			}
+		}
+	}
+	return nil
+}
+
+// listOf turns a YAML scalar or list into flag value strings.
+func listOf(v any) []string {
+	if list, ok := v.([]any); ok {
+		out := make([]string, len(list))
+		for i, e := range list {
+			out[i] = fmt.Sprint(e)
+		}
+		return out
+	}
+	return []string{strings.TrimSpace(fmt.Sprint(v))}
+}
