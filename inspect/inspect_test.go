@@ -3,11 +3,16 @@ package inspect
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/qpack-dev/qpack/convert"
 	"github.com/qpack-dev/qpack/internal/testenv"
+	"github.com/qpack-dev/qpack/packing"
+	"github.com/qpack-dev/qpack/quant"
 )
 
 func TestInspectTiny(t *testing.T) {
@@ -53,5 +58,43 @@ func TestInspectBadInput(t *testing.T) {
 	os.WriteFile(p, []byte("garbage!garbage"), 0o644)
 	if _, err := Inspect(p); err == nil || !strings.Contains(err.Error(), p) {
 		t.Errorf("want an error naming %s, got %v", p, err)
+	}
+}
+
+// Every output layout inspects with its modules' schemes and exact bits per weight.
+func TestInspectQuantizedOutputs(t *testing.T) {
+	tiny := testenv.Testdata(t, "models/tiny")
+	for _, c := range []struct{ format, scheme string }{
+		{"gptq", "int4-g128-asym"}, {"awq", "int4-g64-asym"}, {"compressed-tensors", "int8-g128-sym"}, {"qpack", "nf4-g64"},
+	} {
+		s, err := quant.ParseScheme(c.scheme)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(t.TempDir(), c.format)
+		opt := convert.DefaultOptions()
+		opt.Format, opt.Alloc = c.format, convert.Uniform(s)
+		rep, err := convert.Convert(tiny, dst, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Inspect(dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := r.Quantization
+		if q == nil || q.Format != c.format || len(q.Modules) != 28 {
+			t.Fatalf("%s: quantization summary %+v", c.format, q)
+		}
+		f, _ := packing.Lookup(c.format)
+		for _, m := range q.Modules {
+			want := f.Bytes(s, m.Shape[0], m.Shape[1])
+			if m.Scheme != c.scheme || m.Bytes != want {
+				t.Errorf("%s %s: %s, %d bytes; want %s, %d", c.format, m.Name, m.Scheme, m.Bytes, c.scheme, want)
+			}
+		}
+		if q.ModelParams != 1_311_872 || math.Abs(q.BPW-rep.QuantBPW) > 1e-9 || q.Compression <= 1 {
+			t.Errorf("%s: model params %d, bpw %v (report %v), compression %v", c.format, q.ModelParams, q.BPW, rep.QuantBPW, q.Compression)
+		}
 	}
 }
