@@ -39,8 +39,9 @@ type Report struct {
 	Compression float64        `json:"compression"` // InBytes / OutBytes
 	Files       []string       `json:"files"`
 	Seconds     float64        `json:"seconds"`
-	// Where the time went: hashing the inputs for the provenance, quantizing and packing
-	// (reading the weights, and for the GPU the copies and kernels), and writing the output.
+	// Where the time went: quantizing and packing (reading the weights, and for the GPU the
+	// copies and kernels) and writing the output; hashing the inputs for the provenance runs
+	// alongside them.
 	HashSeconds     float64 `json:"hash_seconds"`
 	QuantizeSeconds float64 `json:"quantize_seconds"`
 	WriteSeconds    float64 `json:"write_seconds"`
@@ -106,9 +107,12 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	hashStart := time.Now()
-	meta, err := outputMetadata(ck, items, plan, calib, f, opt)
-	report.HashSeconds = time.Since(hashStart).Seconds()
+	hashes, err := startHashing(ck.Files())
+	if err != nil {
+		return nil, err
+	}
+	defer hashes.cancel()
+	meta, err := outputMetadata(items, plan, calib, hashes.inputs, f, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -126,6 +130,10 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 			return err
 		}
 		report.Files = files
+		if err := hashes.patch(dir, files); err != nil {
+			return err
+		}
+		report.HashSeconds = hashes.seconds
 		if err := writeModelConfigs(dir, cfg, f, items); err != nil {
 			return err
 		}

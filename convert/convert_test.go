@@ -1,7 +1,10 @@
 package convert
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -184,8 +187,16 @@ func TestExistingOutputNeedsOverwrite(t *testing.T) {
 		t.Errorf("format %v, %d modules", c.Format, len(c.Modules()))
 	}
 	prov := c.Metadata()[ProvenanceKey]
-	if !strings.Contains(prov, `"sha256"`) || !strings.Contains(prov, "model.layers.3.mlp.down_proj") {
+	if !strings.Contains(prov, "model.layers.3.mlp.down_proj") {
 		t.Errorf("provenance %q", prov)
+	}
+	// The input hashes, computed while converting, were patched into the header exactly.
+	raw, _ := os.ReadFile(testenv.Testdata(t, "models/tiny/model.safetensors"))
+	sum := sha256.Sum256(raw)
+	var p Provenance
+	if err := json.Unmarshal([]byte(prov), &p); err != nil || len(p.Inputs) != 1 ||
+		p.Inputs[0].SHA256 != hex.EncodeToString(sum[:]) || p.Inputs[0].Bytes != int64(len(raw)) {
+		t.Errorf("provenance inputs %+v (%v), want sha256 %x", p.Inputs, err, sum)
 	}
 }
 

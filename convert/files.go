@@ -1,7 +1,10 @@
 package convert
 
 import (
+	"bytes"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -9,9 +12,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/qpack-dev/qpack/alloc"
 	"github.com/qpack-dev/qpack/model"
@@ -191,7 +195,7 @@ const ProvenanceKey = "qpack.provenance"
 
 // outputMetadata builds each output file's __metadata__: the format's per-tensor entries, its
 // config entries, and the provenance.
-func outputMetadata(ck *safetensors.Checkpoint, items []Item, plan *alloc.Plan, calib *Calibration, f packing.Format, opt Options) (map[string]string, error) {
+func outputMetadata(items []Item, plan *alloc.Plan, calib *Calibration, inputs []InputFile, f packing.Format, opt Options) (map[string]string, error) {
 	meta := map[string]string{}
 	if _, _, any := mainScheme(items); any {
 		meta = quantConfig(f, items).Meta()
@@ -206,10 +210,6 @@ func outputMetadata(ck *safetensors.Checkpoint, items []Item, plan *alloc.Plan, 
 			meta[k] = v
 		}
 	}
-	inputs, err := hashInputs(ck.Files())
-	if err != nil {
-		return nil, err
-	}
 	prov.Inputs = inputs
 	b, err := json.Marshal(prov)
 	if err != nil {
@@ -219,9 +219,44 @@ func outputMetadata(ck *safetensors.Checkpoint, items []Item, plan *alloc.Plan, 
 	return meta, nil
 }
 
-// hashInputs computes the SHA-256 of every input file, a few files at a time.
-func hashInputs(paths []string) ([]InputFile, error) {
-	out := make([]InputFile, len(paths))
+// inputHashes computes the inputs' SHA-256 while the conversion runs, so that reading the
+// inputs twice costs no extra wall time. The header, written first, carries a placeholder of a
+// hash's length for each input; patch puts the hashes in the finished files before the output
+// directory is renamed into place.
+type inputHashes struct {
+	inputs       []InputFile // SHA256 holds the placeholder until patch
+	placeholders []string
+	hashes       []string
+	err          error
+	done         chan struct{}
+	stop         atomic.Bool
+	seconds      float64
+}
+
+// startHashing starts hashing every input file, a few at a time.
+func startHashing(paths []string) (*inputHashes, error) {
+	h := &inputHashes{hashes: make([]string, len(paths)), done: make(chan struct{})}
+	var nonce [8]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return nil, err
+	}
+	for i, p := range paths {
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		ph := fmt.Sprintf("pending-sha256-%x-%d-", nonce, i)
+		ph += strings.Repeat(".", sha256.Size*2-len(ph))
+		h.placeholders = append(h.placeholders, ph)
+		h.inputs = append(h.inputs, InputFile{Name: filepath.Base(p), Bytes: st.Size(), SHA256: ph})
+	}
+	go h.run(paths)
+	return h, nil
+}
+
+func (h *inputHashes) run(paths []string) {
+	defer close(h.done)
+	start := time.Now()
 	errs := make([]error, len(paths))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 4)
@@ -231,24 +266,81 @@ func hashInputs(paths []string) ([]InputFile, error) {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			out[i], errs[i] = hashFile(p)
+			h.hashes[i], errs[i] = h.hashFile(p)
 		}()
 	}
 	wg.Wait()
-	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
-	return out, errors.Join(errs...)
+	h.err = errors.Join(errs...)
+	h.seconds = time.Since(start).Seconds()
 }
 
-func hashFile(path string) (InputFile, error) {
+func (h *inputHashes) hashFile(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return InputFile{}, err
+		return "", err
 	}
 	defer f.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return InputFile{}, fmt.Errorf("%s: %w", path, err)
+	sum := sha256.New()
+	buf := make([]byte, 4<<20)
+	for !h.stop.Load() {
+		n, err := f.Read(buf)
+		sum.Write(buf[:n])
+		if err == io.EOF {
+			return hex.EncodeToString(sum.Sum(nil)), nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", path, err)
+		}
 	}
-	return InputFile{Name: filepath.Base(path), Bytes: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+	return "", fmt.Errorf("%s: hashing stopped", path)
+}
+
+// cancel stops the hashing (the conversion failed) and waits for it.
+func (h *inputHashes) cancel() {
+	h.stop.Store(true)
+	<-h.done
+}
+
+// patch waits for the hashes and writes them over the placeholders in each written safetensors
+// file's header (same length, so nothing moves).
+func (h *inputHashes) patch(dir string, files []string) error {
+	<-h.done
+	if h.err != nil {
+		return h.err
+	}
+	for _, name := range files {
+		if !strings.HasSuffix(name, ".safetensors") {
+			continue
+		}
+		if err := h.patchFile(filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *inputHashes) patchFile(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var prefix [8]byte
+	if _, err := f.ReadAt(prefix[:], 0); err != nil {
+		return err
+	}
+	header := make([]byte, binary.LittleEndian.Uint64(prefix[:]))
+	if _, err := f.ReadAt(header, 8); err != nil {
+		return err
+	}
+	for i, ph := range h.placeholders {
+		if bytes.Count(header, []byte(ph)) != 1 {
+			return fmt.Errorf("%s: the provenance placeholder for input %d is not in the header once", path, i)
+		}
+		header = bytes.Replace(header, []byte(ph), []byte(h.hashes[i]), 1)
+	}
+	if _, err := f.WriteAt(header, 8); err != nil {
+		return err
+	}
+	return f.Sync()
 }
