@@ -29,11 +29,7 @@ func (c layoutCache) get(f packing.Format, prefix string, s quant.Scheme, n, k i
 	key := fmt.Sprintf("%s/%d/%d", s, n, k)
 	suffixes, ok := c[key]
 	if !ok {
-		placeholder, err := blockwise.Quantize(make([]float32, n*k), n, k, s, blockwise.Options{})
-		if err != nil {
-			return nil, err
-		}
-		raws, err := f.Pack("", placeholder)
+		raws, err := f.Pack("", placeholderTensor(s, n, k))
 		if err != nil {
 			return nil, err
 		}
@@ -48,6 +44,30 @@ func (c layoutCache) get(f packing.Format, prefix string, s quant.Scheme, n, k i
 		out[i] = r
 	}
 	return out, nil
+}
+
+// placeholderTensor is a valid quantized tensor of the scheme and shape with all-zero codes.
+func placeholderTensor(s quant.Scheme, n, k int) *quant.Tensor {
+	groups := s.Groups(k)
+	if s.Grid == quant.FP8E4M3 {
+		groups = 1
+	}
+	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, n*groups)}
+	for i := range t.Scales {
+		t.Scales[i] = 1
+	}
+	switch {
+	case s.Grid == quant.Integer:
+		t.Zeros = make([]uint8, n*groups)
+		if s.Sym {
+			for i := range t.Zeros {
+				t.Zeros[i] = uint8(1 << (s.Bits - 1))
+			}
+		}
+	case s.Grid == quant.Binary && !s.Sym:
+		t.Offsets = make([]float32, n*groups)
+	}
+	return t
 }
 
 // packedModule quantizes and packs one weight on demand: its stored tensors are written
