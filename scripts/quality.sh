@@ -3,6 +3,7 @@
 # held-out ids (64 × 512 tokens, the protocol of the shared models' reference.json).
 # Usage: scripts/quality.sh QPACK_BINARY MODELS_DIR OUT_DIR [SET...]
 #   MODELS_DIR holds small-llama/ and calib.txt; SETs: rtn, budget, gptq, gptq-budget (default: rtn budget).
+#   ONLY=REGEX runs only the rows whose names match (and skips the reference evaluation).
 set -euo pipefail
 qpack=$1 models=$2 out=$3
 shift 3
@@ -13,8 +14,9 @@ mkdir -p "$out"
 ladder=int2-g64-asym,int3-g128-asym,int3-g64-asym,int4-g128-asym,int4-g64-asym,int8-g128-asym
 gptq=(--method gptq --calib "$models/calib.txt" --calib-samples 128 --calib-seqlen 512 --no-true-sequential)
 alloc=(--calib "$models/calib.txt" --calib-samples "${CALIB_SAMPLES:-32}" --format qpack --ladder "$ladder")
-row() { # name, then convert flags
+row() { # name, then convert flags; ONLY='regex' runs just the matching rows
   local name=$1; shift
+  if [[ -n "${ONLY:-}" && ! $name =~ $ONLY ]]; then return 0; fi
   "$qpack" convert "$src" -o "$out/$name" --overwrite -q --report "$out/$name.report.json" "$@" > "$out/$name.convert.txt" 2>&1
   "$qpack" eval "$out/$name" --data "$data" --json > "$out/$name.eval.json"
   printf '%-30s bpw %6.3f  ppl %8.3f  (%s)\n' "$name" \
@@ -22,8 +24,8 @@ row() { # name, then convert flags
     "$(grep -m1 '"perplexity"' "$out/$name.eval.json" | tr -dc '0-9.')" "$*" | tee -a "$out/table.txt"
   rm -rf "${out:?}/$name"
 }
-"$qpack" eval "$src" --data "$data" --json > "$out/reference.eval.json"
-echo "reference ppl $(grep -m1 '"perplexity"' "$out/reference.eval.json" | tr -dc '0-9.')" | tee -a "$out/table.txt"
+[[ -n "${ONLY:-}" ]] || "$qpack" eval "$src" --data "$data" --json > "$out/reference.eval.json"
+[[ -n "${ONLY:-}" ]] || echo "reference ppl $(grep -m1 '"perplexity"' "$out/reference.eval.json" | tr -dc '0-9.')" | tee -a "$out/table.txt"
 for set in $sets; do
   case $set in
   rtn)
