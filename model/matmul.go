@@ -4,21 +4,45 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	"github.com/qpack-dev/qpack/blas"
 )
 
-// Tile sizes of matMulT's work items: a worker takes tileRows rows of x against tileCols
+// Tile sizes of matMulTGo's work items: a worker takes tileRows rows of x against tileCols
 // rows of w, so both stay in cache while it runs the register-blocked kernel over them.
 const (
 	tileRows = 64
 	tileCols = 64
 )
 
+// blasMinWork is the smallest rows·k·n handed to OpenBLAS: below it the call and thread
+// start-up cost about as much as the pure-Go product.
+const blasMinWork = 1 << 16
+
 // matMulT computes y[rows, n] = x[rows, k] · w[n, k]ᵀ (+ bias[n] when bias is non-nil),
-// the product of a linear layer with PyTorch's [out, in] weights, on all cores.
+// the product of a linear layer with PyTorch's [out, in] weights: through OpenBLAS when it is
+// present (QPACK_BLAS=go turns it off, see package blas) and the product is large enough to pay
+// for the call, otherwise with matMulTGo.
 func matMulT(y, x, w, bias []float32, rows, k, n int) {
-	if len(x) < rows*k || len(w) < n*k || len(y) < rows*n {
+	if len(x) < rows*k || len(w) < n*k || len(y) < rows*n || (bias != nil && len(bias) < n) {
 		panic("model: matMulT: slice shorter than its dimensions")
 	}
+	if rows*k*n < blasMinWork || !blas.SgemmNT(rows, n, k, x, k, w, k, y, n) {
+		matMulTGo(y, x, w, rows, k, n)
+	}
+	if bias != nil {
+		for r := 0; r < rows; r++ {
+			yr := y[r*n : (r+1)*n]
+			for c, b := range bias[:n] {
+				yr[c] += b
+			}
+		}
+	}
+}
+
+// matMulTGo computes y[rows, n] = x[rows, k] · w[n, k]ᵀ in pure Go on all cores: the reference
+// for the OpenBLAS path and the fallback when it is absent.
+func matMulTGo(y, x, w []float32, rows, k, n int) {
 	rowTiles, colTiles := (rows+tileRows-1)/tileRows, (n+tileCols-1)/tileCols
 	jobs := rowTiles * colTiles
 	var next atomic.Int64
@@ -33,14 +57,6 @@ func matMulT(y, x, w, bias []float32, rows, k, n int) {
 		}
 	}
 	parallel(min(jobs, runtime.GOMAXPROCS(0)), work)
-	if bias != nil {
-		for r := 0; r < rows; r++ {
-			yr := y[r*n : (r+1)*n]
-			for c, b := range bias[:n] {
-				yr[c] += b
-			}
-		}
-	}
 }
 
 // parallel runs fn on workers goroutines and waits for them.
