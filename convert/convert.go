@@ -81,27 +81,12 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err := checkMixed(items, f); err != nil {
 		return nil, err
 	}
-	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-	g, err := openGPU(opt.Device, logf)
+	g, runner, err := setupMethod(opt, items, f)
 	if err != nil {
 		return nil, err
 	}
 	defer g.close()
-	var runner *gptqRunner
-	if opt.Method == "gptq" {
-		if runner, err = newGPTQRunner(items, opt.GPTQ, opt.Clip, logf); err != nil {
-			return nil, err
-		}
-		if opt.Device == DeviceCUDA && opt.Clip {
-			return nil, fmt.Errorf("--method gptq --clip (MSE group parameters) has no GPU path; use --device auto or cpu")
-		}
-		if err := runner.useGPU(g); err != nil {
-			return nil, err
-		}
-		defer runner.close()
-	} else if err := checkDevicePlan(g, opt.Device, items, f, opt); err != nil {
-		return nil, err
-	}
+	defer runner.close()
 	report := &Report{Source: src, Output: dst, Method: opt.Method, Format: f.Name()}
 	tensors, err := buildTensors(ck, items, f, opt, g, runner, report)
 	if err != nil {
@@ -116,14 +101,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if runner != nil {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			runner.run(ck.Dir, calib, opt.GPTQ.TrueSequential)
-		}()
-		defer func() { runner.stop(); <-done }()
-	}
+	defer runner.start(ck.Dir, calib, opt.GPTQ.TrueSequential)()
 	err = writeStaged(dst, opt.Overwrite, func(dir string) error {
 		files, err := safetensors.WriteShards(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)
 		if err != nil {
@@ -144,6 +122,35 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	}
 	report.finish(time.Since(start))
 	return report, nil
+}
+
+// setupMethod opens the GPU as the device option asks and, for GPTQ, makes the runner that
+// will feed the writer (solving on the GPU when there is one). Either may be nil.
+func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner, error) {
+	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
+	if opt.Method == "gptq" && opt.Device == DeviceCUDA && opt.Clip {
+		return nil, nil, fmt.Errorf("--method gptq --clip (MSE group parameters) has no GPU path; use --device auto or cpu")
+	}
+	g, err := openGPU(opt.Device, logf)
+	if err != nil {
+		return nil, nil, err
+	}
+	if opt.Method != "gptq" {
+		if err := checkDevicePlan(g, opt.Device, items, f, opt); err != nil {
+			g.close()
+			return nil, nil, err
+		}
+		return g, nil, nil
+	}
+	runner, err := newGPTQRunner(items, opt.GPTQ, opt.Clip, logf)
+	if err == nil {
+		err = runner.useGPU(g)
+	}
+	if err != nil {
+		g.close()
+		return nil, nil, err
+	}
+	return g, runner, nil
 }
 
 // outTensor is one output tensor with the input shard it came from.

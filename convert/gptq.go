@@ -91,8 +91,22 @@ func (r *gptqRunner) run(src string, calib *Calibration, trueSequential bool) {
 	}
 }
 
-// stop makes the calibration end at its next step (the writer failed).
-func (r *gptqRunner) stop() { r.stopped.Store(true) }
+// start runs the calibration in the background; the returned function stops it at its next
+// step (when the writer has finished or failed) and waits for it. A nil runner does nothing.
+func (r *gptqRunner) start(src string, calib *Calibration, trueSequential bool) (stop func()) {
+	if r == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.run(src, calib, trueSequential)
+	}()
+	return func() {
+		r.stopped.Store(true)
+		<-done
+	}
+}
 
 func (r *gptqRunner) Observe(block int, g model.Group, x []float32, rows, cols int) error {
 	if r.stopped.Load() {
@@ -162,7 +176,7 @@ func (r *gptqRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme
 }
 
 func (r *gptqRunner) close() {
-	if r.solver != nil {
+	if r != nil && r.solver != nil {
 		r.solver.Close()
 	}
 }
