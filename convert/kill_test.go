@@ -1,0 +1,76 @@
+package convert
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qpack-dev/qpack/internal/synth"
+)
+
+// A conversion killed mid-write (SIGKILL: no cleanup runs) leaves no output directory, only its
+// hidden staging directory: nothing that looks like a finished checkpoint.
+func TestKillDuringWrite(t *testing.T) {
+	if src := os.Getenv("QPACK_KILL_SRC"); src != "" { // the child: convert until killed
+		opt := DefaultOptions()
+		opt.Device = DeviceCPU
+		if _, err := Convert(src, os.Getenv("QPACK_KILL_DST"), opt); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if testing.Short() {
+		t.Skip("writes a 400 MB checkpoint")
+	}
+	dir := t.TempDir()
+	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "out", "dst")
+	cfg := synth.Config{Layers: 24, Hidden: 1024, Intermediate: 2816, Heads: 8, KVHeads: 8, Vocab: 8000, MaxShard: 100e6}
+	if err := synth.Write(src, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKillDuringWrite$")
+	cmd.Env = append(os.Environ(), "QPACK_KILL_SRC="+src, "QPACK_KILL_DST="+dst)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Kill as soon as the staging directory holds a finished shard and another is being written.
+	deadline := time.Now().Add(60 * time.Second)
+	for !stagingHasShard(filepath.Dir(dst)) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("the conversion never started writing shards")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Fatalf("a killed conversion left %s behind (%v)", dst, err)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(dst))
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".") {
+			t.Errorf("visible leftover %s", e.Name())
+		}
+	}
+}
+
+// stagingHasShard reports whether a hidden staging directory in parent holds a finished shard.
+func stagingHasShard(parent string) bool {
+	entries, _ := os.ReadDir(parent)
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		files, _ := os.ReadDir(filepath.Join(parent, e.Name()))
+		for _, f := range files {
+			if strings.HasSuffix(f.Name(), ".safetensors") && !strings.HasPrefix(f.Name(), ".") {
+				return true
+			}
+		}
+	}
+	return false
+}
