@@ -126,7 +126,7 @@ func (f AWQ) Unpack(prefix string, get func(string) (Raw, bool), meta map[string
 		}
 	}
 	rawF16(sc, t.Scales, transposed(ng, n))
-	return t, nil
+	return checkUnpacked(prefix, t)
 }
 
 func (AWQ) Bytes(s quant.Scheme, n, k int) int64 {

@@ -149,7 +149,7 @@ func (f CompressedTensors) Unpack(prefix string, get func(string) (Raw, bool), m
 			t.GIdx = gidx
 		}
 	}
-	return t, nil
+	return checkUnpacked(prefix, t)
 }
 
 func (CompressedTensors) Bytes(s quant.Scheme, n, k int) int64 {

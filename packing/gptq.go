@@ -291,7 +291,7 @@ func (f GPTQ) Unpack(prefix string, get func(string) (Raw, bool), meta map[strin
 		}
 		t.GIdx = gidx
 	}
-	return t, nil
+	return checkUnpacked(prefix, t)
 }
 
 func (f GPTQ) Bytes(s quant.Scheme, n, k int) int64 {

@@ -116,16 +116,15 @@ func (f QPack) Unpack(prefix string, get func(string) (Raw, bool), meta map[stri
 		return nil, err
 	}
 	ng := paramGroups(s, k)
-	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, n*ng)}
-
 	cr, err := g.need(prefix + ".qpack_codes")
 	if err != nil {
 		return nil, err
 	}
 	kb := PackedLen[uint8](k, s.Bits)
-	if err := cr.expect("U8", n, kb); err != nil {
+	if err := cr.expect("U8", n, kb); err != nil { // before allocating what the shape claims
 		return nil, err
 	}
+	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, n*ng)}
 	for r := range n {
 		if err := UnpackStream(t.Codes[r*k:], 1, cr.Data[r*kb:], 1, k, s.Bits); err != nil {
 			return nil, err
@@ -193,7 +192,7 @@ func (f QPack) Unpack(prefix string, get func(string) (Raw, bool), meta map[stri
 			return nil, err
 		}
 	}
-	return t, nil
+	return checkUnpacked(prefix, t)
 }
 
 func (QPack) Bytes(s quant.Scheme, n, k int) int64 {

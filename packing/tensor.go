@@ -64,3 +64,12 @@ func plainGIdx(t *quant.Tensor) []int32 {
 	}
 	return g
 }
+
+// checkUnpacked validates what a reader decoded, so that a file with, say, a NaN or zero scale
+// is reported with the tensor's name instead of dequantizing to garbage.
+func checkUnpacked(prefix string, t *quant.Tensor) (*quant.Tensor, error) {
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
+	}
+	return t, nil
+}
