@@ -16,16 +16,29 @@ import (
 // ReadHeader reads and validates only the header of a safetensors file; it touches no tensor
 // data, so it answers instantly on files of any size.
 func ReadHeader(path string) (*Header, error) {
+	f, h, _, err := openHeader(path)
+	if err != nil {
+		return nil, err
+	}
+	f.Close()
+	return h, nil
+}
+
+// openHeader opens path and reads its header; the caller closes the file.
+func openHeader(path string) (*os.File, *Header, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, 0, err
 	}
-	defer f.Close()
 	st, err := f.Stat()
-	if err != nil {
-		return nil, err
+	if err == nil {
+		var h *Header
+		if h, err = readHeader(f, path, st.Size()); err == nil {
+			return f, h, st.Size(), nil
+		}
 	}
-	return readHeader(f, path, st.Size())
+	f.Close()
+	return nil, nil, 0, err
 }
 
 func readHeader(r io.ReaderAt, path string, fileSize int64) (*Header, error) {
@@ -57,25 +70,17 @@ type File struct {
 
 // OpenFile maps a safetensors file and validates its header.
 func OpenFile(path string) (*File, error) {
-	f, err := os.Open(path)
+	f, h, size, err := openHeader(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	h, err := readHeader(f, path, st.Size())
-	if err != nil {
-		return nil, err
-	}
 	sf := &File{Path: path, Header: h, byName: make(map[string]int, len(h.Tensors))}
 	for i, t := range h.Tensors {
 		sf.byName[t.Name] = i
 	}
 	if h.DataSize > 0 {
-		sf.data, err = syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+		sf.data, err = syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
 		if err != nil {
 			return nil, fmt.Errorf("%s: mmap: %w", path, err)
 		}
