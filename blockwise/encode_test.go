@@ -104,7 +104,7 @@ func TestBF16SegmentAnyRange(t *testing.T) {
 func TestBF16SpannedMatchesMinMax(t *testing.T) {
 	const k = 37
 	raw := randomBF16(3, k, 29)
-	specials := []uint16{0x7fc0, 0x7f80, 0xff80, 0x8000} // NaN, +Inf, −Inf, −0
+	specials := []uint16{0x7fc0, 0x7f80, 0xff80, 0x8000, 0xffc1} // NaN, +Inf, −Inf, −0, −NaN
 	for i, v := range specials {
 		j := 2 * (5 + 23*i)
 		raw[j], raw[j+1] = byte(v), byte(v>>8)

@@ -64,15 +64,34 @@ func (q intQuantizer) encode(codes []uint8, w []float32, pr params) {
 		}
 		return
 	}
+	// Adding zeroMagic = 1.5·2^23 + zero rounds x + zero to an integer held in the low bits of
+	// the sum (float32 spacing is 1 there), so the code is read from those bits. Unless x is a
+	// tie, round(x + zero) = round(x) + zero, and r = round(x) is recovered exactly; a tie has
+	// |d| = 0.5 and takes the true division, which rounds x alone.
+	zeroMagic := float32(roundMagic + float32(pr.zero))
 	for i, v := range w {
 		x := float32(v * inv)
-		r := float32(x+roundMagic) - roundMagic
-		if d := x - r; d > 0.5-nearTie || d < nearTie-0.5 { // d is exact: |d| ≤ 0.5, |x| < 2^21
-			r = roundQuotient(v, pr.scale)
+		y := float32(x + zeroMagic)
+		r := float32(y - zeroMagic)
+		c := int32(math.Float32bits(y) - roundMagicBits)
+		// d = x − r is exact (|d| ≤ 0.5, |x| < 2^21); compare |d| by its bits.
+		if math.Float32bits(x-r)&0x7fffffff > nearTieBits {
+			c = int32(roundQuotient(v, pr.scale)) + zero
 		}
-		codes[i] = uint8(min(max(int32(r)+zero, 0), maxq))
+		if uint32(c) > uint32(maxq) { // rare: only at the edges of the range
+			c = min(max(c, 0), maxq)
+		}
+		codes[i] = uint8(c)
 	}
 }
+
+// nearTieBits are the bits of 0.5 − nearTie: a non-negative float32 exceeds it exactly when
+// its bits do.
+var nearTieBits = math.Float32bits(0.5 - nearTie)
+
+// roundMagicBits are the bits of roundMagic; the float32 roundMagic + j has bits
+// roundMagicBits + j for |j| < 2^22.
+var roundMagicBits = math.Float32bits(roundMagic)
 
 // nearTie bounds how far x = fl(w·fl(1/s)) can be from fl(w/s) where it matters: the two
 // roundings of x and the one of the quotient are relative errors of at most 2^−24 each, so for

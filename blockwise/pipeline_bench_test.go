@@ -9,7 +9,8 @@ import (
 
 // BenchmarkQuantizePackGPTQ times the CPU path of a converter for a 7B model's down_proj
 // (4096×11008 BF16, int4-g128): raw BF16 bytes → QuantizeBF16Into (reused tensor) → GPTQ
-// PackInto (reused buffers), and each stage alone. Every sub-benchmark counts input BF16 bytes
+// PackInto (reused buffers), each stage alone, and QuantizeBF16PackGPTQ doing both in one pass
+// (what the converter runs). Every sub-benchmark counts input BF16 bytes
 // (2 per weight), so the MB/s of the stages and of the whole are comparable; the floor
 // is 1 GB/s end to end on 2 cores.
 func BenchmarkQuantizePackGPTQ(b *testing.B) {
@@ -42,8 +43,16 @@ func BenchmarkQuantizePackGPTQ(b *testing.B) {
 				}
 			})
 		}
+		var fusedT quant.Tensor
+		fused := func(b *testing.B) {
+			var err error
+			if packed, err = QuantizeBF16PackGPTQ(packed, &fusedT, packing.GPTQ{}, "model.layers.0.mlp.down_proj", raw, n, k, s, Options{}); err != nil {
+				b.Fatal(err)
+			}
+		}
 		run("quantize", quantize)
 		run("pack", pack)
 		run("both", quantize, pack)
+		run("fused", fused)
 	}
 }

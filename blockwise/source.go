@@ -18,11 +18,16 @@ func (s float32Rows) spanned(n, lo, hi int, buf []float32) ([]float32, span) {
 	return w, minMax(w)
 }
 
-// spanned converts like segment and tracks the order keys of the values as it goes.
+// spanned converts like segment and tracks the span as it goes. A BF16 value's float32 bits
+// order non-negative values as signed integers and negative ones by magnitude as unsigned
+// integers above 0x80000000, so two integer maxima give the span: hi = the largest signed bits
+// (at least those of +0), lo = minus the magnitude of the largest unsigned bits (at least those
+// of −0). A NaN or infinity lands beyond every finite value in one of them, as in minMax.
 func (s bf16Rows) spanned(n, lo, hi int, buf []float32) ([]float32, span) {
 	raw := s.raw[2*(n*s.k+lo) : 2*(n*s.k+hi)]
 	buf = buf[:hi-lo]
-	var lo0, hi0, lo1, hi1 int32 // key(0) = 0 puts 0 in the range
+	var pos0, pos1 int32 = 0, 0                    // +0
+	var neg0, neg1 uint32 = 0x80000000, 0x80000000 // −0
 	i := 0
 	for ; i+4 <= len(buf); i += 4 {
 		x := binary.LittleEndian.Uint64(raw[2*i:])
@@ -31,11 +36,13 @@ func (s bf16Rows) spanned(n, lo, hi int, buf []float32) ([]float32, span) {
 		b := buf[i : i+4 : i+4]
 		b[0], b[1] = math.Float32frombits(u0), math.Float32frombits(u1)
 		b[2], b[3] = math.Float32frombits(u2), math.Float32frombits(u3)
-		k0, k1, k2, k3 := bitsKey(u0), bitsKey(u1), bitsKey(u2), bitsKey(u3)
-		lo0, hi0 = min(lo0, k0, k2), max(hi0, k0, k2)
-		lo1, hi1 = min(lo1, k1, k3), max(hi1, k1, k3)
+		pos0, pos1 = max(pos0, int32(u0), int32(u2)), max(pos1, int32(u1), int32(u3))
+		neg0, neg1 = max(neg0, u0, u2), max(neg1, u1, u3)
 	}
-	r := span{fromOrderKey(min(lo0, lo1)), fromOrderKey(max(hi0, hi1))}
+	r := span{
+		lo: 0 - math.Float32frombits(max(neg0, neg1)&0x7fffffff), // 0 − (+0) is +0, as minMax gives
+		hi: math.Float32frombits(uint32(max(pos0, pos1))),
+	}
 	if i < len(buf) {
 		tail := s.segment(n, lo+i, hi, buf[i:])
 		t := minMax(tail)

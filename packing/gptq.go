@@ -3,6 +3,7 @@ package packing
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 
@@ -78,6 +79,27 @@ func (f GPTQ) PackInto(dst []Raw, prefix string, t *quant.Tensor) ([]Raw, error)
 	if err := checkTensor(prefix, t); err != nil {
 		return nil, err
 	}
+	return f.packInto(dst, prefix, t, func(qweight []byte) error { return packGPTQWeights(qweight, t) })
+}
+
+// PackRowsInto is PackInto for a quantizer that never holds all the codes at once: packRows
+// quantizes the tensor a block of rows at a time, packs each block into qweight (the data of
+// P.qweight) with PackGPTQRows, and sets t's Scales and Zeros. t gives the scheme and shape
+// beforehand; its Codes are not read, and act-order (GIdx) is not supported.
+func (f GPTQ) PackRowsInto(dst []Raw, prefix string, t *quant.Tensor, packRows func(qweight []byte) error) ([]Raw, error) {
+	if t.GIdx != nil {
+		return nil, fmt.Errorf("tensor %s: packing by rows does not support act-order group indices", prefix)
+	}
+	return f.packInto(dst, prefix, t, func(qweight []byte) error {
+		if err := packRows(qweight); err != nil {
+			return err
+		}
+		return checkParams(t)
+	})
+}
+
+// packInto writes the four tensors, qweight's data by packWeights, which runs first.
+func (f GPTQ) packInto(dst []Raw, prefix string, t *quant.Tensor, packWeights func(qweight []byte) error) ([]Raw, error) {
 	s, n, k := t.Scheme, t.N, t.K
 	if err := f.Supports(s); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
@@ -85,10 +107,13 @@ func (f GPTQ) PackInto(dst []Raw, prefix string, t *quant.Tensor) ([]Raw, error)
 	if err := f.checkShape(prefix, s, k); err != nil {
 		return nil, err
 	}
+	if n <= 0 {
+		return nil, fmt.Errorf("tensor %s: %d output rows", prefix, n)
+	}
 	ng := s.Groups(k)
 	dst = growRaws(dst, 4)
 	qweight := reuseRaw(&dst[0], prefix, ".qweight", "I32", k*s.Bits/32, n)
-	if err := packGPTQWeights(qweight.Data, t); err != nil {
+	if err := packWeights(qweight.Data); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
 	}
 	qzeros := reuseRaw(&dst[1], prefix, ".qzeros", "I32", ng, PackedLen[uint32](n, s.Bits))
@@ -106,19 +131,56 @@ func (f GPTQ) PackInto(dst []Raw, prefix string, t *quant.Tensor) ([]Raw, error)
 	return dst, nil
 }
 
-// packGPTQWeights writes qweight [K·b/32, N]: column c holds row c of the codes as one dense
-// bitstream along K. 32 codes fill exactly b words, so the stream is cut into blocks of 32
-// codes, each packed by PackStream into a small array; 4-bit codes take packGPTQ4.
+// checkParams is the part of quant.Tensor.Validate that PackRowsInto can check once the rows
+// are packed: the lengths and ranges of the scales and zero points.
+func checkParams(t *quant.Tensor) error {
+	groups := t.Scheme.Groups(t.K)
+	ng := t.N * groups
+	if len(t.Scales) != ng || len(t.Zeros) != ng {
+		return fmt.Errorf("%d scales and %d zero points for %d groups", len(t.Scales), len(t.Zeros), ng)
+	}
+	for i, v := range t.Scales {
+		if v == 0 || math.IsInf(float64(v), 0) || v != v {
+			return fmt.Errorf("scale %g at row %d, group %d: scales must be finite and non-zero", v, i/groups, i%groups)
+		}
+	}
+	for i, z := range t.Zeros {
+		if int(z) > t.Scheme.MaxQ() {
+			return fmt.Errorf("zero point %d at row %d, group %d does not fit in %d bits", z, i/groups, i%groups, t.Scheme.Bits)
+		}
+	}
+	return nil
+}
+
+// packGPTQWeights writes qweight [K·b/32, N] from all of t's codes; 4-bit codes of a large
+// tensor are packed on GOMAXPROCS goroutines.
 func packGPTQWeights(data []byte, t *quant.Tensor) error {
-	n, k, bits := t.N, t.K, t.Scheme.Bits
-	if bits == 4 {
-		if err := packGPTQ4(data, t.Codes, n, k); err == nil {
+	if t.Scheme.Bits == 4 {
+		if err := packGPTQ4(data, t.Codes, t.N, t.K); err == nil {
 			return nil
 		} // else redo it the general way for the error message
 	}
+	return PackGPTQRows(data, t.Codes, t.N, t.K, t.Scheme.Bits, 0)
+}
+
+// PackGPTQRows packs rows c0 … c0+len(codes)/k−1 of an n×k tensor of b-bit codes into qweight,
+// the data of the GPTQ layout's I32 [K·b/32, N] (formats.md §1): codes holds just those rows,
+// row-major. Column c of qweight holds row c of the codes as one dense bitstream along K, cut
+// into blocks of 32 codes (b whole words) packed by PackStream; 4-bit codes take
+// packGPTQ4Rows. Blocks of rows packed this way give the bytes of PackInto.
+func PackGPTQRows(qweight []byte, codes []uint8, n, k, bits, c0 int) error {
+	if err := checkBits(bits); err != nil {
+		return err
+	}
+	if k <= 0 || k*bits%32 != 0 || len(codes)%k != 0 || c0 < 0 || c0+len(codes)/k > n || len(qweight) != 4*n*(k*bits/32) {
+		return fmt.Errorf("packing: %d codes of rows from %d and %d bytes do not fit a %dx%d tensor of %d-bit GPTQ words", len(codes), c0, len(qweight), n, k, bits)
+	}
+	if bits == 4 && checkNibbles(packGPTQ4Rows(qweight, codes, n, k, c0)) == nil {
+		return nil
+	} // else redo it the general way for the error message
 	var words [8]uint32
-	for c := range n {
-		row := t.Codes[c*k : (c+1)*k]
+	for i := range len(codes) / k {
+		c, row := c0+i, codes[i*k:(i+1)*k]
 		for k0 := 0; k0 < k; k0 += 32 {
 			count := min(32, k-k0)
 			if err := PackStream(words[:], 1, row[k0:], 1, count, bits); err != nil {
@@ -126,25 +188,26 @@ func packGPTQWeights(data []byte, t *quant.Tensor) error {
 			}
 			r0 := k0 * bits / 32
 			for j, w := range words[:count*bits/32] {
-				binary.LittleEndian.PutUint32(data[4*((r0+j)*n+c):], w)
+				binary.LittleEndian.PutUint32(qweight[4*((r0+j)*n+c):], w)
 			}
 		}
 	}
 	return nil
 }
 
-// packGPTQ4 is packGPTQWeights for 4-bit codes: word (r, c) holds codes 8r…8r+7 of row c, read
-// as one little-endian uint64 and squeezed by squeeze4. Large tensors are split by output rows
-// over GOMAXPROCS goroutines. A code ≥ 16 returns an error without saying where.
+// packGPTQ4 packs all n rows of 4-bit codes: word (r, c) holds codes 8r…8r+7 of row c. Large
+// tensors are split by output rows over GOMAXPROCS goroutines. A code ≥ 16 returns an error
+// without saying where.
 func packGPTQ4(data, codes []byte, n, k int) error {
 	workers := min(runtime.GOMAXPROCS(0), max(1, n*k/(1<<20)), n)
 	if workers == 1 { // no goroutines, no allocations
-		return checkNibbles(packGPTQ4Rows(data, codes, n, k, 0, n))
+		return checkNibbles(packGPTQ4Rows(data, codes, n, k, 0))
 	}
 	bad := make([]uint64, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
-		wg.Go(func() { bad[w] = packGPTQ4Rows(data, codes, n, k, w*n/workers, (w+1)*n/workers) })
+		c0, c1 := w*n/workers, (w+1)*n/workers
+		wg.Go(func() { bad[w] = packGPTQ4Rows(data, codes[c0*k:c1*k], n, k, c0) })
 	}
 	wg.Wait()
 	for _, x := range bad {
@@ -163,15 +226,18 @@ func checkNibbles(bad uint64) error {
 	return nil
 }
 
-// packGPTQ4Rows packs output rows c0…c1−1 and returns the OR of all their code bytes. Rows are
-// visited 16 at a time so that each word row is written a 64-byte line at a time while 16 rows
-// of codes are read in order.
-func packGPTQ4Rows(data, codes []byte, n, k, c0, c1 int) (bad uint64) {
+// packGPTQ4Rows packs 4-bit codes of output rows c0 … c0+len(codes)/k−1 (codes holds just
+// those rows) and returns the OR of all their code bytes. Word (r, c) is codes 8r…8r+7 of row
+// c, read as one little-endian uint64 and squeezed by squeeze4. Rows are visited 16 at a time
+// so that each word row is written a 64-byte line at a time while 16 rows of codes are read in
+// order.
+func packGPTQ4Rows(data, codes []byte, n, k, c0 int) (bad uint64) {
 	const tile = 16
-	for t0 := c0; t0 < c1; t0 += tile {
-		t1 := min(t0+tile, c1)
+	rows := len(codes) / k
+	for t0 := 0; t0 < rows; t0 += tile {
+		t1 := min(t0+tile, rows)
 		for r := range k / 8 {
-			out := data[4*(r*n+t0) : 4*(r*n+t1)]
+			out := data[4*(r*n+c0+t0) : 4*(r*n+c0+t1)]
 			for c := t0; c < t1; c++ {
 				x := binary.LittleEndian.Uint64(codes[c*k+8*r:])
 				bad |= x
