@@ -3,9 +3,12 @@ package blockwise
 import (
 	_ "embed"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
+	"sync"
+	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/packing"
@@ -48,9 +51,12 @@ var gpuDTypes = map[string]struct {
 
 // GPUQuantizer quantizes weight tensors with round-to-nearest on the GPU and packs them in the
 // GPTQ or qpack layout in the same pass. Its output is bit-identical to the CPU path,
-// Quantize (with zero Options) followed by the packing Format's Pack. It keeps one stream and
-// device and pinned buffers that grow to the largest tensor seen; it is not safe for concurrent
-// use.
+// Quantize (with zero Options) followed by the packing Format's Pack.
+//
+// It is safe for concurrent use: it has several slots, each with its own stream, pinned host
+// buffers and device buffers (grown to the largest tensor seen), and a call to QuantizePack
+// takes a free slot for its duration, so that concurrent callers overlap one tensor's staging
+// and upload with another's kernels and download.
 type GPUQuantizer struct {
 	dev     *cuda.Device
 	module  *cuda.Module
@@ -63,12 +69,26 @@ type GPUQuantizer struct {
 	}
 	tileBlocks int            // blocks of the persistent encode kernels: gpuBlocksPerSM per SM
 	nf4        cuda.DevicePtr // the 15 NF4 thresholds
-	stream     cuda.Stream
-	dbuf       [numSlots]deviceBuffer
-	hostIn     []byte // pinned
-	hostOut    []byte // pinned
+	all        []*gpuSlot     // every slot, for Close
+	free       chan *gpuSlot  // the slots not in use
+
+	statsMu sync.Mutex
+	stats   GPUStats
 
 	poison bool // tests: fill every output and scratch buffer with garbage before each run
+}
+
+// DefaultGPUSlots is the number of concurrent QuantizePack calls a quantizer serves by
+// default: one uploading, one computing, one downloading.
+const DefaultGPUSlots = 3
+
+// gpuSlot is what one QuantizePack call works with.
+type gpuSlot struct {
+	stream  cuda.Stream
+	events  [4]cuda.Event // recorded before the upload, after it, after the kernels, after the download
+	dbuf    [numBufs]deviceBuffer
+	hostIn  []byte // pinned
+	hostOut []byte // pinned
 }
 
 type deviceBuffer struct {
@@ -76,31 +96,40 @@ type deviceBuffer struct {
 	size int
 }
 
-// Device buffer slots.
+// Device buffers of a slot.
 const (
-	slotInput = iota
-	slotCodes
-	slotScales
-	slotZeros
-	slotOffsets
-	slotZeroBytes
-	slotParamScale
-	slotParamOffset
-	slotStatus
-	numSlots
+	bufInput = iota
+	bufCodes
+	bufScales
+	bufZeros
+	bufOffsets
+	bufZeroBytes
+	bufParamScale
+	bufParamOffset
+	bufStatus
+	numBufs
 )
 
-// NewGPUQuantizer loads the kernels on dev.
+// NewGPUQuantizer loads the kernels on dev, with DefaultGPUSlots slots.
 func NewGPUQuantizer(dev *cuda.Device) (*GPUQuantizer, error) {
-	return newGPUQuantizer(dev, blockwisePTX)
+	return newGPUQuantizer(dev, blockwisePTX, DefaultGPUSlots)
 }
 
-func newGPUQuantizer(dev *cuda.Device, ptx []byte) (*GPUQuantizer, error) {
+// NewGPUQuantizerSlots loads the kernels on dev, with slots concurrent calls at most.
+func NewGPUQuantizerSlots(dev *cuda.Device, slots int) (*GPUQuantizer, error) {
+	return newGPUQuantizer(dev, blockwisePTX, slots)
+}
+
+func newGPUQuantizer(dev *cuda.Device, ptx []byte, slots int) (*GPUQuantizer, error) {
+	if slots < 1 {
+		return nil, fmt.Errorf("blockwise: a GPU quantizer needs at least one slot, not %d", slots)
+	}
 	m, err := dev.LoadModule(ptx)
 	if err != nil {
 		return nil, fmt.Errorf("blockwise: loading kernels/blockwise.ptx: %w", err)
 	}
-	q := &GPUQuantizer{dev: dev, module: m, tileBlocks: gpuBlocksPerSM * dev.Info().Multiprocessors}
+	q := &GPUQuantizer{dev: dev, module: m, tileBlocks: gpuBlocksPerSM * dev.Info().Multiprocessors,
+		free: make(chan *gpuSlot, slots)}
 	k := &q.kernels
 	kernels := []struct {
 		dst  *cuda.Function
@@ -127,13 +156,15 @@ func newGPUQuantizer(dev *cuda.Device, ptx []byte) (*GPUQuantizer, error) {
 			return nil, err
 		}
 	}
-	if q.stream, err = dev.NewStream(); err != nil {
-		m.Unload()
-		return nil, err
-	}
 	thresholds := quant.NF4Thresholds()
 	if q.nf4, err = dev.Alloc(4 * len(thresholds)); err == nil {
 		err = dev.CopyToDevice(q.nf4, cuda.Bytes(thresholds[:]))
+	}
+	for range slots {
+		if err != nil {
+			break
+		}
+		err = q.addSlot()
 	}
 	if err != nil {
 		q.Close()
@@ -142,7 +173,28 @@ func newGPUQuantizer(dev *cuda.Device, ptx []byte) (*GPUQuantizer, error) {
 	return q, nil
 }
 
-// Close releases the quantizer's memory, stream and kernels.
+// addSlot creates a slot's stream and events and makes it available.
+func (q *GPUQuantizer) addSlot() error {
+	sl := &gpuSlot{}
+	q.all = append(q.all, sl) // even half made, so that Close releases what was made
+	var err error
+	if sl.stream, err = q.dev.NewStream(); err != nil {
+		return err
+	}
+	for i := range sl.events {
+		if sl.events[i], err = q.dev.NewEvent(); err != nil {
+			return err
+		}
+	}
+	q.free <- sl
+	return nil
+}
+
+// Slots is the number of QuantizePack calls that can run at once.
+func (q *GPUQuantizer) Slots() int { return cap(q.free) }
+
+// Close releases the quantizer's memory, streams and kernels. No QuantizePack call may be
+// running.
 func (q *GPUQuantizer) Close() error {
 	var first error
 	keep := func(err error) {
@@ -150,28 +202,44 @@ func (q *GPUQuantizer) Close() error {
 			first = err
 		}
 	}
-	for i := range q.dbuf {
-		if q.dbuf[i].size > 0 {
-			keep(q.dev.Free(q.dbuf[i].ptr))
-			q.dbuf[i] = deviceBuffer{}
-		}
+	for _, sl := range q.all {
+		keep(sl.release(q.dev))
 	}
-	for _, h := range []*[]byte{&q.hostIn, &q.hostOut} {
-		if *h != nil {
-			keep(q.dev.FreeHost(*h))
-			*h = nil
-		}
-	}
+	q.all = nil
 	if q.nf4 != 0 {
 		keep(q.dev.Free(q.nf4))
 		q.nf4 = 0
 	}
-	if q.stream != 0 {
-		keep(q.dev.DestroyStream(q.stream))
-		q.stream = 0
-	}
 	keep(q.module.Unload())
 	return first
+}
+
+// release frees the slot's buffers, events and stream (the zero values were never made).
+func (sl *gpuSlot) release(dev *cuda.Device) error {
+	var errs []error
+	for i := range sl.dbuf {
+		if sl.dbuf[i].size > 0 {
+			errs = append(errs, dev.Free(sl.dbuf[i].ptr))
+			sl.dbuf[i] = deviceBuffer{}
+		}
+	}
+	for _, h := range []*[]byte{&sl.hostIn, &sl.hostOut} {
+		if *h != nil {
+			errs = append(errs, dev.FreeHost(*h))
+			*h = nil
+		}
+	}
+	for i, e := range sl.events {
+		if e != 0 {
+			errs = append(errs, dev.DestroyEvent(e))
+			sl.events[i] = 0
+		}
+	}
+	if sl.stream != 0 {
+		errs = append(errs, dev.DestroyStream(sl.stream))
+		sl.stream = 0
+	}
+	return errors.Join(errs...)
 }
 
 // Supports reports whether the GPU path handles scheme s in format ("gptq", "gptq_v2" or
@@ -273,29 +341,29 @@ func (j gpuJob) outputSizes() (codes, scales, zeros, offsets int) {
 }
 
 // deviceBytes returns the size of every device buffer slot the job needs.
-func (j gpuJob) deviceBytes() [numSlots]int {
-	var sz [numSlots]int
-	sz[slotInput] = j.n * j.k * [3]int{2, 2, 4}[j.dtype]
-	sz[slotCodes], sz[slotScales], sz[slotZeros], sz[slotOffsets] = j.outputSizes()
+func (j gpuJob) deviceBytes() [numBufs]int {
+	var sz [numBufs]int
+	sz[bufInput] = j.n * j.k * [3]int{2, 2, 4}[j.dtype]
+	sz[bufCodes], sz[bufScales], sz[bufZeros], sz[bufOffsets] = j.outputSizes()
 	ng := j.n * j.groups
 	if j.s.Grid == quant.Integer && !j.gptq4g128() {
-		sz[slotZeroBytes] = ng
+		sz[bufZeroBytes] = ng
 	}
 	if !j.fused() {
-		sz[slotParamScale] = 4 * ng
+		sz[bufParamScale] = 4 * ng
 	}
 	if j.s.Grid == quant.Binary {
-		sz[slotParamOffset] = 4 * ng
+		sz[bufParamOffset] = 4 * ng
 	}
-	sz[slotStatus] = 16
+	sz[bufStatus] = 16
 	return sz
 }
 
-// buffers grows the device buffers to the job's needs and returns them.
-func (q *GPUQuantizer) buffers(j gpuJob) ([numSlots]cuda.DevicePtr, error) {
-	var ptrs [numSlots]cuda.DevicePtr
+// buffers grows slot sl's device buffers to the job's needs and returns them.
+func (q *GPUQuantizer) buffers(sl *gpuSlot, j gpuJob) ([numBufs]cuda.DevicePtr, error) {
+	var ptrs [numBufs]cuda.DevicePtr
 	for i, need := range j.deviceBytes() {
-		b := &q.dbuf[i]
+		b := &sl.dbuf[i]
 		if need > b.size {
 			if b.size > 0 {
 				if err := q.dev.Free(b.ptr); err != nil {
@@ -320,12 +388,12 @@ func (q *GPUQuantizer) buffers(j gpuJob) ([numSlots]cuda.DevicePtr, error) {
 	return ptrs, nil
 }
 
-// enqueue launches the kernels of job j on stream st: input in ptrs[slotInput], results in the
+// enqueue launches the kernels of job j on stream st: input in ptrs[bufInput], results in the
 // other slots.
-func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numSlots]cuda.DevicePtr, st cuda.Stream) error {
+func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.Stream) error {
 	k := &q.kernels
 	one := cuda.Dim3{X: 1, Y: 1, Z: 1}
-	if err := k.resetStatus.Launch(one, cuda.Dim3{X: 32, Y: 1, Z: 1}, 0, st, ptrs[slotStatus]); err != nil {
+	if err := k.resetStatus.Launch(one, cuda.Dim3{X: 32, Y: 1, Z: 1}, 0, st, ptrs[bufStatus]); err != nil {
 		return err
 	}
 	s := j.s
@@ -338,8 +406,8 @@ func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numSlots]cuda.DevicePtr, st cuda.
 	block := cuda.Dim3{X: gpuThreads, Y: 1, Z: 1}
 	if j.gptq4g128() {
 		grid := cuda.Dim3{X: (j.groups + gpuWarps - 1) / gpuWarps, Y: (j.n + gptq4Rows - 1) / gptq4Rows, Z: 1}
-		return k.gptq4g128[j.dtype].Launch(grid, block, 0, st, ptrs[slotInput], n, kk, groups, sym, j.zeroShift,
-			ptrs[slotCodes], ptrs[slotScales], ptrs[slotZeros], ptrs[slotStatus])
+		return k.gptq4g128[j.dtype].Launch(grid, block, 0, st, ptrs[bufInput], n, kk, groups, sym, j.zeroShift,
+			ptrs[bufCodes], ptrs[bufScales], ptrs[bufZeros], ptrs[bufStatus])
 	}
 	var encode cuda.Function
 	switch {
@@ -350,8 +418,8 @@ func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numSlots]cuda.DevicePtr, st cuda.
 	case s.Grid == quant.Binary:
 		encode = k.encodeBin[j.dtype]
 		spread.X = min(max(1, (j.n*j.groups+gpuThreads-1)/gpuThreads), 65536)
-		if err := k.paramsBin.Launch(spread, block, 0, st, ptrs[slotInput], j.dtype, n, kk, gsize, groups, sym,
-			ptrs[slotScales], ptrs[slotOffsets], ptrs[slotParamScale], ptrs[slotParamOffset], ptrs[slotStatus]); err != nil {
+		if err := k.paramsBin.Launch(spread, block, 0, st, ptrs[bufInput], j.dtype, n, kk, gsize, groups, sym,
+			ptrs[bufScales], ptrs[bufOffsets], ptrs[bufParamScale], ptrs[bufParamOffset], ptrs[bufStatus]); err != nil {
 			return err
 		}
 	default:
@@ -360,15 +428,15 @@ func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numSlots]cuda.DevicePtr, st cuda.
 			grid, fn = gridNF4, k.encodeNF4[j.dtype]
 		}
 		encode = fn
-		if err := k.params.Launch(spread, block, 0, st, ptrs[slotInput], j.dtype, n, kk, gsize, groups, grid, nbits, sym,
-			j.layout, ptrs[slotScales], ptrs[slotZeroBytes], ptrs[slotParamScale], ptrs[slotStatus]); err != nil {
+		if err := k.params.Launch(spread, block, 0, st, ptrs[bufInput], j.dtype, n, kk, gsize, groups, grid, nbits, sym,
+			j.layout, ptrs[bufScales], ptrs[bufZeroBytes], ptrs[bufParamScale], ptrs[bufStatus]); err != nil {
 			return err
 		}
 	}
 	tiles := (j.k + gpuTileCols - 1) / gpuTileCols * ((j.n + gpuTileRows - 1) / gpuTileRows)
-	if err := encode.Launch(cuda.Dim3{X: min(tiles, q.tileBlocks), Y: 1, Z: 1}, block, 0, st, ptrs[slotInput], j.dtype, n, kk, gsize, groups, nbits, sym, j.layout,
-		ptrs[slotCodes], ptrs[slotScales], ptrs[slotZeroBytes], ptrs[slotParamScale], ptrs[slotParamOffset], q.nf4,
-		ptrs[slotStatus]); err != nil {
+	if err := encode.Launch(cuda.Dim3{X: min(tiles, q.tileBlocks), Y: 1, Z: 1}, block, 0, st, ptrs[bufInput], j.dtype, n, kk, gsize, groups, nbits, sym, j.layout,
+		ptrs[bufCodes], ptrs[bufScales], ptrs[bufZeroBytes], ptrs[bufParamScale], ptrs[bufParamOffset], q.nf4,
+		ptrs[bufStatus]); err != nil {
 		return err
 	}
 	if s.Grid != quant.Integer || (j.layout == layoutQPack && s.Sym) {
@@ -380,7 +448,7 @@ func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numSlots]cuda.DevicePtr, st cuda.
 		words = zeroBytes
 	}
 	return k.packZeros.Launch(cuda.Dim3{X: min(max(1, (words+gpuThreads-1)/gpuThreads), 65536), Y: 1, Z: 1}, block, 0, st,
-		ptrs[slotZeroBytes], n, groups, nbits, sym, j.zeroShift, j.layout, ptrs[slotZeros])
+		ptrs[bufZeroBytes], n, groups, nbits, sym, j.zeroShift, j.layout, ptrs[bufZeros])
 }
 
 // statusError turns the status words a finished run left into an error like the CPU
@@ -401,54 +469,94 @@ func (j gpuJob) statusError(status [2]uint64) error {
 // QuantizePack quantizes the tensor W[n, k] given as raw little-endian bytes of dtype ("BF16",
 // "F16" or "F32") under s on the GPU and returns the tensors format's Pack would store for
 // module prefix — the same names, dtypes, shapes and bytes as Quantize followed by Pack.
+// It waits for a free slot; concurrent calls overlap on the GPU.
 func (q *GPUQuantizer) QuantizePack(raw []byte, dtype string, n, k int, s quant.Scheme, format, prefix string) ([]packing.Raw, error) {
 	j, err := newGPUJob(dtype, n, k, s, format, prefix)
 	if err != nil {
 		return nil, err
 	}
-	need := j.deviceBytes()
-	if len(raw) != need[slotInput] {
-		return nil, fmt.Errorf("tensor %s: %d bytes of %s for a %dx%d tensor (want %d)", prefix, len(raw), dtype, n, k, need[slotInput])
+	if want := j.deviceBytes()[bufInput]; len(raw) != want {
+		return nil, fmt.Errorf("tensor %s: %d bytes of %s for a %dx%d tensor (want %d)", prefix, len(raw), dtype, n, k, want)
 	}
-	ptrs, err := q.buffers(j)
+	var t gpuCallTimes
+	waitStart := time.Now()
+	sl := <-q.free
+	defer func() { q.free <- sl }()
+	t.wait = time.Since(waitStart)
+	out, err := q.run(sl, j, raw, &t)
 	if err != nil {
 		return nil, err
 	}
-	outSlots := []int{slotCodes, slotScales, slotZeros, slotOffsets, slotStatus}
-	outBytes := 0
-	for _, sl := range outSlots {
-		outBytes += need[sl]
-	}
-	if err := q.growHost(&q.hostIn, len(raw)); err != nil {
-		return nil, err
-	}
-	if err := q.growHost(&q.hostOut, outBytes); err != nil {
-		return nil, err
-	}
-	copy(q.hostIn, raw)
-	if err := q.dev.CopyToDeviceAsync(ptrs[slotInput], q.hostIn[:len(raw)], q.stream); err != nil {
-		return nil, err
-	}
-	if err := q.enqueue(j, ptrs, q.stream); err != nil {
-		return nil, err
-	}
-	host := map[int][]byte{}
-	at := 0
-	for _, sl := range outSlots {
-		host[sl] = q.hostOut[at : at+need[sl]]
-		at += need[sl]
-		if err := q.dev.CopyFromDeviceAsync(host[sl], ptrs[sl], q.stream); err != nil {
-			return nil, err
-		}
-	}
-	if err := q.dev.SynchronizeStream(q.stream); err != nil {
-		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
-	}
-	st := host[slotStatus]
+	st := out[bufStatus]
 	if err := j.statusError([2]uint64{binary.LittleEndian.Uint64(st), binary.LittleEndian.Uint64(st[8:])}); err != nil {
 		return nil, err
 	}
-	return j.raws(host[slotCodes], host[slotScales], host[slotZeros], host[slotOffsets]), nil
+	unpackStart := time.Now()
+	raws := j.raws(out[bufCodes], out[bufScales], out[bufZeros], out[bufOffsets])
+	t.unpack = time.Since(unpackStart)
+	outBytes := 0
+	for _, r := range raws {
+		outBytes += len(r.Data)
+	}
+	q.record(t, len(raw), outBytes)
+	return raws, nil
+}
+
+// downloaded are the device buffers a run copies back to the host.
+var downloaded = []int{bufCodes, bufScales, bufZeros, bufOffsets, bufStatus}
+
+// run stages raw in the slot's pinned memory, uploads it, runs the kernels and downloads the
+// results, all on the slot's stream, timing each phase. It returns views of the slot's pinned
+// output memory by buffer index, valid until the slot is used again.
+func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, raw []byte, t *gpuCallTimes) (map[int][]byte, error) {
+	need := j.deviceBytes()
+	ptrs, err := q.buffers(sl, j)
+	if err != nil {
+		return nil, err
+	}
+	outBytes := 0
+	for _, b := range downloaded {
+		outBytes += need[b]
+	}
+	if err := q.growHost(&sl.hostIn, len(raw)); err != nil {
+		return nil, err
+	}
+	if err := q.growHost(&sl.hostOut, outBytes); err != nil {
+		return nil, err
+	}
+	stageStart := time.Now()
+	copy(sl.hostIn, raw) // reads a memory-mapped input here, on the first touch of its pages
+	t.staging = time.Since(stageStart)
+	ev := sl.events
+	steps := []func() error{
+		func() error { return q.dev.Record(ev[0], sl.stream) },
+		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufInput], sl.hostIn[:len(raw)], sl.stream) },
+		func() error { return q.dev.Record(ev[1], sl.stream) },
+		func() error { return q.enqueue(j, ptrs, sl.stream) },
+		func() error { return q.dev.Record(ev[2], sl.stream) },
+	}
+	out := map[int][]byte{}
+	at := 0
+	for _, b := range downloaded {
+		out[b] = sl.hostOut[at : at+need[b]]
+		at += need[b]
+		steps = append(steps, func() error { return q.dev.CopyFromDeviceAsync(out[b], ptrs[b], sl.stream) })
+	}
+	steps = append(steps, func() error { return q.dev.Record(ev[3], sl.stream) })
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	if err := q.dev.SynchronizeStream(sl.stream); err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", j.prefix, err)
+	}
+	for i, phase := range []*time.Duration{&t.upload, &t.kernels, &t.download} {
+		if *phase, err = q.dev.Elapsed(ev[i], ev[i+1]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // growHost makes *buf pinned memory of at least size bytes, growing by half again.
@@ -502,4 +610,49 @@ func (j gpuJob) raws(codes, scales, zeros, offsets []byte) []packing.Raw {
 		out = append(out, packing.Raw{Name: p + ".qpack_offsets", DType: "F16", Shape: []int{n, ng}, Data: own(offsets)})
 	}
 	return out
+}
+
+// GPUStats says where QuantizePack's time went, summed over every call since the quantizer
+// was made. Host phases are timed with the host clock, device phases with CUDA events on the
+// call's stream. Calls on different slots overlap, so the sums can exceed the wall time; a
+// device phase also counts the time its stream waited for another slot's work on the same
+// engine.
+type GPUStats struct {
+	Calls    int
+	InBytes  int64         // raw input bytes staged and uploaded
+	OutBytes int64         // bytes of the returned packed tensors
+	Wait     time.Duration // waiting for a free slot
+	Staging  time.Duration // copying the input into pinned memory: a mapped input is read here
+	Upload   time.Duration // host to device
+	Kernels  time.Duration
+	Download time.Duration // device to host
+	Unpack   time.Duration // host: copying the results out of pinned memory into the returned tensors
+}
+
+// gpuCallTimes are the phases of one QuantizePack call.
+type gpuCallTimes struct {
+	wait, staging, upload, kernels, download, unpack time.Duration
+}
+
+// record adds one finished call to the statistics.
+func (q *GPUQuantizer) record(t gpuCallTimes, inBytes, outBytes int) {
+	q.statsMu.Lock()
+	defer q.statsMu.Unlock()
+	s := &q.stats
+	s.Calls++
+	s.InBytes += int64(inBytes)
+	s.OutBytes += int64(outBytes)
+	s.Wait += t.wait
+	s.Staging += t.staging
+	s.Upload += t.upload
+	s.Kernels += t.kernels
+	s.Download += t.download
+	s.Unpack += t.unpack
+}
+
+// Stats returns the statistics of the calls finished so far.
+func (q *GPUQuantizer) Stats() GPUStats {
+	q.statsMu.Lock()
+	defer q.statsMu.Unlock()
+	return q.stats
 }

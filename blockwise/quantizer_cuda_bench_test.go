@@ -53,13 +53,13 @@ func benchGPUQuantize(b *testing.B, dev *cuda.Device, q *GPUQuantizer, label str
 	if err != nil {
 		b.Fatal(err)
 	}
-	ptrs, err := q.buffers(j)
+	ptrs, err := q.buffers(q.all[0], j)
 	if err != nil {
 		b.Fatal(err)
 	}
 	sizes := j.deviceBytes()
-	in := sizes[slotInput]
-	moved := int64(in + sizes[slotCodes] + sizes[slotScales] + sizes[slotZeros] + sizes[slotOffsets])
+	in := sizes[bufInput]
+	moved := int64(in + sizes[bufCodes] + sizes[bufScales] + sizes[bufZeros] + sizes[bufOffsets])
 	rotate := min(256, max(2, (512<<20+in-1)/in))
 	inputs, err := gpuRandomInputs(dev, rotate, in)
 	if err != nil {
@@ -83,7 +83,7 @@ func benchGPUQuantize(b *testing.B, dev *cuda.Device, q *GPUQuantizer, label str
 	runs := max(b.N, 21)
 	kernel, err := dev.TimeOnStream(st, 1, runs, moved*int64(rotate), func() error {
 		for _, p := range inputs {
-			ptrs[slotInput] = p
+			ptrs[bufInput] = p
 			if err := q.enqueue(j, ptrs, st); err != nil {
 				return err
 			}

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ func TestGPUPTXIsFresh(t *testing.T) {
 func openGPUQuantizer(tb testing.TB) (*cuda.Device, *GPUQuantizer) {
 	tb.Helper()
 	dev := gputest.Open(tb)
-	q, err := newGPUQuantizer(dev, gputest.PTX(tb, blockwisePTX, *gpuPTX))
+	q, err := newGPUQuantizer(dev, gputest.PTX(tb, blockwisePTX, *gpuPTX), DefaultGPUSlots)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -295,5 +296,81 @@ func TestGPUQuantizerGPTQ4G128(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestGPUQuantizerConcurrentCalls runs more concurrent callers than slots, on tensors of
+// different shapes and schemes (so the slots' buffers grow at different times), and checks
+// every result against the CPU and the statistics against what was moved.
+func TestGPUQuantizerConcurrentCalls(t *testing.T) {
+	_, q := openGPUQuantizer(t)
+	q.poison = true
+	r := rand.New(rand.NewPCG(11, 12))
+	type job struct {
+		raw    []byte
+		n, k   int
+		s      quant.Scheme
+		format string
+		want   []packing.Raw
+	}
+	var jobs []job
+	var inBytes, outBytes int64
+	for i := range 4 * q.Slots() {
+		n, k := 64+37*i, 256*(1+i%5)
+		s := quant.Scheme{Bits: []int{4, 8, 3, 2}[i%4], GroupSize: 128, Sym: i%2 == 0, Grid: quant.Integer}
+		format := []string{"gptq", "qpack"}[i%2]
+		raw, held := encodeWeights(gpuTestWeights(r, n, k), "BF16")
+		want, err := cpuQuantizePack(held, n, k, s, format, "m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, job{raw, n, k, s, format, want})
+		inBytes += int64(len(raw))
+		for _, w := range want {
+			outBytes += int64(len(w.Data))
+		}
+	}
+	got := make([][]packing.Raw, len(jobs))
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		wg.Go(func() { got[i], errs[i] = q.QuantizePack(j.raw, "BF16", j.n, j.k, j.s, j.format, "m") })
+	}
+	wg.Wait()
+	for i, j := range jobs {
+		if errs[i] != nil {
+			t.Fatalf("job %d: %v", i, errs[i])
+		}
+		compareRaws(t, fmt.Sprintf("job %d %s %s %dx%d", i, j.format, j.s, j.n, j.k), got[i], j.want)
+	}
+	st := q.Stats()
+	if st.Calls != len(jobs) || st.InBytes != inBytes || st.OutBytes != outBytes {
+		t.Errorf("stats: %d calls, %d bytes in, %d out; want %d, %d, %d", st.Calls, st.InBytes, st.OutBytes, len(jobs), inBytes, outBytes)
+	}
+	if st.Staging <= 0 || st.Upload <= 0 || st.Kernels <= 0 || st.Download <= 0 || st.Unpack <= 0 {
+		t.Errorf("stats: a phase was not timed: %+v", st)
+	}
+}
+
+// TestGPUStatsRecord checks the accumulation, from concurrent callers, without a GPU.
+func TestGPUStatsRecord(t *testing.T) {
+	q := &GPUQuantizer{}
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			q.record(gpuCallTimes{wait: 1, staging: 2, upload: 3, kernels: 4, download: 5, unpack: time.Duration(i)}, 100, 10)
+		})
+	}
+	wg.Wait()
+	want := GPUStats{Calls: 50, InBytes: 5000, OutBytes: 500, Wait: 50, Staging: 100, Upload: 150, Kernels: 200,
+		Download: 250, Unpack: 49 * 50 / 2}
+	if got := q.Stats(); got != want {
+		t.Errorf("Stats() = %+v, want %+v", got, want)
+	}
+}
+
+func TestGPUQuantizerNeedsASlot(t *testing.T) {
+	if _, err := newGPUQuantizer(nil, nil, 0); err == nil || !strings.Contains(err.Error(), "at least one slot") {
+		t.Errorf("newGPUQuantizer with 0 slots: %v", err)
 	}
 }

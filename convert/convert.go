@@ -45,6 +45,11 @@ type Report struct {
 	HashSeconds     float64 `json:"hash_seconds"`
 	QuantizeSeconds float64 `json:"quantize_seconds"`
 	WriteSeconds    float64 `json:"write_seconds"`
+	// Breakdown splits the wall time by phase, with bytes and rates (see breakdown.go).
+	Breakdown []Phase `json:"breakdown"`
+
+	hashWaitSeconds float64 // the writer waiting for the input hashes at the end
+	hashedBytes     int64
 }
 
 // Convert quantizes the checkpoint at src into a new checkpoint directory dst.
@@ -87,8 +92,11 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	}
 	defer g.close()
 	defer runner.close()
+	opt.Log = &lockedWriter{w: opt.Log} // modules run ahead log from several goroutines
+	pipe := newAhead(g.slots(), 2*g.slots())
+	defer pipe.close() // before the GPU and the input mapping are released
 	report := &Report{Source: src, Output: dst, Method: opt.Method, Format: f.Name()}
-	tensors, err := buildTensors(ck, items, f, opt, g, runner, report)
+	tensors, tasks, err := buildTensors(ck, items, f, opt, g, runner, report, pipe)
 	if err != nil {
 		return nil, err
 	}
@@ -102,6 +110,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	defer runner.start(ck.Dir, calib, opt.GPTQ.TrueSequential)()
+	pipe.start(tasks)
 	err = writeStaged(dst, opt.Overwrite, func(dir string) error {
 		files, err := safetensors.WriteShards(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)
 		if err != nil {
@@ -112,6 +121,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 			return err
 		}
 		report.HashSeconds = hashes.seconds
+		report.hashWaitSeconds, report.hashedBytes = hashes.waited, hashes.bytes()
 		if err := writeModelConfigs(dir, cfg, f, items); err != nil {
 			return err
 		}
@@ -121,6 +131,8 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	report.finish(time.Since(start))
+	report.Breakdown = report.breakdown(g.stats())
+	fmt.Fprintf(opt.Log, "time: %s\n", formatPhases(report.Breakdown))
 	return report, nil
 }
 
@@ -160,9 +172,10 @@ type outTensor struct {
 }
 
 // buildTensors turns the plan into output tensors: kept tensors stream their input bytes, and
-// each quantized weight becomes its format's packed tensors, quantized when the first of them
-// is written and released after the last.
-func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, g *gpu, runner *gptqRunner, report *Report) ([]outTensor, error) {
+// each quantized weight becomes its format's packed tensors, quantized ahead of the writer by
+// pipe (the tasks returned, in write order) or when the first of them is written, and released
+// after the last.
+func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, g *gpu, runner *gptqRunner, report *Report, pipe *ahead) ([]outTensor, []*aheadTask, error) {
 	report.Tensors = make([]TensorReport, len(items))
 	layouts := layoutCache{}
 	total := 0
@@ -172,6 +185,7 @@ func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, op
 		}
 	}
 	var out []outTensor
+	var tasks []*aheadTask
 	done := 0
 	for i, it := range items {
 		tr := &report.Tensors[i]
@@ -182,7 +196,7 @@ func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, op
 		}
 		layout, err := layouts.get(f, it.Module, *it.Scheme, it.N(), it.K())
 		if err != nil {
-			return nil, fmt.Errorf("tensor %s: %w", it.Info.Name, err)
+			return nil, nil, fmt.Errorf("tensor %s: %w", it.Info.Name, err)
 		}
 		done++
 		tr.Scheme, tr.OutBytes = it.Scheme.String(), 0
@@ -192,11 +206,15 @@ func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, op
 		}
 		m := &packedModule{ck: ck, item: it, format: f, opt: opt, gpu: g, gptq: runner, layout: layout, report: tr, total: report,
 			progress: fmt.Sprintf("[%d/%d]", done, total)}
+		if m.runsAhead() {
+			m.task, m.ahead = newAheadTask(m.run), pipe
+			tasks = append(tasks, m.task)
+		}
 		for j := range layout {
 			out = append(out, outTensor{m.tensor(j), it.ShardIdx})
 		}
 	}
-	return out, nil
+	return out, tasks, nil
 }
 
 // keptTensor copies an input tensor unchanged, straight from the mapped file.

@@ -79,3 +79,19 @@ func checkDevicePlan(g *gpu, device string, items []Item, f packing.Format, opt 
 	}
 	return nil
 }
+
+// slots is how many modules are quantized at once ahead of the writer: one per quantizer slot.
+func (g *gpu) slots() int {
+	if g == nil {
+		return blockwise.DefaultGPUSlots // only tests run modules ahead without a GPU
+	}
+	return g.q.Slots()
+}
+
+// stats says where the GPU quantizer's time went (zero without a GPU).
+func (g *gpu) stats() blockwise.GPUStats {
+	if g == nil {
+		return blockwise.GPUStats{}
+	}
+	return g.q.Stats()
+}

@@ -12,6 +12,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -230,10 +232,12 @@ type inputHashes struct {
 	err          error
 	done         chan struct{}
 	stop         atomic.Bool
-	seconds      float64
+	seconds      float64 // hashing, start to end
+	waited       float64 // patch waiting for the hashes: the hashing's share of the critical path
 }
 
-// startHashing starts hashing every input file, a few at a time.
+// startHashing starts hashing every input file, several at a time. SHA-256 of one file is
+// sequential, so the largest file bounds the hashing time: the largest start first.
 func startHashing(paths []string) (*inputHashes, error) {
 	h := &inputHashes{hashes: make([]string, len(paths)), done: make(chan struct{})}
 	var nonce [8]byte
@@ -259,12 +263,13 @@ func (h *inputHashes) run(paths []string) {
 	start := time.Now()
 	errs := make([]error, len(paths))
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 4)
-	for i, p := range paths {
+	sem := make(chan struct{}, max(4, runtime.NumCPU()/2))
+	for _, i := range h.largestFirst() {
+		p := paths[i]
 		wg.Add(1)
+		sem <- struct{}{} // taken in order, so that the largest files start first
 		go func() {
 			defer wg.Done()
-			sem <- struct{}{}
 			defer func() { <-sem }()
 			h.hashes[i], errs[i] = h.hashFile(p)
 		}()
@@ -272,6 +277,25 @@ func (h *inputHashes) run(paths []string) {
 	wg.Wait()
 	h.err = errors.Join(errs...)
 	h.seconds = time.Since(start).Seconds()
+}
+
+// largestFirst lists the inputs' indices by decreasing size.
+func (h *inputHashes) largestFirst() []int {
+	order := make([]int, len(h.inputs))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return h.inputs[order[a]].Bytes > h.inputs[order[b]].Bytes })
+	return order
+}
+
+// bytes is the size of all the inputs.
+func (h *inputHashes) bytes() int64 {
+	var n int64
+	for _, in := range h.inputs {
+		n += in.Bytes
+	}
+	return n
 }
 
 func (h *inputHashes) hashFile(path string) (string, error) {
@@ -304,7 +328,9 @@ func (h *inputHashes) cancel() {
 // patch waits for the hashes and writes them over the placeholders in each written safetensors
 // file's header (same length, so nothing moves).
 func (h *inputHashes) patch(dir string, files []string) error {
+	start := time.Now()
 	<-h.done
+	h.waited = time.Since(start).Seconds()
 	if h.err != nil {
 		return h.err
 	}

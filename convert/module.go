@@ -70,8 +70,9 @@ func placeholderTensor(s quant.Scheme, n, k int) *quant.Tensor {
 	return t
 }
 
-// packedModule quantizes and packs one weight on demand: its stored tensors are written
-// consecutively, the first write does the work and the last releases the bytes.
+// packedModule quantizes and packs one weight: ahead of the writer when it has a task (the GPU
+// path), else on demand, when its first stored tensor is written. Its stored tensors are
+// written consecutively and the last releases the bytes.
 type packedModule struct {
 	ck       *safetensors.Checkpoint
 	item     Item
@@ -84,24 +85,43 @@ type packedModule struct {
 	total    *Report // receives the write time
 	progress string
 	packed   []packing.Raw
+	task     *aheadTask // nil: run on demand
+	ahead    *ahead     // runs task
 }
 
 func (m *packedModule) tensor(i int) safetensors.WriterTensor {
 	l := m.layout[i]
 	return safetensors.WriterTensor{Name: l.Name, DType: l.DType, Shape: l.Shape, WriteTo: func(w io.Writer) error {
-		if m.packed == nil {
-			if err := m.run(); err != nil {
-				return err
-			}
+		if err := m.result(); err != nil {
+			return err
 		}
 		start := time.Now()
 		_, err := w.Write(m.packed[i].Data)
 		m.total.WriteSeconds += time.Since(start).Seconds()
 		if i == len(m.layout)-1 {
 			m.packed = nil
+			if m.task != nil {
+				m.ahead.done()
+			}
 		}
 		return err
 	}}
+}
+
+// result makes m.packed ready: waits for the task run ahead, or runs now.
+func (m *packedModule) result() error {
+	if m.task != nil {
+		return m.task.wait()
+	}
+	if m.packed == nil {
+		return m.run()
+	}
+	return nil
+}
+
+// runsAhead says whether the module is quantized ahead of the writer: GPU round-to-nearest.
+func (m *packedModule) runsAhead() bool {
+	return m.gptq == nil && (m.gpu.supports(*m.item.Scheme, m.format, m.opt) || runAheadOnCPU)
 }
 
 // run quantizes and packs the weight (on the GPU when it can), and measures its error when asked.
@@ -129,11 +149,11 @@ func (m *packedModule) run() error {
 	m.packed = raws
 	m.report.Seconds = time.Since(start).Seconds()
 	m.report.Device = device
-	fmt.Fprintf(m.opt.Log, "%s %s %s %dx%d on %s", m.progress, m.item.Module, m.item.Scheme, m.item.N(), m.item.K(), device)
+	line := fmt.Sprintf("%s %s %s %dx%d on %s", m.progress, m.item.Module, m.item.Scheme, m.item.N(), m.item.K(), device)
 	if m.opt.MeasureError {
-		fmt.Fprintf(m.opt.Log, " rel.err %.4f", m.report.RelError)
+		line += fmt.Sprintf(" rel.err %.4f", m.report.RelError)
 	}
-	fmt.Fprintf(m.opt.Log, " %.0fms\n", 1000*m.report.Seconds)
+	fmt.Fprintf(m.opt.Log, "%s %.0fms\n", line, 1000*m.report.Seconds) // one write: modules log concurrently
 	return nil
 }
 
@@ -156,6 +176,16 @@ func (m *packedModule) quantizePack() ([]packing.Raw, *quant.Tensor, string, err
 		}
 		raws, err := m.gpu.q.QuantizePack(raw, string(m.item.Info.DType), m.item.N(), m.item.K(), s, m.format.Name(), m.item.Module)
 		return raws, nil, DeviceCUDA, err
+	}
+	if f, ok := m.format.(packing.GPTQ); ok && m.item.Info.DType == safetensors.BF16 {
+		// Quantize and pack in one pass, a block of rows at a time (same bytes, no code array);
+		// run unpacks the result if it needs the quant.Tensor.
+		raw, err := m.ck.Bytes(m.item.Info.Name)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		raws, err := blockwise.QuantizeBF16PackGPTQ(nil, new(quant.Tensor), f, m.item.Module, raw, m.item.N(), m.item.K(), s, blockwise.Options{Clip: m.opt.Clip})
+		return raws, nil, DeviceCPU, err
 	}
 	t, err := quantizeWeight(m.ck, m.item, m.opt)
 	if err != nil {

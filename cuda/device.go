@@ -99,8 +99,9 @@ type Device struct {
 	drv  *driver
 	dev  int32
 
-	mu  sync.Mutex // serializes driver calls; guards ctx and pinned
-	ctx uintptr    // 0 once closed
+	mu      sync.Mutex     // serializes driver calls; guards ctx and pinned
+	ctx     uintptr        // 0 once closed
+	waiting sync.WaitGroup // blocking waits in progress outside mu (see wait)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -180,10 +181,38 @@ func (d *Device) Synchronize() error {
 	return d.do(func() error { return d.drv.check("cuCtxSynchronize", d.drv.cuCtxSynchronize()) })
 }
 
+// wait runs a blocking driver call — a stream or event synchronization — with the context
+// current but without holding the device lock, so that while one goroutine waits for its
+// stream, others can queue copies and kernels on theirs. Close waits for waits in progress.
+func (d *Device) wait(f func() error) (err error) {
+	d.mu.Lock()
+	ctx := d.ctx
+	if ctx != 0 {
+		d.waiting.Add(1)
+	}
+	d.mu.Unlock()
+	if ctx == 0 {
+		return ErrClosed
+	}
+	defer d.waiting.Done()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("cuda: panic in a driver call: %v", r)
+		}
+	}()
+	if err := d.drv.check("cuCtxSetCurrent", d.drv.cuCtxSetCurrent(ctx)); err != nil {
+		return err
+	}
+	return f()
+}
+
 // Close waits for outstanding work and releases the primary context.
 // Memory not freed is released with the context when no one else retains it.
 func (d *Device) Close() error {
 	d.closeOnce.Do(func() {
+		d.waiting.Wait()
 		d.closeErr = d.do(func() error {
 			err := d.drv.check("cuCtxSynchronize", d.drv.cuCtxSynchronize())
 			if e := d.drv.check("cuDevicePrimaryCtxRelease_v2", d.drv.cuDevicePrimaryCtxRelease(d.dev)); err == nil {

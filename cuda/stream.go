@@ -24,7 +24,7 @@ func (d *Device) DestroyStream(s Stream) error {
 
 // SynchronizeStream waits for the work queued on s.
 func (d *Device) SynchronizeStream(s Stream) error {
-	return d.do(func() error { return d.drv.check("cuStreamSynchronize", d.drv.cuStreamSynchronize(uintptr(s))) })
+	return d.wait(func() error { return d.drv.check("cuStreamSynchronize", d.drv.cuStreamSynchronize(uintptr(s))) })
 }
 
 // NewEvent creates an event that records timing.
@@ -48,10 +48,11 @@ func (d *Device) Record(e Event, s Stream) error {
 // (resolution about half a microsecond).
 func (d *Device) Elapsed(start, end Event) (time.Duration, error) {
 	var ms float32
-	err := d.do(func() error {
-		if err := d.drv.check("cuEventSynchronize", d.drv.cuEventSynchronize(uintptr(end))); err != nil {
-			return err
-		}
+	err := d.wait(func() error { return d.drv.check("cuEventSynchronize", d.drv.cuEventSynchronize(uintptr(end))) })
+	if err != nil {
+		return 0, err
+	}
+	err = d.do(func() error {
 		return d.drv.check("cuEventElapsedTime", d.drv.cuEventElapsedTime(&ms, uintptr(start), uintptr(end)))
 	})
 	return time.Duration(float64(ms) * float64(time.Millisecond)), err

@@ -30,6 +30,7 @@ func newApp() *cli.App {
 		Usage:   "quantize and bit-pack Hugging Face checkpoints (GPTQ, AWQ, compressed-tensors, qpack)",
 		Version: fmt.Sprintf("%s (commit %s)", version, commit()),
 		Commands: []*cli.Command{
+			benchCommand(),
 			convertCommand(),
 			dequantizeCommand(),
 			doctorCommand(),
