@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/gptq"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
@@ -31,6 +33,8 @@ type gptqResult struct {
 type gptqRunner struct {
 	opt     gptq.Options
 	solver  *gptq.GPUSolver // nil: the pure-Go solver
+	dev     *cuda.Device    // nil: the forward passes and Hessians on the CPU
+	gpu     *gpuCapture     // while calibrating on the GPU
 	device  string
 	schemes map[string]quant.Scheme // module prefix → planned scheme
 	hess    map[string]*gptq.Hessian
@@ -84,7 +88,12 @@ func (r *gptqRunner) run(src string, calib *Calibration, trueSequential bool) {
 	m, err := model.Open(src)
 	if err == nil {
 		defer m.Close()
-		err = model.Calibrate(m, calib.seqs, r, model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true})
+		opt := model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true}
+		if r.dev != nil {
+			err = r.calibrateOnGPU(m, calib.seqs, opt)
+		} else {
+			err = model.Calibrate(m, calib.seqs, r, opt)
+		}
 	}
 	if err != nil {
 		r.fail(err)
@@ -112,7 +121,7 @@ func (r *gptqRunner) Observe(block int, g model.Group, x []float32, rows, cols i
 	if r.stopped.Load() {
 		return fmt.Errorf("stopped")
 	}
-	key := fmt.Sprintf("%d/%s", block, g)
+	key := hessianKey(block, g)
 	h := r.hess[key]
 	if h == nil {
 		h = gptq.NewHessian(cols)
@@ -127,8 +136,14 @@ func (r *gptqRunner) Observe(block int, g model.Group, x []float32, rows, cols i
 // Update quantizes each planned linear of the groups with its group's Hessian and puts the
 // dequantized weights back, so the next groups and blocks see the quantization error.
 func (r *gptqRunner) Update(b *model.Block, groups []model.Group) error {
+	if r.gpu != nil {
+		defer func(start time.Time) { r.gpu.solve += time.Since(start) }(time.Now())
+	}
+	if err := r.downloadHessians(b.Index, groups); err != nil {
+		return err
+	}
 	for _, g := range groups {
-		key := fmt.Sprintf("%d/%s", b.Index, g)
+		key := hessianKey(b.Index, g)
 		h := r.hess[key]
 		delete(r.hess, key) // K² float64s: free as soon as the group is done
 		for _, l := range b.Linears(g) {
@@ -153,8 +168,9 @@ func (r *gptqRunner) Update(b *model.Block, groups []model.Group) error {
 	return nil
 }
 
-// useGPU makes the runner solve on the GPU (the column loop and factorisations; the forward
-// pass and the Hessians stay on the CPU). MSE clipping has no GPU path and keeps the CPU.
+// useGPU makes the runner calibrate and solve on the GPU: the forward passes and Hessians
+// (gpuCapture), the column loop and factorisations (gptq.GPUSolver). MSE clipping has no GPU
+// path and keeps everything on the CPU.
 func (r *gptqRunner) useGPU(g *gpu) error {
 	if g == nil || r.opt.MSE {
 		r.device = DeviceCPU
@@ -164,7 +180,7 @@ func (r *gptqRunner) useGPU(g *gpu) error {
 	if err != nil {
 		return err
 	}
-	r.solver, r.device = solver, DeviceCUDA
+	r.solver, r.dev, r.device = solver, g.dev, DeviceCUDA
 	return nil
 }
 

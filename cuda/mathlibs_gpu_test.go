@@ -241,3 +241,64 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// TestStridedBatchedGemmAndTF32: each product of a strided batch equals its float64 loop, to
+// float32 rounding with the default math and to TF32 rounding after SetTF32(true).
+func TestStridedBatchedGemmAndTF32(t *testing.T) {
+	d := openTestDevice(t)
+	b, err := d.NewBLAS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r := rand.New(rand.NewPCG(5, 6))
+	const m, n, k, batch = 45, 33, 130, 3
+	a, bm := make([]float32, batch*m*k), make([]float32, batch*k*n)
+	for i := range a {
+		a[i] = float32(r.NormFloat64())
+	}
+	for i := range bm {
+		bm[i] = float32(r.NormFloat64())
+	}
+	want := make([]float64, batch*m*n) // column-major C_i = A_i·B_i
+	for i := range batch {
+		for col := range n {
+			for row := range m {
+				var s float64
+				for l := range k {
+					s += float64(a[i*m*k+row+l*m]) * float64(bm[i*k*n+l+col*k])
+				}
+				want[i*m*n+row+col*m] = s
+			}
+		}
+	}
+	pa, pb := deviceMatrix(t, d, a), deviceMatrix(t, d, bm)
+	pc := deviceMatrix(t, d, make([]float32, batch*m*n))
+	for _, tc := range []struct {
+		tf32   bool
+		maxRel float64
+	}{{false, 1e-5}, {true, 3e-3}} {
+		if err := b.SetTF32(tc.tf32); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Fill32(pc, 0x7fc00000, batch*m*n); err != nil { // NaN: every element must be written
+			t.Fatal(err)
+		}
+		if err := b.SgemmStridedBatched(NoTrans, NoTrans, m, n, k, 1, pa, m, m*k, pb, k, k*n, 0, pc, m, m*n, batch); err != nil {
+			t.Fatal(err)
+		}
+		got := download[float32](t, d, pc, batch*m*n)
+		var num, den float64
+		for i, w := range want {
+			e := float64(got[i]) - w
+			if math.IsNaN(e) {
+				t.Fatalf("tf32=%v: element %d not written", tc.tf32, i)
+			}
+			num += e * e
+			den += w * w
+		}
+		if rel := math.Sqrt(num / den); rel > tc.maxRel {
+			t.Errorf("tf32=%v: relative error %.2e > %.0e", tc.tf32, rel, tc.maxRel)
+		}
+	}
+}

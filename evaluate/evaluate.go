@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/dataset"
 	"github.com/qpack-dev/qpack/model"
 )
@@ -18,6 +19,9 @@ type Options struct {
 	SeqLen    int    // tokens per sequence (default 512)
 	MaxSeqs   int    // at most this many sequences (0: all that fit)
 	Reference string // optional reference checkpoint for KL divergence and top-1 agreement
+	Device    string // auto (default), cpu or cuda
+	TF32      bool   // GPU: TF32 GEMMs (faster, relative errors near 3e-4)
+	Logf      func(format string, args ...any)
 }
 
 // Report is what `qpack eval` prints.
@@ -35,7 +39,35 @@ type Report struct {
 	MeanKL              float64 `json:"mean_kl,omitempty"`
 	P99KL               float64 `json:"p99_kl,omitempty"`
 	Top1Agreement       float64 `json:"top1_agreement,omitempty"`
+	Device              string  `json:"device"` // "cpu" or the GPU's name
 	Seconds             float64 `json:"seconds"`
+}
+
+// evaluator is the forward pass an evaluation runs on: the CPU's or a GPU's.
+type evaluator struct {
+	perplexity func(m *model.Model, ids []int, seqLen, maxSeqs int) (model.Result, error)
+	compare    func(ref, test *model.Model, ids []int, seqLen, maxSeqs int) (model.Comparison, error)
+	name       string
+	close      func()
+}
+
+// newEvaluator opens the device opt.Device names for models of architecture cfg.
+func newEvaluator(cfg *model.Config, opt Options) (*evaluator, error) {
+	cpu := &evaluator{perplexity: model.Perplexity, compare: model.Compare, name: "cpu", close: func() {}}
+	dev, note, err := cuda.Select(opt.Device)
+	if err != nil || dev == nil {
+		if note != "" && opt.Logf != nil {
+			opt.Logf("%s\n", note)
+		}
+		return cpu, err
+	}
+	e, err := model.NewGPU(dev, cfg, model.GPUOptions{TF32: opt.TF32})
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	return &evaluator{perplexity: e.Perplexity, compare: e.Compare, name: dev.Info().Name,
+		close: func() { e.Close(); dev.Close() }}, nil
 }
 
 // Run evaluates the checkpoint at dir.
@@ -53,9 +85,14 @@ func Run(dir string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	defer m.Close()
-	r := &Report{Model: dir, Data: opt.Data, SeqLen: opt.SeqLen}
+	ev, err := newEvaluator(m.Config, opt)
+	if err != nil {
+		return nil, err
+	}
+	defer ev.close()
+	r := &Report{Model: dir, Data: opt.Data, SeqLen: opt.SeqLen, Device: ev.name}
 	if opt.Reference == "" {
-		res, err := model.Perplexity(m, ids, opt.SeqLen, opt.MaxSeqs)
+		res, err := ev.perplexity(m, ids, opt.SeqLen, opt.MaxSeqs)
 		if err != nil {
 			return nil, err
 		}
@@ -69,7 +106,7 @@ func Run(dir string, opt Options) (*Report, error) {
 		if ref.Config.Vocab != m.Config.Vocab {
 			return nil, fmt.Errorf("%s has a vocabulary of %d, the reference %s of %d", dir, m.Config.Vocab, opt.Reference, ref.Config.Vocab)
 		}
-		c, err := model.Compare(ref, m, ids, opt.SeqLen, opt.MaxSeqs)
+		c, err := ev.compare(ref, m, ids, opt.SeqLen, opt.MaxSeqs)
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/internal/gputest"
@@ -208,5 +209,28 @@ func TestGPURefusesWhatItCannotDo(t *testing.T) {
 	w[5] = 1e30 // the scale of its group overflows F16
 	if _, _, err := g.Quantize(w, n, k, h, s, Options{}); err == nil || !strings.Contains(err.Error(), "row 0, group 0: scale overflows") {
 		t.Errorf("overflowing scale: %v", err)
+	}
+}
+
+// TestGPUBaselineLoss: tr(W H Wᵀ) computed on the device equals quadraticForm's, dead columns
+// included, on fresh random inputs of awkward sizes.
+func TestGPUBaselineLoss(t *testing.T) {
+	_, g := openGPUSolver(t)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 3))
+	for _, sz := range [][2]int{{37, 300}, {200, 129}} {
+		n, k := sz[0], sz[1]
+		w, h := randomWeights(r, n, k), testHessian(t, r, k)
+		killColumns(h, k, 5, k-1)
+		opt := Options{BaselineLoss: true}
+		_, st, err := g.Quantize(w, n, k, h, quant.Scheme{Bits: 4, GroupSize: 64}, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead, _ := deadColumns(h, k)
+		if want := quadraticForm(w, n, k, h, dead); relDiff(st.Baseline, want) > 1e-9 {
+			t.Errorf("%d×%d: baseline %.12g on the GPU, %.12g on the CPU", n, k, st.Baseline, want)
+		}
 	}
 }

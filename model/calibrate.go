@@ -53,10 +53,7 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 		}
 		hidden[s] = x
 	}
-	steps := [][]Group{Groups}
-	if opt.TrueSequential {
-		steps = [][]Group{{GroupQKV}, {GroupO}, {GroupGateUp}, {GroupDown}}
-	}
+	steps := calibrationSteps(opt)
 	for i := range m.Config.Layers {
 		b, err := m.Block(i)
 		if err != nil {
@@ -82,14 +79,22 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 	return nil
 }
 
-// observeStep runs block b on a copy of every sequence's hidden states, reporting the inputs of
-// the step's groups to c and stopping after the last of them.
-func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step []Group) error {
+// calibrationSteps lists the groups observed and updated together, in order.
+func calibrationSteps(opt CalibrateOptions) [][]Group {
+	if opt.TrueSequential {
+		return [][]Group{{GroupQKV}, {GroupO}, {GroupGateUp}, {GroupDown}}
+	}
+	return [][]Group{Groups}
+}
+
+// stepHook wraps observe so that it sees only the inputs of the step's groups, and stops the
+// forward pass after the last of them.
+func stepHook[X any](step []Group, observe func(g Group, x X, rows, cols int) error) func(g Group, x X, rows, cols int) error {
 	last := step[len(step)-1]
-	hook := func(g Group, x []float32, rows, cols int) error {
+	return func(g Group, x X, rows, cols int) error {
 		if slices.Contains(step, g) {
-			if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
-				return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
+			if err := observe(g, x, rows, cols); err != nil {
+				return err
 			}
 		}
 		if g == last {
@@ -97,6 +102,17 @@ func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step 
 		}
 		return nil
 	}
+}
+
+// observeStep runs block b on a copy of every sequence's hidden states, reporting the inputs of
+// the step's groups to c and stopping after the last of them.
+func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step []Group) error {
+	hook := stepHook(step, func(g Group, x []float32, rows, cols int) error {
+		if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
+			return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
+		}
+		return nil
+	})
 	var scratch []float32
 	for s, seq := range seqs {
 		scratch = append(scratch[:0], hidden[s]...)

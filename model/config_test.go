@@ -118,7 +118,11 @@ func TestLlama3Frequencies(t *testing.T) {
 
 // syntheticWeights makes random weights for every tensor cfg needs; bias adds q/k/v biases.
 func syntheticWeights(cfg *Config, bias, lmHead bool) *MapWeights {
-	r := rand.New(rand.NewPCG(1, 2))
+	return randomWeights(cfg, bias, lmHead, rand.New(rand.NewPCG(1, 2)))
+}
+
+// randomWeights is syntheticWeights drawn from r.
+func randomWeights(cfg *Config, bias, lmHead bool, r *rand.Rand) *MapWeights {
 	w := NewMapWeights()
 	set := func(name string, shape ...int) {
 		d := make([]float32, product(shape))

@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -79,9 +80,7 @@ func Compare(ref, test *Model, ids []int, seqLen, maxSeqs int) (Comparison, erro
 		return Comparison{}, err
 	}
 	lpRef, lpTest := make([]float64, vocab), make([]float64, vocab)
-	var nllRef, nllTest float64
-	var agree int
-	var kls []float64
+	var st tokenStats
 	for _, seq := range seqs {
 		lr, err := ref.Logits(seq)
 		if err != nil {
@@ -94,25 +93,41 @@ func Compare(ref, test *Model, ids []int, seqLen, maxSeqs int) (Comparison, erro
 		for t := 0; t+1 < len(seq); t++ {
 			logSoftmax(lpRef, lr[t*vocab:(t+1)*vocab])
 			logSoftmax(lpTest, lt[t*vocab:(t+1)*vocab])
-			nllRef -= lpRef[seq[t+1]]
-			nllTest -= lpTest[seq[t+1]]
-			kls = append(kls, klDivergence(lpRef, lpTest))
-			if argmax(lpRef) == argmax(lpTest) {
-				agree++
-			}
+			st.add(-lpRef[seq[t+1]], -lpTest[seq[t+1]], klDivergence(lpRef, lpTest), argmax(lpRef) == argmax(lpTest))
 		}
 	}
-	c := Comparison{Reference: newResult(nllRef, len(seqs), seqLen), Test: newResult(nllTest, len(seqs), seqLen)}
+	return st.comparison(len(seqs), seqLen), nil
+}
+
+// tokenStats accumulates Compare's per-token measures.
+type tokenStats struct {
+	nllRef, nllTest float64
+	kls             []float64
+	agree           int
+}
+
+func (st *tokenStats) add(nllRef, nllTest, kl float64, agree bool) {
+	st.nllRef += nllRef
+	st.nllTest += nllTest
+	st.kls = append(st.kls, kl)
+	if agree {
+		st.agree++
+	}
+}
+
+func (st *tokenStats) comparison(seqs, seqLen int) Comparison {
+	c := Comparison{Reference: newResult(st.nllRef, seqs, seqLen), Test: newResult(st.nllTest, seqs, seqLen)}
 	c.DeltaPerplexity = c.Test.Perplexity - c.Reference.Perplexity
 	var sum float64
-	for _, k := range kls {
+	for _, k := range st.kls {
 		sum += k
 	}
-	c.MeanKL = sum / float64(len(kls))
+	c.MeanKL = sum / float64(len(st.kls))
+	kls := slices.Clone(st.kls)
 	sort.Float64s(kls)
 	c.P99KL = kls[int(math.Ceil(0.99*float64(len(kls))))-1]
-	c.Top1Agreement = float64(agree) / float64(len(kls))
-	return c, nil
+	c.Top1Agreement = float64(st.agree) / float64(len(kls))
+	return c
 }
 
 func newResult(nll float64, seqs, seqLen int) Result {

@@ -96,6 +96,17 @@ func (m *Model) ReleaseBlock(i int) {
 	}
 }
 
+// residentBlocks says which blocks are in memory now.
+func (m *Model) residentBlocks() []bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := make([]bool, len(m.blocks))
+	for i, b := range m.blocks {
+		r[i] = b != nil
+	}
+	return r
+}
+
 // Embedding returns the hidden states [len(ids), Hidden] of the token ids.
 func (m *Model) Embedding(ids []int) ([]float32, error) {
 	h := m.Config.Hidden

@@ -9,10 +9,17 @@ import (
 	"github.com/qpack-dev/qpack/npy"
 )
 
-const (
-	tinyDir       = "../testdata/models/tiny"
-	smallLlamaDir = "/work/shared/models/small-llama"
-)
+const tinyDir = "../testdata/models/tiny"
+
+// smallLlamaDir is in the shared directory: $QPACK_SHARED, or ../shared beside the checkout.
+var smallLlamaDir = filepath.Join(sharedDir(), "models", "small-llama")
+
+func sharedDir() string {
+	if d := os.Getenv("QPACK_SHARED"); d != "" {
+		return d
+	}
+	return filepath.Join("..", "..", "shared")
+}
 
 // openModel opens a test checkpoint, skipping when it is absent (the shared models are optional).
 func openModel(tb testing.TB, dir string) *Model {
@@ -57,8 +64,13 @@ func heldoutIDs(tb testing.TB, dir string) []int {
 
 // checkProbeLogits compares our logits for the first 64 held-out ids with transformers' fp32 ones.
 func checkProbeLogits(t *testing.T, m *Model, dir string, tol float64) {
+	checkProbeLogitsOf(t, m.Logits, dir, tol)
+}
+
+// checkProbeLogitsOf is checkProbeLogits for any forward pass.
+func checkProbeLogitsOf(t *testing.T, logits func([]int) ([]float32, error), dir string, tol float64) {
 	ids := heldoutIDs(t, dir)[:64]
-	got, err := m.Logits(ids)
+	got, err := logits(ids)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -253,3 +253,21 @@ extern "C" __global__ void gptq_squared_error(const float* orig, const unsigned 
     sum = warp_sum(sum);
     if (lane == 0) row_dq[r] = sum;
 }
+
+// gptq_widen_live sets out[r, c] = W[r, c] in float64, 0 for dead columns: the weights of the
+// baseline loss tr(W H Wᵀ). One thread per element.
+extern "C" __global__ void gptq_widen_live(const float* orig, const unsigned char* dead, double* out, u64 total, int k) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) out[i] = dead[i % k] ? 0.0 : (double)orig[i];
+}
+
+// gptq_row_dot sets out[r] = Σ_c a[r, c]·b[r, c] in float64, one warp per row.
+extern "C" __global__ void gptq_row_dot(const double* a, const double* b, int n, int k, double* out) {
+    int r = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (r >= n) return;
+    double sum = 0.0;
+    for (int c = lane; c < k; c += 32) sum += a[(u64)r * k + c] * b[(u64)r * k + c];
+    sum = warp_sum(sum);
+    if (lane == 0) out[r] = sum;
+}

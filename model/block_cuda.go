@@ -1,0 +1,360 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/qpack-dev/qpack/cuda"
+)
+
+// DeviceBatch is the hidden states [S, T, Hidden] of S sequences of T tokens on the GPU.
+type DeviceBatch struct {
+	X    cuda.DevicePtr
+	S, T int
+	e    *GPU
+}
+
+// Free releases the hidden states.
+func (x *DeviceBatch) Free() error {
+	if x.X == 0 {
+		return nil
+	}
+	err := x.e.dev.Free(x.X)
+	x.X = 0
+	return err
+}
+
+// gpuLinear is a Linear's weights on the GPU.
+type gpuLinear struct {
+	name    string
+	out, in int
+	w, bias cuda.DevicePtr // bias is 0 when the module has none
+}
+
+// gpuBlock is a decoder block's weights on the GPU, in one allocation.
+type gpuBlock struct {
+	b                          *Block
+	mem                        cuda.DevicePtr
+	inNorm, postNorm           cuda.DevicePtr
+	qNorm, kNorm               cuda.DevicePtr // qwen3 only
+	q, k, v, o, gate, up, down gpuLinear
+}
+
+// uploadBlock copies b's current weights to the GPU.
+func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
+	type part struct {
+		dst  *cuda.DevicePtr
+		data []float32
+	}
+	g := &gpuBlock{b: b}
+	parts := []part{{&g.inNorm, b.InputNorm}, {&g.postNorm, b.PostAttnNorm}}
+	if e.cfg.QKNorm {
+		parts = append(parts, part{&g.qNorm, b.QNorm}, part{&g.kNorm, b.KNorm})
+	}
+	for _, l := range []struct {
+		dst *gpuLinear
+		src *Linear
+	}{{&g.q, b.Q}, {&g.k, b.K}, {&g.v, b.V}, {&g.o, b.O}, {&g.gate, b.Gate}, {&g.up, b.Up}, {&g.down, b.Down}} {
+		*l.dst = gpuLinear{name: l.src.Name, out: l.src.Out, in: l.src.In}
+		parts = append(parts, part{&l.dst.w, l.src.W})
+		if l.src.Bias != nil {
+			parts = append(parts, part{&l.dst.bias, l.src.Bias})
+		}
+	}
+	const align = 256
+	offsets, total := make([]int, len(parts)), 0
+	for i, p := range parts {
+		offsets[i] = total
+		total += (4*len(p.data) + align - 1) / align * align
+	}
+	var err error
+	if g.mem, err = e.dev.Alloc(total); err != nil {
+		return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
+	}
+	for i, p := range parts {
+		*p.dst = g.mem.Add(offsets[i])
+		if err := e.dev.CopyToDevice(*p.dst, cuda.Bytes(p.data)); err != nil {
+			e.dev.Free(g.mem)
+			return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
+		}
+	}
+	return g, nil
+}
+
+func (e *GPU) freeBlock(g *gpuBlock) error {
+	if err := e.Synchronize(); err != nil {
+		return err
+	}
+	return e.dev.Free(g.mem)
+}
+
+// GPUHook, when non-nil, receives the input x [rows, cols] (device memory, row-major) of each
+// linear group while a block runs on a chunk of sequences; work it queues on the engine's stream
+// runs before x is overwritten. An error stops the pass.
+type GPUHook func(g Group, x cuda.DevicePtr, rows, cols int) error
+
+// chunkSequences is how many sequences of T tokens one pass of a block handles at once: about
+// chunkRows (8192) tokens, so the GEMMs are large, with at most 2 GiB of attention scores.
+func (e *GPU) chunkSequences(S, T int) int {
+	const scoreBytes = 2 << 30
+	c := max(1, e.chunkRows/T)
+	c = min(c, max(1, scoreBytes/(4*e.cfg.Heads*T*T)))
+	return min(c, S)
+}
+
+// forwardBlock runs block g on every sequence of x, in place, chunk by chunk.
+func (e *GPU) forwardBlock(g *gpuBlock, x *DeviceBatch, hook GPUHook) error {
+	chunk := e.chunkSequences(x.S, x.T)
+	rowBytes := 4 * x.T * e.cfg.Hidden
+	for s := 0; s < x.S; s += chunk {
+		n := min(chunk, x.S-s)
+		if err := e.forwardChunk(g, x.X.Add(s*rowBytes), n, x.T, hook); err != nil {
+			return err
+		}
+	}
+	return e.sampleMemory()
+}
+
+// forwardChunk is Block.Forward on S sequences of T tokens at x [S, T, Hidden].
+func (e *GPU) forwardChunk(g *gpuBlock, x cuda.DevicePtr, S, T int, hook GPUHook) error {
+	c, rows := e.cfg, S*T
+	h, err := e.floats("h", rows*c.Hidden)
+	if err != nil {
+		return err
+	}
+	out, err := e.floats("out", rows*c.Hidden)
+	if err != nil {
+		return err
+	}
+	if err := e.rmsNorm(h, x, g.inNorm, rows, c.Hidden); err != nil {
+		return err
+	}
+	if err := e.attention(out, h, g, S, T, hook); err != nil {
+		return err
+	}
+	if err := e.elementwise(e.fn.add, rows*c.Hidden, x, out, int64(rows*c.Hidden)); err != nil {
+		return err
+	}
+	if err := e.rmsNorm(h, x, g.postNorm, rows, c.Hidden); err != nil {
+		return err
+	}
+	if err := e.mlp(out, h, g, rows, hook); err != nil {
+		return err
+	}
+	return e.elementwise(e.fn.add, rows*c.Hidden, x, out, int64(rows*c.Hidden))
+}
+
+// attention is Block.Attention on S sequences: projections, rotary into a head-major layout,
+// then per sequence and key/value head one batched GEMM for the scores of its query heads, the
+// causal softmax, and one batched GEMM for their outputs.
+func (e *GPU) attention(out, h cuda.DevicePtr, g *gpuBlock, S, T int, hook GPUHook) error {
+	c, rows := e.cfg, S*T
+	D, group := c.HeadDim, c.Heads/c.KVHeads
+	if err := callGPUHook(hook, GroupQKV, h, rows, c.Hidden); err != nil {
+		return err
+	}
+	names := []string{"q", "k", "v", "qh", "kh", "vh"}
+	widths := []int{c.Heads, c.KVHeads, c.KVHeads, c.Heads, c.KVHeads, c.KVHeads}
+	bufs := make([]cuda.DevicePtr, len(names))
+	for i := range names {
+		var err error
+		if bufs[i], err = e.floats(names[i], rows*widths[i]*D); err != nil {
+			return err
+		}
+	}
+	q, k, v, qh, kh, vh := bufs[0], bufs[1], bufs[2], bufs[3], bufs[4], bufs[5]
+	for _, p := range []struct {
+		y cuda.DevicePtr
+		l *gpuLinear
+	}{{q, &g.q}, {k, &g.k}, {v, &g.v}} {
+		if err := e.linear(p.y, h, p.l, rows); err != nil {
+			return err
+		}
+	}
+	if c.QKNorm {
+		if err := e.rmsNorm(q, q, g.qNorm, rows*c.Heads, D); err != nil {
+			return err
+		}
+		if err := e.rmsNorm(k, k, g.kNorm, rows*c.KVHeads, D); err != nil {
+			return err
+		}
+	}
+	cos, sin, err := e.ropeTables(T)
+	if err != nil {
+		return err
+	}
+	for _, p := range []struct {
+		src, dst cuda.DevicePtr
+		heads    int
+		rotate   int32
+	}{{q, qh, c.Heads, 1}, {k, kh, c.KVHeads, 1}, {v, vh, c.KVHeads, 0}} {
+		err := e.fn.ropeHeads.Launch(cuda.Dim3{X: rows * p.heads, Y: 1, Z: 1}, cuda.Dim3{X: D / 2, Y: 1, Z: 1}, 0, e.stream,
+			p.src, p.dst, cos, sin, int32(T), int32(p.heads), int32(D), p.rotate)
+		if err != nil {
+			return err
+		}
+	}
+	scores, err := e.floats("scores", S*c.Heads*T*T)
+	if err != nil {
+		return err
+	}
+	// Batch b = s·KVHeads + kv: queries qh[b] [group·T, D], keys kh[b] [T, D], scores [group·T, T].
+	batch, qRows := S*c.KVHeads, group*T
+	scale := float32(1 / math.Sqrt(float64(D)))
+	if err := e.blas.SgemmStridedBatched(cuda.Trans, cuda.NoTrans, T, qRows, D, scale, kh, D, T*D, qh, D, qRows*D,
+		0, scores, T, qRows*T, batch); err != nil {
+		return err
+	}
+	if err := e.rowwise(e.fn.causalSoftmax, S*c.Heads*T, scores, int32(T), int32(c.SlidingWindow[g.b.Index])); err != nil {
+		return err
+	}
+	// The head outputs reuse qh: o[b] [group·T, D] = P[b]·vh[b].
+	if err := e.blas.SgemmStridedBatched(cuda.NoTrans, cuda.NoTrans, D, qRows, T, 1, vh, D, T*D, scores, T, qRows*T,
+		0, qh, D, qRows*D, batch); err != nil {
+		return err
+	}
+	a := q // q is free again: the merged attention output [rows, Heads·D]
+	if err := e.fn.mergeHeads.Launch(cuda.Dim3{X: rows * c.Heads, Y: 1, Z: 1}, cuda.Dim3{X: D, Y: 1, Z: 1}, 0, e.stream,
+		qh, a, int32(T), int32(c.Heads), int32(D)); err != nil {
+		return err
+	}
+	if err := callGPUHook(hook, GroupO, a, rows, c.Heads*D); err != nil {
+		return err
+	}
+	return e.linear(out, a, &g.o, rows)
+}
+
+// mlp is Block.MLP: down(silu(gate(h))·up(h)).
+func (e *GPU) mlp(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) error {
+	c := e.cfg
+	if err := callGPUHook(hook, GroupGateUp, h, rows, c.Hidden); err != nil {
+		return err
+	}
+	gate, err := e.floats("gate", rows*c.Intermediate)
+	if err != nil {
+		return err
+	}
+	up, err := e.floats("up", rows*c.Intermediate)
+	if err != nil {
+		return err
+	}
+	if err := e.linear(gate, h, &g.gate, rows); err != nil {
+		return err
+	}
+	if err := e.linear(up, h, &g.up, rows); err != nil {
+		return err
+	}
+	if err := e.elementwise(e.fn.siluMul, rows*c.Intermediate, gate, up, int64(rows*c.Intermediate)); err != nil {
+		return err
+	}
+	if err := callGPUHook(hook, GroupDown, gate, rows, c.Intermediate); err != nil {
+		return err
+	}
+	return e.linear(out, gate, &g.down, rows)
+}
+
+func callGPUHook(hook GPUHook, g Group, x cuda.DevicePtr, rows, cols int) error {
+	if hook == nil {
+		return nil
+	}
+	return hook(g, x, rows, cols)
+}
+
+// Embed puts the embeddings of seqs, all of one length, on the GPU.
+func (e *GPU) Embed(m *Model, seqs [][]int) (*DeviceBatch, error) {
+	if len(seqs) == 0 || len(seqs[0]) == 0 {
+		return nil, errors.New("model: GPU forward of no tokens")
+	}
+	if err := e.accepts(m); err != nil {
+		return nil, err
+	}
+	S, T, hid := len(seqs), len(seqs[0]), e.cfg.Hidden
+	ids := make([]int32, 0, S*T)
+	for s, seq := range seqs {
+		if len(seq) != T {
+			return nil, fmt.Errorf("model: GPU forward: sequence %d has %d tokens, sequence 0 has %d (all must be equally long)", s, len(seq), T)
+		}
+		for t, id := range seq {
+			if id < 0 || id >= m.Config.Vocab {
+				return nil, fmt.Errorf("model: token id %d at position %d of sequence %d is outside the vocabulary [0, %d)", id, t, s, m.Config.Vocab)
+			}
+			ids = append(ids, int32(id))
+		}
+	}
+	table, err := e.weights(m, m.Embed)
+	if err != nil {
+		return nil, err
+	}
+	dIDs, err := e.buffer("ids", 4*S*T)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.dev.CopyToDevice(dIDs, cuda.Bytes(ids)); err != nil {
+		return nil, err
+	}
+	x := &DeviceBatch{S: S, T: T, e: e}
+	if x.X, err = e.dev.Alloc(4 * S * T * hid); err != nil {
+		return nil, fmt.Errorf("model: hidden states of %d×%d tokens on the GPU: %w", S, T, err)
+	}
+	threads := min(hid, 1024)
+	if err := e.fn.embed.Launch(cuda.Dim3{X: S * T, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, e.stream,
+		table, dIDs, x.X, int32(S*T), int32(hid)); err != nil {
+		x.Free()
+		return nil, err
+	}
+	return x, nil
+}
+
+// weights returns a device copy of one of the model's whole-model tensors (the embedding
+// table, the final norm, lm_head), uploaded on first use; tied embeddings share one copy.
+func (e *GPU) weights(m *Model, data []float32) (cuda.DevicePtr, error) {
+	key := fmt.Sprintf("model %p tensor %p", m, &data[0])
+	if b, ok := e.scratch[key]; ok {
+		return b.ptr, nil
+	}
+	p, err := e.buffer(key, 4*len(data))
+	if err != nil {
+		return 0, err
+	}
+	if err := e.dev.CopyToDevice(p, cuda.Bytes(data)); err != nil {
+		return 0, err
+	}
+	return p, nil
+}
+
+// Run runs every decoder block of m over x, uploading one block's weights at a time (and reading
+// the next block from disk meanwhile). Blocks not resident in m before are released after use.
+func (e *GPU) Run(m *Model, x *DeviceBatch) error {
+	resident := m.residentBlocks()
+	for i := range m.Config.Layers {
+		b, err := m.Block(i)
+		if err != nil {
+			return err
+		}
+		prefetch(m, i+1)
+		g, err := e.uploadBlock(b)
+		if err != nil {
+			return err
+		}
+		err = e.forwardBlock(g, x, nil)
+		if ferr := e.freeBlock(g); err == nil {
+			err = ferr
+		}
+		if err != nil {
+			return fmt.Errorf("model: block %d on the GPU: %w", i, err)
+		}
+		if !resident[i] {
+			m.ReleaseBlock(i)
+		}
+	}
+	return nil
+}
+
+// prefetch reads block i of m in the background, so the host's reading and conversion of the
+// next block's weights overlaps the GPU's work on this one.
+func prefetch(m *Model, i int) {
+	if i < m.Config.Layers {
+		go m.Block(i) // an error comes back again when the block is used
+	}
+}

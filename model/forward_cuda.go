@@ -1,0 +1,246 @@
+package model
+
+import (
+	_ "embed"
+	"fmt"
+	"reflect"
+
+	"github.com/qpack-dev/qpack/cuda"
+)
+
+//go:generate go run github.com/qpack-dev/qpack/cuda/ptxgen kernels/model.cu
+
+var (
+	//go:embed kernels/model.ptx
+	modelPTX []byte
+	//go:embed kernels/model.cu
+	modelSource []byte
+)
+
+// rowThreads is ROW_THREADS of kernels/model.cu: the block size of the row-wise kernels.
+const rowThreads = 256
+
+// GPUOptions tune the GPU forward pass.
+type GPUOptions struct {
+	// TF32 lets cuBLAS round GEMM inputs to TF32 and use the tensor cores: several times
+	// faster, with relative errors near 3e-4 instead of float32's 1e-6.
+	TF32 bool
+}
+
+// GPU runs the forward pass of models of one architecture on one GPU: cuBLAS float32 GEMMs for
+// the linears and the attention products, kernels/model.cu for the rest. It works block by
+// block over a batch of sequences whose hidden states stay on the GPU (a DeviceBatch), holding
+// one block's weights at a time, which is what calibration needs and what lets a model larger
+// than GPU memory be evaluated. Each operation mirrors the CPU forward pass (Block.Forward) and
+// is tested against it. Not safe for concurrent use.
+type GPU struct {
+	dev    *cuda.Device
+	cfg    *Config
+	blas   *cuda.BLAS
+	stream cuda.Stream
+	module *cuda.Module
+	fn     struct {
+		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare cuda.Function
+	}
+	scratch map[string]gpuBuffer // named work buffers, grown on demand
+	ropeT   int                  // positions covered by the uploaded rotary tables
+	rope    *ropeTable
+
+	peakUsed  uint64 // the most device memory seen in use (all processes), sampled per block
+	chunkRows int    // tokens per pass of a block (see chunkSequences)
+	poison    bool   // tests: fill work buffers with NaN whenever they are handed out
+}
+
+type gpuBuffer struct {
+	ptr  cuda.DevicePtr
+	size int
+}
+
+// NewGPU prepares dev to run models of architecture cfg.
+func NewGPU(dev *cuda.Device, cfg *Config, opt GPUOptions) (*GPU, error) {
+	return newGPU(dev, cfg, opt, modelPTX)
+}
+
+func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, err error) {
+	if cfg.HeadDim%2 != 0 || cfg.HeadDim > 1024 || cfg.Heads%cfg.KVHeads != 0 {
+		return nil, fmt.Errorf("model: GPU forward needs an even head_dim ≤ 1024 and heads divisible by kv heads (have %d, %d, %d)",
+			cfg.HeadDim, cfg.Heads, cfg.KVHeads)
+	}
+	e = &GPU{dev: dev, cfg: cfg, scratch: map[string]gpuBuffer{}, rope: newRopeTable(cfg), chunkRows: 8192}
+	defer func() {
+		if err != nil {
+			e.Close()
+			e = nil
+		}
+	}()
+	if e.module, err = dev.LoadModule(ptx); err != nil {
+		return nil, fmt.Errorf("model: loading kernels/model.ptx: %w", err)
+	}
+	for _, f := range []struct {
+		dst  *cuda.Function
+		name string
+	}{
+		{&e.fn.embed, "embed"}, {&e.fn.rmsNorm, "rms_norm"}, {&e.fn.addBias, "add_bias"}, {&e.fn.add, "add"},
+		{&e.fn.siluMul, "silu_mul"}, {&e.fn.ropeHeads, "rope_heads"}, {&e.fn.mergeHeads, "merge_heads"},
+		{&e.fn.causalSoftmax, "causal_softmax"}, {&e.fn.tokenNLL, "token_nll"}, {&e.fn.tokenCompare, "token_compare"},
+	} {
+		if *f.dst, err = e.module.Function(f.name); err != nil {
+			return nil, err
+		}
+	}
+	if e.stream, err = dev.NewStream(); err != nil {
+		return nil, err
+	}
+	if e.blas, err = dev.NewBLAS(); err != nil {
+		return nil, err
+	}
+	if err = e.blas.SetStream(e.stream); err != nil {
+		return nil, err
+	}
+	if err = e.blas.SetTF32(opt.TF32); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Close releases the GPU resources.
+func (e *GPU) Close() error {
+	for _, b := range e.scratch {
+		e.dev.Free(b.ptr)
+	}
+	e.scratch = nil
+	if e.blas != nil {
+		e.blas.Close()
+	}
+	if e.stream != 0 {
+		e.dev.DestroyStream(e.stream)
+	}
+	if e.module != nil {
+		return e.module.Unload()
+	}
+	return nil
+}
+
+// accepts checks that m has the architecture the engine was made for.
+func (e *GPU) accepts(m *Model) error {
+	a, b := *e.cfg, *m.Config
+	a.Architecture, b.Architecture = "", ""
+	if !reflect.DeepEqual(a, b) {
+		return fmt.Errorf("model: the GPU engine was prepared for %+v, not %+v", a, b)
+	}
+	return nil
+}
+
+// Device is the GPU the engine runs on.
+func (e *GPU) Device() *cuda.Device { return e.dev }
+
+// Stream is the stream all of the engine's work is queued on; a GPUCalibrator queues its own
+// work on it too, so that it runs in order with the forward pass.
+func (e *GPU) Stream() cuda.Stream { return e.stream }
+
+// PeakMemoryUsed is the most device memory seen in use (by every process, as cuMemGetInfo
+// reports it), sampled after each block of each pass.
+func (e *GPU) PeakMemoryUsed() uint64 { return e.peakUsed }
+
+func (e *GPU) sampleMemory() error {
+	free, total, err := e.dev.MemoryInfo()
+	if err != nil {
+		return err
+	}
+	e.peakUsed = max(e.peakUsed, total-free)
+	return nil
+}
+
+// buffer returns the named work buffer with room for at least bytes.
+func (e *GPU) buffer(name string, bytes int) (cuda.DevicePtr, error) {
+	b := e.scratch[name]
+	if b.size >= bytes {
+		return b.ptr, nil
+	}
+	if b.ptr != 0 {
+		if err := e.dev.SynchronizeStream(e.stream); err != nil {
+			return 0, err
+		}
+		if err := e.dev.Free(b.ptr); err != nil {
+			return 0, err
+		}
+		delete(e.scratch, name)
+	}
+	p, err := e.dev.Alloc(max(bytes, 256))
+	if err != nil {
+		return 0, fmt.Errorf("model: GPU work buffer %s: %w", name, err)
+	}
+	e.scratch[name] = gpuBuffer{p, max(bytes, 256)}
+	return p, nil
+}
+
+// work returns the named buffer for intermediate results (poisoned in tests).
+func (e *GPU) work(name string, bytes int) (cuda.DevicePtr, error) {
+	p, err := e.buffer(name, bytes)
+	if err == nil && e.poison {
+		err = e.dev.Fill32(p, 0x7fc00000, bytes/4) // NaN: a value read before it is written shows
+	}
+	return p, err
+}
+
+// floats returns the named work buffer sized for n float32s.
+func (e *GPU) floats(name string, n int) (cuda.DevicePtr, error) { return e.work(name, 4*n) }
+
+// ropeTables returns the device cos and sin tables [T, HeadDim/2].
+func (e *GPU) ropeTables(T int) (cos, sin cuda.DevicePtr, err error) {
+	half := e.cfg.HeadDim / 2
+	if cos, err = e.buffer("rope.cos", 4*T*half); err != nil {
+		return 0, 0, err
+	}
+	if sin, err = e.buffer("rope.sin", 4*T*half); err != nil {
+		return 0, 0, err
+	}
+	if e.ropeT < T {
+		c, s := e.rope.get(T)
+		if err := e.dev.CopyToDevice(cos, cuda.Bytes(c)); err != nil {
+			return 0, 0, err
+		}
+		if err := e.dev.CopyToDevice(sin, cuda.Bytes(s)); err != nil {
+			return 0, 0, err
+		}
+		e.ropeT = T
+	}
+	return cos, sin, nil
+}
+
+// elementwise launches an element-per-thread kernel over n elements.
+func (e *GPU) elementwise(f cuda.Function, n int, args ...any) error {
+	const threads = 256
+	return f.Launch(cuda.Dim3{X: (n + threads - 1) / threads, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, e.stream, args...)
+}
+
+// rowwise launches a kernel with one block of rowThreads threads per row.
+func (e *GPU) rowwise(f cuda.Function, rows int, args ...any) error {
+	return f.Launch(cuda.Dim3{X: rows, Y: 1, Z: 1}, cuda.Dim3{X: rowThreads, Y: 1, Z: 1}, 0, e.stream, args...)
+}
+
+// rmsNorm is rmsNorm on the GPU: out[r] = weight·x[r]/rms(x[r]) for rows rows of dim values.
+func (e *GPU) rmsNorm(out, x, weight cuda.DevicePtr, rows, dim int) error {
+	return e.rowwise(e.fn.rmsNorm, rows, x, weight, out, int32(dim), float32(e.cfg.RMSNormEps))
+}
+
+// linear computes y[rows, Out] = x[rows, In]·Wᵀ + bias: with row-major operands the
+// column-major cuBLAS product is yᵀ = W·xᵀ.
+func (e *GPU) linear(y, x cuda.DevicePtr, l *gpuLinear, rows int) error {
+	if err := e.blas.Sgemm(cuda.Trans, cuda.NoTrans, l.out, rows, l.in, 1, l.w, l.in, x, l.in, 0, y, l.out); err != nil {
+		return fmt.Errorf("model: %s: %w", l.name, err)
+	}
+	if l.bias == 0 {
+		return nil
+	}
+	return e.elementwise(e.fn.addBias, rows*l.out, y, l.bias, int64(rows*l.out), int32(l.out))
+}
+
+// AddGram queues sum += xᵀx for x [rows, cols] (row-major) and sum [cols, cols] on the
+// engine's stream: the Gram matrix of a linear's inputs, from which GPTQ's Hessian is made.
+func (e *GPU) AddGram(sum, x cuda.DevicePtr, rows, cols int) error {
+	return e.blas.Sgemm(cuda.NoTrans, cuda.Trans, cols, cols, rows, 1, x, cols, x, cols, 1, sum, cols)
+}
+
+// Synchronize waits for the engine's queued work.
+func (e *GPU) Synchronize() error { return e.dev.SynchronizeStream(e.stream) }

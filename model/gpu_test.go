@@ -1,0 +1,300 @@
+package model
+
+import (
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/gputest"
+)
+
+// gpuPTX lets a GPU run try kernels compiled there before the embedded PTX is regenerated:
+// go test -args -model.ptx=/path/model.ptx
+var gpuPTX = flag.String("model.ptx", "", "load this PTX instead of the embedded kernels/model.ptx")
+
+func TestGPUPTXIsFresh(t *testing.T) {
+	if err := cuda.CheckPTX(modelPTX, modelSource); err != nil {
+		t.Fatalf("kernels/model.ptx: %v", err)
+	}
+}
+
+// openGPU opens GPU 0 and an engine for cfg that poisons its work buffers and runs blocks in
+// chunks of chunkRows tokens; the test is skipped without a GPU.
+func openGPU(tb testing.TB, cfg *Config, opt GPUOptions, chunkRows int) *GPU {
+	tb.Helper()
+	dev := gputest.Open(tb)
+	e, err := newGPU(dev, cfg, opt, gputest.PTX(tb, modelPTX, *gpuPTX))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e.poison = true
+	if chunkRows > 0 {
+		e.chunkRows = chunkRows
+	}
+	tb.Cleanup(func() { e.Close() })
+	return e
+}
+
+// gpuTestConfigs cover every family's peculiarity: GQA, q/k/v biases with tied embeddings,
+// q/k norms with a head_dim that is not hidden/heads, a sliding window shorter than the sequence.
+var gpuTestConfigs = []struct {
+	name, json string
+	bias       bool
+}{
+	{"llama-gqa", `{"model_type": "llama", "hidden_size": 96, "intermediate_size": 160, "num_hidden_layers": 2,
+		"num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 301}`, false},
+	{"qwen2-bias-tied", `{"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+		"num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 157, "tie_word_embeddings": true}`, true},
+	{"qwen3-qknorm", `{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 2,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 211}`, false},
+	{"mistral-window", `{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+		"num_attention_heads": 8, "num_key_value_heads": 1, "vocab_size": 97, "sliding_window": 5}`, false},
+}
+
+// freshRand is a generator seeded from the clock (logged, to reproduce a failure).
+func freshRand(t *testing.T) *rand.Rand {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	return rand.New(rand.NewPCG(seed, 7))
+}
+
+func randomModel(t *testing.T, cfg *Config, bias bool, r *rand.Rand) *Model {
+	t.Helper()
+	m, err := Load(cfg, randomWeights(cfg, bias, !cfg.TieEmbeddings, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func randomIDs(r *rand.Rand, n, vocab int) []int {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = r.IntN(vocab)
+	}
+	return ids
+}
+
+// TestGPUForwardMatchesCPU: logits, perplexity and a comparison of two models on the GPU equal
+// the CPU forward pass's on fresh random models and tokens of awkward lengths.
+func TestGPUForwardMatchesCPU(t *testing.T) {
+	for _, tc := range gpuTestConfigs {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mustConfig(t, tc.json)
+			e := openGPU(t, cfg, GPUOptions{}, 40) // 40 tokens: several chunks of sequences
+			r := freshRand(t)
+			m, other := randomModel(t, cfg, tc.bias, r), randomModel(t, cfg, tc.bias, r)
+			ids := randomIDs(r, 37, cfg.Vocab)
+			want, err := m.Logits(ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := e.Logits(m, ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertClose(t, "logits", got, want, 1e-4)
+
+			ids = randomIDs(r, 5*13+3, cfg.Vocab)
+			wantP, err := Perplexity(m, ids, 13, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gotP, err := e.Perplexity(m, ids, 13, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gotP.Tokens != wantP.Tokens || math.Abs(gotP.MeanNLL-wantP.MeanNLL) > 1e-5*wantP.MeanNLL {
+				t.Errorf("perplexity: GPU %+v, CPU %+v", gotP, wantP)
+			}
+
+			wantC, err := Compare(m, other, ids, 13, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gotC, err := e.Compare(m, other, ids, 13, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkComparison(t, gotC, wantC)
+		})
+	}
+}
+
+func checkComparison(t *testing.T, got, want Comparison) {
+	t.Helper()
+	near := func(a, b, tol float64) bool { return math.Abs(a-b) <= tol*max(math.Abs(b), 1e-3) }
+	ok := near(got.Reference.MeanNLL, want.Reference.MeanNLL, 1e-5) && near(got.Test.MeanNLL, want.Test.MeanNLL, 1e-5) &&
+		near(got.MeanKL, want.MeanKL, 1e-4) && near(got.P99KL, want.P99KL, 1e-3) &&
+		math.Abs(got.Top1Agreement-want.Top1Agreement) <= 1.0/float64(want.Reference.Tokens)
+	if !ok {
+		t.Errorf("comparison: GPU %+v\nCPU %+v", got, want)
+	}
+}
+
+// gramRecorder accumulates each group's input Gram matrix xᵀx, on the CPU through Observe and
+// on the GPU through ObserveGPU, and scales each updated linear's weights by 0.9 so that the
+// replacement's effect on later blocks is checked too.
+type gramRecorder struct {
+	e     *GPU
+	k     map[string]int
+	cpu   map[string][]float64
+	gpu   map[string]cuda.DevicePtr
+	grams map[string][]float64 // the GPU's, downloaded at Update
+}
+
+func newGramRecorder(e *GPU) *gramRecorder {
+	return &gramRecorder{e: e, k: map[string]int{}, cpu: map[string][]float64{}, gpu: map[string]cuda.DevicePtr{}, grams: map[string][]float64{}}
+}
+
+func (r *gramRecorder) Observe(block int, g Group, x []float32, rows, cols int) error {
+	key := fmt.Sprintf("%d/%s", block, g)
+	s := r.cpu[key]
+	if s == nil {
+		s = make([]float64, cols*cols)
+		r.cpu[key], r.k[key] = s, cols
+	}
+	for t := range rows {
+		xr := x[t*cols : (t+1)*cols]
+		for i, a := range xr {
+			for j, b := range xr {
+				s[i*cols+j] += float64(a) * float64(b)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *gramRecorder) ObserveGPU(block int, g Group, x cuda.DevicePtr, rows, cols int) error {
+	key := fmt.Sprintf("%d/%s", block, g)
+	p, ok := r.gpu[key]
+	if !ok {
+		var err error
+		if p, err = r.e.dev.Alloc(4 * cols * cols); err != nil {
+			return err
+		}
+		if err := r.e.dev.Fill32(p, 0, cols*cols); err != nil {
+			return err
+		}
+		r.gpu[key], r.k[key] = p, cols
+	}
+	return r.e.AddGram(p, x, rows, cols)
+}
+
+func (r *gramRecorder) Update(b *Block, groups []Group) error {
+	for _, g := range groups {
+		key := fmt.Sprintf("%d/%s", b.Index, g)
+		if p, ok := r.gpu[key]; ok {
+			if err := r.e.Synchronize(); err != nil {
+				return err
+			}
+			k := r.k[key]
+			s := make([]float32, k*k)
+			if err := r.e.dev.CopyFromDevice(cuda.Bytes(s), p); err != nil {
+				return err
+			}
+			r.e.dev.Free(p)
+			r.grams[key] = make([]float64, k*k)
+			for i, v := range s {
+				r.grams[key][i] = float64(v)
+			}
+		}
+		for _, l := range b.Linears(g) {
+			w := slices.Clone(l.W)
+			for i := range w {
+				w[i] *= 0.9
+			}
+			if err := l.SetWeight(w); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// TestGPUCalibrateMatchesCPU: the Gram matrices of every group's inputs gathered on the GPU
+// (several chunks of sequences) equal those of the CPU calibration, with weights replaced
+// between groups (true-sequential) or per block.
+func TestGPUCalibrateMatchesCPU(t *testing.T) {
+	for _, trueSeq := range []bool{false, true} {
+		t.Run(fmt.Sprintf("true-sequential=%v", trueSeq), func(t *testing.T) {
+			cfg := mustConfig(t, strings.Replace(gpuTestConfigs[0].json, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
+			e := openGPU(t, cfg, GPUOptions{}, 50)
+			r := freshRand(t)
+			w := randomWeights(cfg, false, true, r)
+			seqs := make([][]int, 5)
+			for i := range seqs {
+				seqs[i] = randomIDs(r, 23, cfg.Vocab)
+			}
+			onCPU, onGPU := newGramRecorder(e), newGramRecorder(e)
+			for _, run := range []func(m *Model) error{
+				func(m *Model) error { return Calibrate(m, seqs, onCPU, CalibrateOptions{TrueSequential: trueSeq}) },
+				func(m *Model) error { return e.Calibrate(m, seqs, onGPU, CalibrateOptions{TrueSequential: trueSeq}) },
+			} {
+				m, err := Load(cfg, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := run(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(onGPU.grams) != 4*cfg.Layers {
+				t.Fatalf("GPU calibration observed %d groups, want %d", len(onGPU.grams), 4*cfg.Layers)
+			}
+			for key, want := range onCPU.cpu {
+				got := onGPU.grams[key]
+				var num, den float64
+				for i := range want {
+					num += (got[i] - want[i]) * (got[i] - want[i])
+					den += want[i] * want[i]
+				}
+				if rel := math.Sqrt(num / den); !(rel < 1e-5) {
+					t.Errorf("%s: Gram matrix relative error %.2e", key, rel)
+				}
+			}
+		})
+	}
+}
+
+// TestGPUProbeLogits: the GPU forward pass of the shared models against transformers' logits,
+// within the acceptance bound (1e-3 × max |logit|) with float32 and with TF32 GEMMs.
+func TestGPUProbeLogits(t *testing.T) {
+	for _, dir := range []string{tinyDir, smallLlamaDir} {
+		m := openModel(t, dir)
+		for _, tf32 := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/tf32=%v", dir, tf32), func(t *testing.T) {
+				e := openGPU(t, m.Config, GPUOptions{TF32: tf32}, 0)
+				checkProbeLogitsOf(t, func(ids []int) ([]float32, error) { return e.Logits(m, ids) }, dir, 1e-3)
+			})
+		}
+	}
+}
+
+// TestGPUPerplexity: the reference perplexities (64×512 held-out tokens) on the GPU, within the
+// acceptance bounds (tiny 58.92 ± 0.05, small-llama 8.657 ± 0.005).
+func TestGPUPerplexity(t *testing.T) {
+	for _, tc := range []struct {
+		dir  string
+		open func(testing.TB, string) *Model
+		tol  float64
+	}{{tinyDir, openModel, 0.05}, {smallLlamaDir, openBF16Reference, 0.005}} {
+		m := tc.open(t, tc.dir)
+		e := openGPU(t, m.Config, GPUOptions{}, 0)
+		res, err := e.Perplexity(m, heldoutIDs(t, tc.dir), 512, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := referencePerplexity(t, tc.dir)
+		t.Logf("%s: GPU perplexity %.4f over %d tokens, reference %.4f", tc.dir, res.Perplexity, res.Tokens, want)
+		if res.Tokens != 64*511 || math.Abs(res.Perplexity-want) > tc.tol {
+			t.Errorf("%s: perplexity %.4f over %d tokens, want %.4f ± %g over %d", tc.dir, res.Perplexity, res.Tokens, want, tc.tol, 64*511)
+		}
+	}
+}

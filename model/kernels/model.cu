@@ -1,0 +1,207 @@
+// Kernels of the GPU forward pass (model/forward_cuda.go): everything but the GEMMs, which are
+// cuBLAS's. Each mirrors a pure-Go function of the model package (named in its comment) and is
+// tested against it. Row-wise kernels use one block of ROW_THREADS threads per row.
+#define ROW_THREADS 256
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+// Sum of v over the block (blockDim.x == ROW_THREADS); every thread gets the total.
+template <typename T>
+__device__ T block_sum(T v) {
+    __shared__ T partial[ROW_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    __syncthreads(); // partial may still be read by a previous call
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    T total = 0;
+    for (int w = 0; w < ROW_THREADS / 32; w++) total += partial[w];
+    return total;
+}
+
+// Maximum of v over the block; every thread gets it.
+__device__ float block_max(float v) {
+    __shared__ float partial[ROW_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = partial[0];
+    for (int w = 1; w < ROW_THREADS / 32; w++) m = fmaxf(m, partial[w]);
+    return m;
+}
+
+// embed: out[r] = table[ids[r]] for rows rows of dim values (Model.Embedding; ids are checked
+// on the host).
+extern "C" __global__ void embed(const float* table, const int* ids, float* out, int rows, int dim) {
+    long long r = blockIdx.x;
+    const float* src = table + (long long)ids[r] * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[r * dim + i] = src[i];
+}
+
+// rms_norm: out[r] = weight · (x[r] · rsqrt(mean(x[r]²) + eps)), the sum of squares in double
+// as rmsNorm does. out may be x. Grid: rows blocks.
+extern "C" __global__ void rms_norm(const float* x, const float* weight, float* out, int dim, float eps) {
+    long long r = blockIdx.x;
+    const float* xr = x + r * dim;
+    double ss = 0;
+    for (int i = threadIdx.x; i < dim; i += ROW_THREADS) ss += (double)xr[i] * xr[i];
+    ss = block_sum(ss);
+    float variance = (float)(ss / dim) + eps;
+    float scale = (float)(1.0 / sqrt((double)variance));
+    for (int i = threadIdx.x; i < dim; i += ROW_THREADS) out[r * dim + i] = weight[i] * (xr[i] * scale);
+}
+
+// add_bias: y[r, j] += bias[j] for y [rows, n]; one thread per element.
+extern "C" __global__ void add_bias(float* y, const float* bias, long long total, int n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) y[i] += bias[i % n];
+}
+
+// add: x += y elementwise (the residual connections).
+extern "C" __global__ void add(float* x, const float* y, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// silu_mul: g = silu(g)·u elementwise (siluMul).
+extern "C" __global__ void silu_mul(float* g, const float* u, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = g[i];
+        g[i] = (float)((double)v / (1.0 + exp(-(double)v))) * u[i];
+    }
+}
+
+// rope_heads: reads x [S, T, heads, D] (a projection's output), rotates the first half of each
+// head against the second by position t (applyRope's rotate_half layout; rotate = 0 copies),
+// and writes out [S, heads, T, D], the layout the batched attention GEMMs read.
+// Grid: S·T·heads blocks of D/2 threads; cos, sin [T, D/2].
+extern "C" __global__ void rope_heads(const float* x, float* out, const float* cos, const float* sin,
+                                      int T, int heads, int D, int rotate) {
+    long long b = blockIdx.x;
+    int h = b % heads;
+    long long st = b / heads; // s·T + t
+    int t = st % T;
+    long long s = st / T;
+    int half = D / 2, i = threadIdx.x;
+    const float* src = x + b * D;
+    float* dst = out + ((s * heads + h) * T + t) * D;
+    float lo = src[i], hi = src[i + half];
+    if (rotate) {
+        float c = cos[t * half + i], sn = sin[t * half + i];
+        dst[i] = lo * c - hi * sn;
+        dst[i + half] = hi * c + lo * sn;
+    } else {
+        dst[i] = lo;
+        dst[i + half] = hi;
+    }
+}
+
+// merge_heads: o [S, heads, T, D] → out [S, T, heads·D], the input of o_proj.
+// Grid: S·T·heads blocks of D threads.
+extern "C" __global__ void merge_heads(const float* o, float* out, int T, int heads, int D) {
+    long long b = blockIdx.x; // (s·T + t)·heads + h
+    int h = b % heads;
+    long long st = b / heads;
+    int t = st % T;
+    long long s = st / T;
+    out[b * D + threadIdx.x] = o[((s * heads + h) * T + t) * D + threadIdx.x];
+}
+
+// causal_softmax: each row of scores [rows, T] holds one query's (already scaled) scores
+// against the T keys of its sequence; the query's position is row % T. Keys after it, and keys
+// window or more tokens before it when window > 0, get probability 0; the rest softmax as
+// attendOne does. Grid: rows blocks.
+extern "C" __global__ void causal_softmax(float* scores, int T, int window) {
+    long long r = blockIdx.x;
+    int t = r % T;
+    int first = window > 0 ? max(0, t - window + 1) : 0;
+    float* row = scores + r * T;
+    float m = NEG_INF;
+    for (int j = first + threadIdx.x; j <= t; j += ROW_THREADS) m = fmaxf(m, row[j]);
+    m = block_max(m);
+    double sum = 0;
+    for (int j = first + threadIdx.x; j <= t; j += ROW_THREADS) {
+        float e = (float)exp((double)(row[j] - m));
+        row[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum);
+    float inv = (float)(1.0 / sum);
+    for (int j = threadIdx.x; j < T; j += ROW_THREADS) {
+        row[j] = (j >= first && j <= t) ? row[j] * inv : 0.0f;
+    }
+}
+
+// Log-sum-exp of a row of n logits, computed by the whole block (in double, as logSoftmax).
+__device__ double row_lse(const float* x, int n) {
+    float m = NEG_INF;
+    for (int j = threadIdx.x; j < n; j += ROW_THREADS) m = fmaxf(m, x[j]);
+    m = block_max(m);
+    double sum = 0;
+    for (int j = threadIdx.x; j < n; j += ROW_THREADS) sum += exp((double)x[j] - m);
+    return m + log(block_sum(sum));
+}
+
+// First index of the row's maximum (argmax); every thread gets it.
+__device__ int row_argmax(const float* x, int n) {
+    __shared__ float bestV[ROW_THREADS];
+    __shared__ int bestI[ROW_THREADS];
+    float v = NEG_INF;
+    int at = n;
+    for (int j = threadIdx.x; j < n; j += ROW_THREADS) {
+        if (x[j] > v) { v = x[j]; at = j; }
+    }
+    __syncthreads();
+    bestV[threadIdx.x] = v;
+    bestI[threadIdx.x] = at;
+    __syncthreads();
+    for (int s = ROW_THREADS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            float ov = bestV[threadIdx.x + s];
+            int oi = bestI[threadIdx.x + s];
+            if (ov > bestV[threadIdx.x] || (ov == bestV[threadIdx.x] && oi < bestI[threadIdx.x])) {
+                bestV[threadIdx.x] = ov;
+                bestI[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    return bestI[0];
+}
+
+// token_nll: nll[r] = log Σ exp(logits[r]) − logits[r, targets[r]] (the negative log-likelihood
+// of the next token), 0 where targets[r] < 0. Grid: rows blocks.
+extern "C" __global__ void token_nll(const float* logits, const int* targets, double* nll, int vocab) {
+    long long r = blockIdx.x;
+    const float* x = logits + r * vocab;
+    double lse = row_lse(x, vocab);
+    if (threadIdx.x == 0) nll[r] = targets[r] < 0 ? 0.0 : lse - x[targets[r]];
+}
+
+// token_compare: for a reference and a test model's logits of the same rows, writes per row
+// {nll of ref, nll of test, KL(ref ‖ test), 1 if their argmaxes agree else 0} into out [rows, 4]
+// (all 0 where targets[r] < 0), as Compare does per token. Grid: rows blocks.
+extern "C" __global__ void token_compare(const float* ref, const float* test, const int* targets, double* out, int vocab) {
+    long long r = blockIdx.x;
+    const float* p = ref + r * vocab;
+    const float* q = test + r * vocab;
+    double lseP = row_lse(p, vocab), lseQ = row_lse(q, vocab);
+    double kl = 0;
+    for (int j = threadIdx.x; j < vocab; j += ROW_THREADS) {
+        double lp = (double)p[j] - lseP, lq = (double)q[j] - lseQ;
+        kl += exp(lp) * (lp - lq);
+    }
+    kl = block_sum(kl);
+    int ap = row_argmax(p, vocab), aq = row_argmax(q, vocab);
+    if (threadIdx.x == 0) {
+        double* o = out + r * 4;
+        if (targets[r] < 0) {
+            o[0] = o[1] = o[2] = o[3] = 0;
+        } else {
+            o[0] = lseP - p[targets[r]];
+            o[1] = lseQ - q[targets[r]];
+            o[2] = fmax(kl, 0.0);
+            o[3] = ap == aq ? 1 : 0;
+        }
+    }
+}
