@@ -139,31 +139,60 @@ func (r *gptqRunner) Update(b *model.Block, groups []model.Group) error {
 	if r.gpu != nil {
 		defer func(start time.Time) { r.gpu.solve += time.Since(start) }(time.Now())
 	}
-	if err := r.downloadHessians(b.Index, groups); err != nil {
-		return err
-	}
 	for _, g := range groups {
-		key := hessianKey(b.Index, g)
-		h := r.hess[key]
-		delete(r.hess, key) // K² float64s: free as soon as the group is done
-		for _, l := range b.Linears(g) {
-			s, planned := r.schemes[l.Name]
-			if !planned {
-				continue
-			}
-			t, st, err := r.quantize(l.W, l.Out, l.In, h.H, s)
-			if err != nil {
-				err = fmt.Errorf("tensor %s.weight: %w", l.Name, err)
-				r.results[l.Name] <- gptqResult{err: err}
-				return err
-			}
-			if err := l.SetWeight(t.Dequantize(nil)); err != nil {
-				return err
-			}
-			r.logf("gptq %s %s on %s: relative loss %.5f, damping %g (%d retries), %.0fms\n",
-				l.Name, s, r.device, st.RelativeLoss, st.Damp, st.Retries, 1000*st.Total.Seconds())
-			r.results[l.Name] <- gptqResult{t: t, stats: st}
+		solve, release, err := r.hessianOf(b.Index, g)
+		if err != nil {
+			return err
 		}
+		err = r.updateGroup(b, g, solve)
+		release() // K² values: free as soon as the group is done
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// solveFunc runs GPTQ on one linear with its group's Hessian.
+type solveFunc func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error)
+
+// hessianOf returns how to solve with the Hessian of group g of block: on the host, or on the
+// GPU from the Gram matrix gathered there (gpuSolveFunc).
+func (r *gptqRunner) hessianOf(block int, g model.Group) (solveFunc, func(), error) {
+	if r.gpu != nil {
+		return r.gpuSolveFunc(block, g)
+	}
+	key := hessianKey(block, g)
+	h := r.hess[key]
+	if h == nil {
+		return nil, nil, fmt.Errorf("block %d: no calibration inputs reached %s", block, g)
+	}
+	delete(r.hess, key)
+	solve := func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
+		return r.quantize(w, n, k, h.H, s)
+	}
+	return solve, func() {}, nil
+}
+
+// updateGroup quantizes the planned linears of group g and puts their dequantized weights back.
+func (r *gptqRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc) error {
+	for _, l := range b.Linears(g) {
+		s, planned := r.schemes[l.Name]
+		if !planned {
+			continue
+		}
+		t, st, err := solve(l.W, l.Out, l.In, s)
+		if err != nil {
+			err = fmt.Errorf("tensor %s.weight: %w", l.Name, err)
+			r.results[l.Name] <- gptqResult{err: err}
+			return err
+		}
+		if err := l.SetWeight(t.Dequantize(nil)); err != nil {
+			return err
+		}
+		r.logf("gptq %s %s on %s: relative loss %.5f, damping %g (%d retries), %.0fms\n",
+			l.Name, s, r.device, st.RelativeLoss, st.Damp, st.Retries, 1000*st.Total.Seconds())
+		r.results[l.Name] <- gptqResult{t: t, stats: st}
 	}
 	return nil
 }

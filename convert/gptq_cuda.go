@@ -3,17 +3,17 @@ package convert
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/gptq"
 	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/quant"
 )
 
 // gpuCapture is the GPU side of a GPTQ calibration: the forward passes run on the GPU
 // (model.GPU, TF32 GEMMs) and each linear group's Gram matrix Σ xᵀx accumulates there in
-// float32; Update turns it into the float64 Hessian 2/n·Σ xᵀx the solver takes.
+// float32, where the solver reads it (gpuSolveFunc).
 type gpuCapture struct {
 	e     *model.GPU
 	grams map[string]*deviceGram
@@ -73,40 +73,28 @@ func (r *gptqRunner) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, rows
 	return r.gpu.e.AddGram(gr.sum, x, rows, cols)
 }
 
-// downloadHessians turns the device Gram sums of block's groups into the runner's Hessians.
-func (r *gptqRunner) downloadHessians(block int, groups []model.Group) error {
-	if r.gpu == nil {
-		return nil
+// gpuSolveFunc solves with group g's Gram matrix where it was gathered, on the GPU
+// (gptq.GPUSolver.QuantizeGram: H = 2/n·Σ xᵀx is made there; only its diagonal comes back).
+func (r *gptqRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), error) {
+	key := hessianKey(block, g)
+	gr := r.gpu.grams[key]
+	if gr == nil {
+		return nil, nil, fmt.Errorf("block %d: no calibration inputs reached %s", block, g)
 	}
-	if err := r.gpu.e.Synchronize(); err != nil {
-		return err
+	delete(r.gpu.grams, key)
+	release := func() { r.dev.Free(gr.sum) }
+	if err := r.gpu.e.Synchronize(); err != nil { // the Gram's last accumulation
+		release()
+		return nil, nil, err
 	}
-	for _, g := range groups {
-		key := hessianKey(block, g)
-		gr := r.gpu.grams[key]
-		if gr == nil {
-			continue
-		}
-		delete(r.gpu.grams, key)
-		sum := make([]float32, gr.k*gr.k)
-		err := r.dev.CopyFromDevice(cuda.Bytes(sum), gr.sum)
-		if ferr := r.dev.Free(gr.sum); err == nil {
-			err = ferr
-		}
+	solve := func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
+		t, st, err := r.solver.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
 		if err != nil {
-			return err
+			err = fmt.Errorf("block %d, input of %s: %w", block, g, err)
 		}
-		h := &gptq.Hessian{K: gr.k, N: gr.n, H: make([]float64, len(sum))}
-		scale := 2 / float64(gr.n)
-		for i, v := range sum {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				return fmt.Errorf("block %d, input of %s: non-finite activations (Gram matrix entry %d, %d is %g)", block, g, i/gr.k, i%gr.k, v)
-			}
-			h.H[i] = scale * float64(v)
-		}
-		r.hess[key] = h
+		return t, st, err
 	}
-	return nil
+	return solve, release, nil
 }
 
 func hessianKey(block int, g model.Group) string { return fmt.Sprintf("%d/%s", block, g) }

@@ -25,6 +25,8 @@ type BLAS struct {
 	dtrsm     func(h uintptr, side, uplo, ta, diag, m, n int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32) int32
 	sgemmSB   func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, lda int32, sa int64, b uintptr, ldb int32, sb int64, beta *float32, c uintptr, ldc int32, sc int64, batch int32) int32
 	mathMode  func(h uintptr, mode int32) int32
+	dscal     func(h uintptr, n int32, alpha *float64, x uintptr, incx int32) int32
+	dcopy     func(h uintptr, n int32, x uintptr, incx int32, y uintptr, incy int32) int32
 }
 
 // Side says on which side of B a triangular matrix stands (cublasSideMode_t).
@@ -46,6 +48,7 @@ func (d *Device) NewBLAS() (*BLAS, error) {
 		"cublasCreate_v2": &b.create, "cublasDestroy_v2": &b.destroy, "cublasSetStream_v2": &b.setStream,
 		"cublasSgemm_v2": &b.sgemm, "cublasDgemm_v2": &b.dgemm, "cublasDtrsm_v2": &b.dtrsm,
 		"cublasSgemmStridedBatched": &b.sgemmSB, "cublasSetMathMode": &b.mathMode,
+		"cublasDscal_v2": &b.dscal, "cublasDcopy_v2": &b.dcopy,
 	}); err != nil {
 		return nil, err
 	}
@@ -148,5 +151,33 @@ func (b *BLAS) Dtrsm(side Side, uplo Fill, ta Transpose, diag Diag, m, n int, al
 	return b.d.do(func() error {
 		return blasCheck("cublasDtrsm", b.dtrsm(b.h, int32(side), int32(uplo), int32(ta), int32(diag), int32(m), int32(n),
 			&alpha, uintptr(a), int32(lda), uintptr(bm), int32(ldb)))
+	})
+}
+
+// vectorArgs checks a vector operation's sizes for 32-bit cuBLAS ints.
+func vectorArgs(n int, incs ...int) error {
+	for _, v := range append([]int{n}, incs...) {
+		if v < 0 || v > 1<<31-1 {
+			return fmt.Errorf("cuda: vector size or stride %d out of range (n=%d, strides %v)", v, n, incs)
+		}
+	}
+	return nil
+}
+
+// Dscal enqueues x = alpha·x for n float64s spaced incx apart.
+func (b *BLAS) Dscal(n int, alpha float64, x DevicePtr, incx int) error {
+	if err := vectorArgs(n, incx); err != nil {
+		return err
+	}
+	return b.d.do(func() error { return blasCheck("cublasDscal", b.dscal(b.h, int32(n), &alpha, uintptr(x), int32(incx))) })
+}
+
+// Dcopy enqueues y[i·incy] = x[i·incx] for n float64s (incx = ld+1 reads a diagonal).
+func (b *BLAS) Dcopy(n int, x DevicePtr, incx int, y DevicePtr, incy int) error {
+	if err := vectorArgs(n, incx, incy); err != nil {
+		return err
+	}
+	return b.d.do(func() error {
+		return blasCheck("cublasDcopy", b.dcopy(b.h, int32(n), uintptr(x), int32(incx), uintptr(y), int32(incy)))
 	})
 }

@@ -10,14 +10,22 @@ import (
 // checkInputs refuses shapes that do not match, schemes GPTQ cannot use, bad options and
 // non-finite or asymmetric inputs, naming the first offending entry.
 func checkInputs(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) error {
+	if err := checkWeights(w, n, k, s, opt); err != nil {
+		return err
+	}
+	if len(h) != k*k {
+		return fmt.Errorf("gptq: Hessian has %d values; a %dx%d weight needs %dx%d = %d", len(h), n, k, k, k, k*k)
+	}
+	return checkHessian(h, k)
+}
+
+// checkWeights is checkInputs without the Hessian.
+func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 	if n <= 0 || k <= 0 {
 		return fmt.Errorf("gptq: weight shape %dx%d must be positive", n, k)
 	}
 	if len(w) != n*k {
 		return fmt.Errorf("gptq: %d weights for a %dx%d tensor", len(w), n, k)
-	}
-	if len(h) != k*k {
-		return fmt.Errorf("gptq: Hessian has %d values; a %dx%d weight needs %dx%d = %d", len(h), n, k, k, k, k*k)
 	}
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("gptq: %w", err)
@@ -33,7 +41,7 @@ func checkInputs(w []float32, n, k int, h []float64, s quant.Scheme, opt Options
 			return fmt.Errorf("gptq: weight at row %d, column %d is %g", i/k, i%k, v)
 		}
 	}
-	return checkHessian(h, k)
+	return nil
 }
 
 // checkHessian requires finite entries, a non-negative diagonal and symmetry up to float32

@@ -21,9 +21,10 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 		return nil, st, err
 	}
 	opt = opt.withDefaults()
-	dead, deadCount := deadColumns(h, k)
+	diag := diagonal(h, k)
+	dead, deadCount := deadColumns(diag)
 	st.DeadColumns = deadCount
-	perm := columnOrder(h, k, dead, opt.ActOrder)
+	perm := columnOrder(diag, dead, opt.ActOrder)
 	p := &problem{
 		t: newTensor(s, n, k), lay: newLayout(s, k, perm, opt.StaticGroups),
 		k: k, bs: opt.BlockSize, mse: opt.MSE,

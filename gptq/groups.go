@@ -9,11 +9,21 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// deadColumns marks the input channels that never saw a non-zero input (H_ii == 0).
-func deadColumns(h []float64, k int) (dead []bool, count int) {
+// diagonal returns diag H of the k×k matrix h.
+func diagonal(h []float64, k int) []float64 {
+	d := make([]float64, k)
+	for i := range d {
+		d[i] = h[i*k+i]
+	}
+	return d
+}
+
+// deadColumns marks the input channels that never saw a non-zero input (H_ii == 0), from diag H.
+func deadColumns(diag []float64) (dead []bool, count int) {
+	k := len(diag)
 	dead = make([]bool, k)
 	for i := range k {
-		if h[i*k+i] == 0 {
+		if diag[i] == 0 {
 			dead[i] = true
 			count++
 		}
@@ -24,14 +34,15 @@ func deadColumns(h []float64, k int) (dead []bool, count int) {
 // columnOrder returns the order in which columns are quantized: perm[i] is the original column
 // at position i. With actOrder it sorts by decreasing diag H (dead columns count as 1, as after
 // the reference's fix), ties kept in column order; otherwise it is the identity.
-func columnOrder(h []float64, k int, dead []bool, actOrder bool) []int {
+func columnOrder(diag []float64, dead []bool, actOrder bool) []int {
+	k := len(diag)
 	perm := make([]int, k)
 	for i := range perm {
 		perm[i] = i
 	}
 	if actOrder {
 		slices.SortStableFunc(perm, func(a, b int) int {
-			da, db := diagFixed(h, k, a, dead), diagFixed(h, k, b, dead)
+			da, db := diagFixed(diag[a], dead[a]), diagFixed(diag[b], dead[b])
 			switch {
 			case da > db:
 				return -1

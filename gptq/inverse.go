@@ -21,7 +21,7 @@ import (
 func inverseFactor(ws *Workspace, h []float64, k int, perm []int, dead []bool, opt Options, st *Stats) ([]float32, error) {
 	meanDiag := 0.0
 	for i := range k {
-		meanDiag += diagFixed(h, k, i, dead)
+		meanDiag += diagFixed(h[i*k+i], dead[i])
 	}
 	meanDiag /= float64(k)
 	ws.factor = grow(ws.factor, k*k)
@@ -44,11 +44,11 @@ func inverseFactor(ws *Workspace, h []float64, k int, perm []int, dead []bool, o
 }
 
 // diagFixed is H_ii, or 1 for a dead column (the reference's H[dead, dead] = 1).
-func diagFixed(h []float64, k, i int, dead []bool) float64 {
-	if dead[i] {
+func diagFixed(hii float64, dead bool) float64 {
+	if dead {
 		return 1
 	}
-	return h[i*k+i]
+	return hii
 }
 
 // reversedInverseCholesky fills the lower triangle of f with J·(Hp + λI)·J, factors it as LLᵀ
@@ -60,7 +60,7 @@ func reversedInverseCholesky(f, h []float64, k int, perm []int, dead []bool, lam
 		for b := range row {
 			row[b] = h[src*k+perm[k-1-b]]
 		}
-		row[a] = diagFixed(h, k, src, dead) + lambda
+		row[a] = diagFixed(h[src*k+src], dead[src]) + lambda
 	}
 	if _, ok := lapack64.Potrf(blas64.Symmetric{Uplo: blas.Lower, N: k, Stride: k, Data: f}); !ok {
 		return false

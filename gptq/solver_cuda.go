@@ -198,18 +198,82 @@ func QuantizeGPU(dev *cuda.Device, w []float32, n, k int, h []float64, s quant.S
 // size must be 128.
 func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
 	start := time.Now()
-	var st Stats
 	if err := checkInputs(w, n, k, h, s, opt); err != nil {
-		return nil, st, err
+		return nil, Stats{}, err
 	}
-	p, err := g.plan(n, k, h, s, opt)
+	if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
+		return nil, Stats{}, err
+	}
+	return g.quantizeLoaded(w, n, k, diagonal(h, k), s, opt, start)
+}
+
+// QuantizeGram is Quantize with the Hessian on the device, as the calibration gathers it: H =
+// scale·gram, gram a k×k float32 Gram matrix Σ xᵀx (scale = 2/rows). H is made in float64 there
+// and only its diagonal comes to the host (for the dead columns, the order and the damping),
+// so a K×K matrix never crosses the bus. gram is read before QuantizeGram returns.
+func (g *GPUSolver) QuantizeGram(w []float32, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	start := time.Now()
+	if err := checkWeights(w, n, k, s, opt); err != nil {
+		return nil, Stats{}, err
+	}
+	diag, err := g.loadGram(gram, k, scale)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	return g.quantizeLoaded(w, n, k, diag, s, opt, start)
+}
+
+// loadGram sets slotH = scale·gram in float64 and returns its diagonal, checked finite.
+func (g *GPUSolver) loadGram(gram cuda.DevicePtr, k int, scale float64) ([]float64, error) {
+	h, err := g.buffer(slotH, 8*k*k)
+	if err != nil {
+		return nil, err
+	}
+	noDead, err := g.buffer(slotDead, k) // uploadPlan writes the real mask later
+	if err != nil {
+		return nil, err
+	}
+	if err := g.dev.Fill32(noDead, 0, (k+3)/4); err != nil {
+		return nil, err
+	}
+	err = g.fn.widenLive.Launch(cuda.Dim3{X: (k*k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
+		gram, noDead, h, uint64(k*k), int32(k))
+	if err != nil {
+		return nil, err
+	}
+	if err := g.blas.Dscal(k*k, scale, h, 1); err != nil {
+		return nil, err
+	}
+	d, err := g.buffer(slotBaseRows, 8*k)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.blas.Dcopy(k, h, k+1, d, 1); err != nil {
+		return nil, err
+	}
+	if err := g.dev.SynchronizeStream(g.stream); err != nil {
+		return nil, err
+	}
+	diag := make([]float64, k)
+	if err := g.dev.CopyFromDevice(cuda.Bytes(diag), d); err != nil {
+		return nil, err
+	}
+	for i, v := range diag {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return nil, fmt.Errorf("gptq: Hessian diagonal entry %d is %g (non-finite activations?)", i, v)
+		}
+	}
+	return diag, nil
+}
+
+// quantizeLoaded runs GPTQ with H in slotH and its diagonal diag on the host.
+func (g *GPUSolver) quantizeLoaded(w []float32, n, k int, diag []float64, s quant.Scheme, opt Options, start time.Time) (*quant.Tensor, Stats, error) {
+	var st Stats
+	p, err := g.plan(n, k, diag, s, opt)
 	if err != nil {
 		return nil, st, err
 	}
 	if err := g.upload(slotOrig, cuda.Bytes(w)); err != nil {
-		return nil, st, err
-	}
-	if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
 		return nil, st, err
 	}
 	t, err := g.run(p, &st)
@@ -284,7 +348,7 @@ type gpuPlan struct {
 	meanDiag  float64
 }
 
-func (g *GPUSolver) plan(n, k int, h []float64, s quant.Scheme, opt Options) (gpuPlan, error) {
+func (g *GPUSolver) plan(n, k int, diag []float64, s quant.Scheme, opt Options) (gpuPlan, error) {
 	opt = opt.withDefaults()
 	if opt.MSE {
 		return gpuPlan{}, fmt.Errorf("gptq: the GPU path fits groups with min-max only; MSE clipping runs on the CPU (gptq.Quantize)")
@@ -296,11 +360,11 @@ func (g *GPUSolver) plan(n, k int, h []float64, s quant.Scheme, opt Options) (gp
 		return gpuPlan{}, fmt.Errorf("gptq: %dx%d is too large for the GPU path", n, k)
 	}
 	p := gpuPlan{n: n, k: k, s: s, opt: opt}
-	p.dead, p.deadCount = deadColumns(h, k)
-	p.perm = columnOrder(h, k, p.dead, opt.ActOrder)
+	p.dead, p.deadCount = deadColumns(diag)
+	p.perm = columnOrder(diag, p.dead, opt.ActOrder)
 	p.lay = newLayout(s, k, p.perm, opt.StaticGroups)
 	for i := range k {
-		p.meanDiag += diagFixed(h, k, i, p.dead)
+		p.meanDiag += diagFixed(diag[i], p.dead[i])
 	}
 	p.meanDiag /= float64(k)
 	return p, nil

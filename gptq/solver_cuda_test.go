@@ -228,9 +228,66 @@ func TestGPUBaselineLoss(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dead, _ := deadColumns(h, k)
+		dead, _ := deadColumns(diagonal(h, k))
 		if want := quadraticForm(w, n, k, h, dead); relDiff(st.Baseline, want) > 1e-9 {
 			t.Errorf("%d×%d: baseline %.12g on the GPU, %.12g on the CPU", n, k, st.Baseline, want)
+		}
+	}
+}
+
+// TestGPUQuantizeGramMatchesHostHessian: given the calibration's float32 Gram matrix on the
+// device, QuantizeGram gives exactly what Quantize gives with H = scale·gram made on the host
+// (dead channels and act-order included), on fresh random inputs.
+func TestGPUQuantizeGramMatchesHostHessian(t *testing.T) {
+	dev, g := openGPUSolver(t)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 5))
+	const n, k, rows = 45, 270, 600
+	x := correlatedActivations(r, rows, k)
+	for _, c := range []int{3, 200} { // dead input channels
+		for row := range rows {
+			x[row*k+c] = 0
+		}
+	}
+	gram := make([]float32, k*k)
+	for row := range rows {
+		xr := x[row*k : (row+1)*k]
+		for i, a := range xr {
+			for j, b := range xr {
+				gram[i*k+j] += a * b
+			}
+		}
+	}
+	scale := 2.0 / rows
+	h := make([]float64, k*k)
+	for i, v := range gram {
+		h[i] = scale * float64(v)
+	}
+	p, err := dev.Alloc(4 * k * k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Free(p)
+	if err := dev.CopyToDevice(p, cuda.Bytes(gram)); err != nil {
+		t.Fatal(err)
+	}
+	w := randomWeights(r, n, k)
+	for _, opt := range []Options{{BaselineLoss: true}, {ActOrder: true}} {
+		s := quant.Scheme{Bits: 4, GroupSize: 64}
+		want, wst, err := g.Quantize(w, n, k, h, s, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, gst, err := g.QuantizeGram(w, n, k, p, scale, s, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.Codes, want.Codes) || !slices.Equal(got.Scales, want.Scales) || !slices.Equal(got.GIdx, want.GIdx) {
+			t.Errorf("%+v: QuantizeGram's tensor differs from Quantize's", opt)
+		}
+		if gst.Loss != wst.Loss || gst.Baseline != wst.Baseline || gst.DeadColumns != 2 || gst.Lambda != wst.Lambda {
+			t.Errorf("%+v: stats %+v, want %+v (2 dead columns)", opt, gst, wst)
 		}
 	}
 }

@@ -82,6 +82,23 @@ func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
 	return g, nil
 }
 
+// refreshLinears uploads again the weights of the groups' linears, which an Update may have
+// replaced (Linear.SetWeight keeps their shapes).
+func (e *GPU) refreshLinears(g *gpuBlock, groups []Group) error {
+	if err := e.Synchronize(); err != nil { // the observing passes are done with the old weights
+		return err
+	}
+	dst := map[*Linear]*gpuLinear{g.b.Q: &g.q, g.b.K: &g.k, g.b.V: &g.v, g.b.O: &g.o, g.b.Gate: &g.gate, g.b.Up: &g.up, g.b.Down: &g.down}
+	for _, gr := range groups {
+		for _, l := range g.b.Linears(gr) {
+			if err := e.dev.CopyToDevice(dst[l].w, cuda.Bytes(l.W)); err != nil {
+				return fmt.Errorf("model: %s weights on the GPU: %w", l.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
 func (e *GPU) freeBlock(g *gpuBlock) error {
 	if err := e.Synchronize(); err != nil {
 		return err

@@ -59,13 +59,12 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 			e.freeBlock(g)
 			return err
 		}
-		if err := e.freeBlock(g); err != nil {
-			return err
+		err := c.Update(b, step)
+		if err == nil {
+			err = e.refreshLinears(g, step)
 		}
-		if err := c.Update(b, step); err != nil {
-			return err
-		}
-		if g, err = e.uploadBlock(b); err != nil {
+		if err != nil {
+			e.freeBlock(g)
 			return err
 		}
 	}
