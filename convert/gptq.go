@@ -187,11 +187,11 @@ func (r *gptqRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc)
 			r.results[l.Name] <- gptqResult{err: err}
 			return err
 		}
-		if err := l.SetWeight(t.Dequantize(nil)); err != nil {
+		if err := l.SetWeight(t.Dequantize(l.W)); err != nil { // in place: W is no longer needed
 			return err
 		}
-		r.logf("gptq %s %s on %s: relative loss %.5f, damping %g (%d retries), %.0fms\n",
-			l.Name, s, r.device, st.RelativeLoss, st.Damp, st.Retries, 1000*st.Total.Seconds())
+		r.logf("gptq %s %s on %s: relative loss %.5f, damping %g (%d retries), %s\n",
+			l.Name, s, r.device, st.RelativeLoss, st.Damp, st.Retries, solveTimes(st))
 		r.results[l.Name] <- gptqResult{t: t, stats: st}
 	}
 	return nil
@@ -224,4 +224,13 @@ func (r *gptqRunner) close() {
 	if r != nil && r.solver != nil {
 		r.solver.Close()
 	}
+}
+
+// solveTimes formats a quantization's time, with its parts on the GPU.
+func solveTimes(st gptq.Stats) string {
+	ms := func(d time.Duration) float64 { return 1000 * d.Seconds() }
+	if st.Setup == 0 {
+		return fmt.Sprintf("%.0fms", ms(st.Total))
+	}
+	return fmt.Sprintf("%.0fms (setup %.0f, factor %.0f, baseline loss %.0f)", ms(st.Total), ms(st.Setup), ms(st.Factor), ms(st.BaselineTime))
 }

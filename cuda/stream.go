@@ -44,15 +44,19 @@ func (d *Device) Record(e Event, s Stream) error {
 	return d.do(func() error { return d.drv.check("cuEventRecord", d.drv.cuEventRecord(uintptr(e), uintptr(s))) })
 }
 
+// SynchronizeEvent waits until the work queued before e's Record has finished.
+func (d *Device) SynchronizeEvent(e Event) error {
+	return d.wait(func() error { return d.drv.check("cuEventSynchronize", d.drv.cuEventSynchronize(uintptr(e))) })
+}
+
 // Elapsed waits for end and returns the device time between two recorded events
 // (resolution about half a microsecond).
 func (d *Device) Elapsed(start, end Event) (time.Duration, error) {
 	var ms float32
-	err := d.wait(func() error { return d.drv.check("cuEventSynchronize", d.drv.cuEventSynchronize(uintptr(end))) })
-	if err != nil {
+	if err := d.SynchronizeEvent(end); err != nil {
 		return 0, err
 	}
-	err = d.do(func() error {
+	err := d.do(func() error {
 		return d.drv.check("cuEventElapsedTime", d.drv.cuEventElapsedTime(&ms, uintptr(start), uintptr(end)))
 	})
 	return time.Duration(float64(ms) * float64(time.Millisecond)), err

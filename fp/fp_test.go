@@ -3,6 +3,7 @@ package fp
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/x448/float16"
@@ -122,5 +123,32 @@ func TestFNUZAndF4(t *testing.T) {
 		if got := F4E2M1ToF32(uint8(i)); got != w {
 			t.Errorf("F4E2M1ToF32(%d) = %v, want %v", i, got, w)
 		}
+	}
+}
+
+func TestFirstNonFinite(t *testing.T) {
+	for _, n := range []int{0, 1, 1000, 3<<20 + 17} {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(i%7) - 3
+		}
+		if got := FirstNonFinite(v); got != -1 {
+			t.Errorf("n=%d finite: got %d", n, got)
+		}
+		if n == 0 {
+			continue
+		}
+		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+			for _, at := range []int{n - 1, n / 2, n * 2 / 3} {
+				w := slices.Clone(v)
+				w[at], w[n-1] = bad, bad
+				if got := FirstNonFinite(w); got != at {
+					t.Errorf("n=%d, %v at %d and %d: got %d", n, bad, at, n-1, got)
+				}
+			}
+		}
+	}
+	if got := FirstNonFinite([]float32{math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32}); got != -1 {
+		t.Errorf("extreme finite values: got %d", got)
 	}
 }

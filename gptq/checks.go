@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/qpack-dev/qpack/fp"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -36,10 +37,8 @@ func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 	if opt.Damp < 0 || opt.MaxDamp < 0 || opt.BlockSize < 0 || math.IsNaN(opt.Damp) || math.IsNaN(opt.MaxDamp) {
 		return fmt.Errorf("gptq: damping %g, max damping %g and block size %d must not be negative", opt.Damp, opt.MaxDamp, opt.BlockSize)
 	}
-	for i, v := range w {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return fmt.Errorf("gptq: weight at row %d, column %d is %g", i/k, i%k, v)
-		}
+	if i := fp.FirstNonFinite(w); i >= 0 {
+		return fmt.Errorf("gptq: weight at row %d, column %d is %g", i/k, i%k, w[i])
 	}
 	return nil
 }

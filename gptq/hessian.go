@@ -2,10 +2,11 @@ package gptq
 
 import (
 	"fmt"
-	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	"github.com/qpack-dev/qpack/fp"
 )
 
 // Hessian is the running GPTQ Hessian of one linear layer's inputs, H = 2/n Σ xᵀx over the
@@ -32,10 +33,8 @@ func (h *Hessian) Add(x []float32, rows, k int) error {
 	if rows <= 0 || len(x) != rows*k {
 		return fmt.Errorf("gptq: hessian: %d activations for a batch of %d rows of width %d", len(x), rows, k)
 	}
-	for i, v := range x {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return fmt.Errorf("gptq: hessian: activation at row %d, column %d is %g", i/k, i%k, v)
-		}
+	if i := fp.FirstNonFinite(x); i >= 0 {
+		return fmt.Errorf("gptq: hessian: activation at row %d, column %d is %g", i/k, i%k, x[i])
 	}
 	h.xt = transpose(h.xt, x, rows, k)
 	total := h.N + rows

@@ -67,6 +67,9 @@ type Stats struct {
 	DeadColumns int
 	// Factor is the time spent on damping and the inverse factor, Total the whole call.
 	Factor, Total time.Duration
+	// GPU only: Setup is the time spent checking the weights and putting W and H on the
+	// device, Baseline computing the baseline loss.
+	Setup, BaselineTime time.Duration
 }
 
 // Workspace holds Quantize's large buffers: the K×K float64 factorisation (8·K² bytes), the

@@ -40,6 +40,7 @@ type GPUSolver struct {
 	blas   *cuda.BLAS
 	solver *cuda.Solver
 	stream cuda.Stream
+	stager *cuda.Stager // uploads W and H through pinned memory
 	bufs   [numGPUSlots]gpuBuffer
 
 	// inverseByTRTRI inverts the Cholesky factor with cuSOLVER's trtri (K³/3 flops) instead of
@@ -136,6 +137,9 @@ func newGPUSolver(dev *cuda.Device, ptx []byte) (g *GPUSolver, err error) {
 	if g.stream, err = dev.NewStream(); err != nil {
 		return nil, err
 	}
+	if g.stager, err = dev.NewStager(stagingBytes); err != nil {
+		return nil, err
+	}
 	if g.blas, err = dev.NewBLAS(); err != nil {
 		return nil, fmt.Errorf("gptq: the GPU path needs cuBLAS: %w", err)
 	}
@@ -154,6 +158,10 @@ func newGPUSolver(dev *cuda.Device, ptx []byte) (g *GPUSolver, err error) {
 // Close releases the solver's memory, handles, stream and kernels.
 func (g *GPUSolver) Close() error {
 	var errs []error
+	if g.stager != nil {
+		errs = append(errs, g.stager.Close())
+		g.stager = nil
+	}
 	for i := range g.bufs {
 		if g.bufs[i].size > 0 {
 			errs = append(errs, g.dev.Free(g.bufs[i].ptr))
@@ -276,15 +284,18 @@ func (g *GPUSolver) quantizeLoaded(w []float32, n, k int, diag []float64, s quan
 	if err := g.upload(slotOrig, cuda.Bytes(w)); err != nil {
 		return nil, st, err
 	}
+	st.Setup = time.Since(start)
 	t, err := g.run(p, &st)
 	if err != nil {
 		return nil, st, err
 	}
 	if p.opt.BaselineLoss {
+		baselineStart := time.Now()
 		if st.Baseline, err = g.baseline(p); err != nil {
 			return nil, st, err
 		}
 		st.RelativeLoss = st.Loss / st.Baseline
+		st.BaselineTime = time.Since(baselineStart)
 	}
 	st.Total = time.Since(start)
 	return t, st, nil
@@ -395,8 +406,11 @@ func (g *GPUSolver) upload(slot int, data []byte) error {
 	if err != nil {
 		return err
 	}
-	return g.dev.CopyToDevice(ptr, data)
+	return g.stager.CopyToDevice(ptr, data, g.stream)
 }
+
+// stagingBytes is the pinned memory of a solver's or engine's Stager.
+const stagingBytes = 64 << 20
 
 func int32s(v []int) []int32 {
 	out := make([]int32, len(v))

@@ -99,3 +99,54 @@ func BenchmarkGPUQuantize(b *testing.B) {
 }
 
 func ms(d time.Duration) float64 { return d.Seconds() * 1e3 }
+
+// BenchmarkGPUQuantizeGramSetup splits QuantizeGram's setup on an 11008×4096 layer (a 7B MLP
+// projection): the weight check, the upload of W through the stager, and the whole call's
+// Setup as Stats reports it.
+func BenchmarkGPUQuantizeGramSetup(b *testing.B) {
+	dev, g := openGPUSolver(b)
+	g.poison = false
+	const n, k = 11008, 4096
+	w := randomWeights(rand.New(rand.NewPCG(1, 1)), n, k)
+	h := bandedKMSHessian(k)
+	gram := make([]float32, k*k)
+	for i, v := range h {
+		gram[i] = float32(v)
+	}
+	p, err := dev.Alloc(4 * k * k)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dev.Free(p)
+	if err := dev.CopyToDevice(p, cuda.Bytes(gram)); err != nil {
+		b.Fatal(err)
+	}
+	s := quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}
+	var check, upload, setup, total time.Duration
+	for range b.N {
+		start := time.Now()
+		if err := checkWeights(w, n, k, s, Options{}); err != nil {
+			b.Fatal(err)
+		}
+		check += time.Since(start)
+		start = time.Now()
+		if err := g.upload(slotOrig, cuda.Bytes(w)); err != nil {
+			b.Fatal(err)
+		}
+		if err := dev.SynchronizeStream(g.stream); err != nil {
+			b.Fatal(err)
+		}
+		upload += time.Since(start)
+		_, st, err := g.QuantizeGram(w, n, k, p, 1, s, Options{BaselineLoss: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		setup += st.Setup
+		total += st.Total
+	}
+	ms := func(d time.Duration) float64 { return 1000 * d.Seconds() / float64(b.N) }
+	b.ReportMetric(ms(check), "check-ms")
+	b.ReportMetric(ms(upload), "upload-ms")
+	b.ReportMetric(ms(setup), "setup-ms")
+	b.ReportMetric(ms(total), "total-ms")
+}

@@ -74,7 +74,7 @@ func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
 	}
 	for i, p := range parts {
 		*p.dst = g.mem.Add(offsets[i])
-		if err := e.dev.CopyToDevice(*p.dst, cuda.Bytes(p.data)); err != nil {
+		if err := e.stager.CopyToDevice(*p.dst, cuda.Bytes(p.data), e.stream); err != nil {
 			e.dev.Free(g.mem)
 			return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
 		}
@@ -91,7 +91,7 @@ func (e *GPU) refreshLinears(g *gpuBlock, groups []Group) error {
 	dst := map[*Linear]*gpuLinear{g.b.Q: &g.q, g.b.K: &g.k, g.b.V: &g.v, g.b.O: &g.o, g.b.Gate: &g.gate, g.b.Up: &g.up, g.b.Down: &g.down}
 	for _, gr := range groups {
 		for _, l := range g.b.Linears(gr) {
-			if err := e.dev.CopyToDevice(dst[l].w, cuda.Bytes(l.W)); err != nil {
+			if err := e.stager.CopyToDevice(dst[l].w, cuda.Bytes(l.W), e.stream); err != nil {
 				return fmt.Errorf("model: %s weights on the GPU: %w", l.Name, err)
 			}
 		}
@@ -334,7 +334,7 @@ func (e *GPU) weights(m *Model, data []float32) (cuda.DevicePtr, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := e.dev.CopyToDevice(p, cuda.Bytes(data)); err != nil {
+	if err := e.stager.CopyToDevice(p, cuda.Bytes(data), e.stream); err != nil {
 		return 0, err
 	}
 	return p, nil

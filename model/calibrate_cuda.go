@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/qpack-dev/qpack/cuda"
 )
@@ -51,44 +52,119 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 	if err != nil {
 		return err
 	}
-	for _, step := range steps {
+	defer e.freeBlock(g)
+	var keep *mlpState
+	for i, step := range steps {
+		if i == len(steps)-1 && slices.Equal(step, []Group{GroupDown}) {
+			if keep, err = e.mlpState(x); err != nil {
+				return err
+			}
+		}
 		hook := stepHook(step, func(gr Group, p cuda.DevicePtr, rows, cols int) error {
 			return c.ObserveGPU(b.Index, gr, p, rows, cols)
 		})
-		if err := e.observe(g, x, hook); err != nil {
-			e.freeBlock(g)
+		if err := e.observe(g, x, hook, keep); err != nil {
 			return err
 		}
-		err := c.Update(b, step)
-		if err == nil {
-			err = e.refreshLinears(g, step)
+		if err := c.Update(b, step); err != nil {
+			return err
 		}
-		if err != nil {
-			e.freeBlock(g)
+		if err := e.refreshLinears(g, step); err != nil {
 			return err
 		}
 	}
-	err = e.forwardBlock(g, x, nil)
-	if ferr := e.freeBlock(g); err == nil {
-		err = ferr
+	if keep != nil {
+		return e.finishFromMLPState(g, x, keep)
 	}
-	return err
+	return e.forwardBlock(g, x, nil)
 }
 
-// observe runs block g on a copy of each chunk of x, up to where hook stops it.
-func (e *GPU) observe(g *gpuBlock, x *DeviceBatch, hook GPUHook) error {
+// mlpState keeps what the observing pass of a last step of down_proj alone computed, for every
+// sequence: the residual stream after attention (mid [S, T, Hidden]) and down_proj's input
+// (act [S·T, Intermediate]). Every other weight is final by then, so the block's output is
+// mid + down(act): the final pass needs that one GEMM instead of the whole block again.
+type mlpState struct{ mid, act cuda.DevicePtr }
+
+// mlpState returns buffers for x's mlpState, or nil when they would not leave 4 GiB of the
+// GPU free (the final pass then runs the whole block).
+func (e *GPU) mlpState(x *DeviceBatch) (*mlpState, error) {
+	rows := x.S * x.T
+	midBytes, actBytes := 4*rows*e.cfg.Hidden, 4*rows*e.cfg.Intermediate
+	if e.scratch["keep.act"].size < actBytes {
+		free, _, err := e.dev.MemoryInfo()
+		if err != nil {
+			return nil, err
+		}
+		if free < uint64(midBytes+actBytes)+4<<30 {
+			return nil, nil
+		}
+	}
+	mid, err := e.buffer("keep.mid", midBytes)
+	if err != nil {
+		return nil, err
+	}
+	act, err := e.buffer("keep.act", actBytes)
+	if err != nil {
+		return nil, err
+	}
+	return &mlpState{mid, act}, nil
+}
+
+// observe runs block g on a copy of each chunk of x, up to where hook stops it; with keep it
+// also keeps each chunk's mlpState (the copy of x is made in keep.mid).
+func (e *GPU) observe(g *gpuBlock, x *DeviceBatch, hook GPUHook, keep *mlpState) error {
 	chunk := e.chunkSequences(x.S, x.T)
-	rowBytes := 4 * x.T * e.cfg.Hidden
+	rowBytes, actRowBytes := 4*x.T*e.cfg.Hidden, 4*x.T*e.cfg.Intermediate
 	for s := 0; s < x.S; s += chunk {
 		n := min(chunk, x.S-s)
-		tmp, err := e.work("observe.x", n*rowBytes)
-		if err != nil {
-			return err
+		tmp, h := cuda.DevicePtr(0), hook
+		if keep == nil {
+			var err error
+			if tmp, err = e.work("observe.x", n*rowBytes); err != nil {
+				return err
+			}
+		} else {
+			tmp = keep.mid.Add(s * rowBytes)
+			h = func(gr Group, p cuda.DevicePtr, rows, cols int) error {
+				if gr == GroupDown {
+					if err := e.dev.CopyDeviceAsync(keep.act.Add(s*actRowBytes), p, n*actRowBytes, e.stream); err != nil {
+						return err
+					}
+				}
+				return hook(gr, p, rows, cols)
+			}
 		}
 		if err := e.dev.CopyDeviceAsync(tmp, x.X.Add(s*rowBytes), n*rowBytes, e.stream); err != nil {
 			return err
 		}
-		if err := e.forwardChunk(g, tmp, n, x.T, hook); err != nil && !errors.Is(err, errStopForward) {
+		if err := e.forwardChunk(g, tmp, n, x.T, h); err != nil && !errors.Is(err, errStopForward) {
+			return err
+		}
+	}
+	if err := e.Synchronize(); err != nil {
+		return err
+	}
+	return e.sampleMemory()
+}
+
+// finishFromMLPState sets x = mid + down(act), the block's output with its final weights.
+func (e *GPU) finishFromMLPState(g *gpuBlock, x *DeviceBatch, keep *mlpState) error {
+	chunk := e.chunkSequences(x.S, x.T)
+	rowBytes, actRowBytes := 4*x.T*e.cfg.Hidden, 4*x.T*e.cfg.Intermediate
+	if err := e.dev.CopyDeviceAsync(x.X, keep.mid, x.S*rowBytes, e.stream); err != nil {
+		return err
+	}
+	for s := 0; s < x.S; s += chunk {
+		n := min(chunk, x.S-s)
+		rows := n * x.T
+		out, err := e.floats("out", rows*e.cfg.Hidden)
+		if err != nil {
+			return err
+		}
+		if err := e.linear(out, keep.act.Add(s*actRowBytes), &g.down, rows); err != nil {
+			return err
+		}
+		if err := e.elementwise(e.fn.add, rows*e.cfg.Hidden, x.X.Add(s*rowBytes), out, int64(rows*e.cfg.Hidden)); err != nil {
 			return err
 		}
 	}

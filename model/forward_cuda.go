@@ -38,6 +38,7 @@ type GPU struct {
 	cfg    *Config
 	blas   *cuda.BLAS
 	stream cuda.Stream
+	stager *cuda.Stager // uploads weights through pinned memory
 	module *cuda.Module
 	fn     struct {
 		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare cuda.Function
@@ -91,6 +92,9 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, 
 	if e.stream, err = dev.NewStream(); err != nil {
 		return nil, err
 	}
+	if e.stager, err = dev.NewStager(64 << 20); err != nil {
+		return nil, err
+	}
 	if e.blas, err = dev.NewBLAS(); err != nil {
 		return nil, err
 	}
@@ -109,6 +113,9 @@ func (e *GPU) Close() error {
 		e.dev.Free(b.ptr)
 	}
 	e.scratch = nil
+	if e.stager != nil {
+		e.stager.Close()
+	}
 	if e.blas != nil {
 		e.blas.Close()
 	}

@@ -2,8 +2,9 @@ package model
 
 import (
 	"fmt"
-	"math"
 	"sync"
+
+	"github.com/qpack-dev/qpack/fp"
 )
 
 // Model is a decoder-only transformer whose weights are float32 in memory. Decoder blocks are
@@ -39,10 +40,8 @@ func (l *Linear) SetWeight(w []float32) error {
 	if len(w) != l.Out*l.In {
 		return fmt.Errorf("model: %s: replacement weight has %d values, want %d×%d", l.Name, len(w), l.Out, l.In)
 	}
-	for i, v := range w {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return fmt.Errorf("model: %s: replacement weight has a non-finite value at index %d", l.Name, i)
-		}
+	if i := fp.FirstNonFinite(w); i >= 0 {
+		return fmt.Errorf("model: %s: replacement weight has a non-finite value at index %d", l.Name, i)
 	}
 	l.W = w
 	return nil

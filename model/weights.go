@@ -2,7 +2,8 @@ package model
 
 import (
 	"fmt"
-	"math"
+
+	"github.com/qpack-dev/qpack/fp"
 )
 
 // Weights is where a Model reads its tensors from: a safetensors checkpoint, a reader that
@@ -59,10 +60,8 @@ func loadTensor(w Weights, name string, shape ...int) ([]float32, error) {
 	if len(data) != product(shape) {
 		return nil, fmt.Errorf("model: tensor %q has %d values, shape %v needs %d", name, len(data), shape, product(shape))
 	}
-	for i, v := range data {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return nil, fmt.Errorf("model: tensor %q has a non-finite value %v at index %d", name, v, i)
-		}
+	if i := fp.FirstNonFinite(data); i >= 0 {
+		return nil, fmt.Errorf("model: tensor %q has a non-finite value %v at index %d", name, data[i], i)
 	}
 	return data, nil
 }

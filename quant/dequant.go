@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 )
 
 // Dequantize writes the N×K float32 weights that t stands for into dst (row-major) and returns
@@ -21,7 +23,17 @@ func (t *Tensor) Dequantize(dst []float32) []float32 {
 		dst = make([]float32, t.N*t.K)
 	}
 	dst = dst[:t.N*t.K]
-	t.DequantizeRows(dst, 0, t.N)
+	// Large tensors are split by rows over the cores: a 7B MLP weight is 45M values, which one
+	// core dequantizes in about 0.15 s — a third of GPTQ's own GPU time on that layer.
+	const perWorker = 1 << 20
+	workers := min(runtime.GOMAXPROCS(0), max(1, t.N*t.K/perWorker), t.N)
+	rows := (t.N + workers - 1) / workers
+	var wg sync.WaitGroup
+	for r0 := 0; r0 < t.N; r0 += rows {
+		r1 := min(r0+rows, t.N)
+		wg.Go(func() { t.DequantizeRows(dst[r0*t.K:r1*t.K], r0, r1) })
+	}
+	wg.Wait()
 	return dst
 }
 

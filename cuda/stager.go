@@ -1,0 +1,84 @@
+package cuda
+
+import "fmt"
+
+// Stager copies pageable host memory (Go slices) to the device through a pinned buffer. A
+// cuMemcpyHtoD straight from pageable memory ran at about 1 GB/s on the H200 machine while
+// other goroutines worked; a host copy into pinned memory plus an asynchronous DMA runs near
+// memcpy speed. The buffer's two halves alternate, so the host copy of one piece overlaps the
+// DMA of the previous. Not safe for concurrent use.
+type Stager struct {
+	d      *Device
+	buf    []byte
+	halves [2][]byte
+	done   [2]Event
+	queued [2]bool
+}
+
+// NewStager allocates a stager with bytes of pinned memory (at least 2).
+func (d *Device) NewStager(bytes int) (*Stager, error) {
+	if bytes < 2 {
+		return nil, fmt.Errorf("cuda: NewStager(%d): need at least 2 bytes", bytes)
+	}
+	s := &Stager{d: d}
+	var err error
+	if s.buf, err = d.AllocHost(bytes); err != nil {
+		return nil, err
+	}
+	half := bytes / 2
+	s.halves = [2][]byte{s.buf[:half], s.buf[half : 2*half]}
+	for i := range s.done {
+		if s.done[i], err = d.NewEvent(); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// CopyToDevice queues the copy of src to dst on stream; src may change as soon as it returns,
+// dst holds the data once the stream reaches this point.
+func (s *Stager) CopyToDevice(dst DevicePtr, src []byte, stream Stream) error {
+	for i, off := 0, 0; off < len(src); i++ {
+		h := i % 2
+		if s.queued[h] { // the DMA out of this half must be done before it is overwritten
+			if err := s.d.SynchronizeEvent(s.done[h]); err != nil {
+				return err
+			}
+		}
+		n := copy(s.halves[h], src[off:])
+		if err := s.d.CopyToDeviceAsync(dst.Add(off), s.halves[h][:n], stream); err != nil {
+			return err
+		}
+		if err := s.d.Record(s.done[h], stream); err != nil {
+			return err
+		}
+		s.queued[h] = true
+		off += n
+	}
+	return nil
+}
+
+// Close waits for queued copies and frees the pinned memory.
+func (s *Stager) Close() error {
+	var first error
+	for i, e := range s.done {
+		if e == 0 {
+			continue
+		}
+		if s.queued[i] {
+			if err := s.d.SynchronizeEvent(e); err != nil && first == nil {
+				first = err
+			}
+		}
+		if err := s.d.DestroyEvent(e); err != nil && first == nil {
+			first = err
+		}
+	}
+	if s.buf != nil {
+		if err := s.d.FreeHost(s.buf); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
