@@ -3,6 +3,7 @@ package gptq
 import (
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -288,6 +289,34 @@ func TestGPUQuantizeGramMatchesHostHessian(t *testing.T) {
 		}
 		if gst.Loss != wst.Loss || gst.Baseline != wst.Baseline || gst.DeadColumns != 2 || gst.Lambda != wst.Lambda {
 			t.Errorf("%+v: stats %+v, want %+v (2 dead columns)", opt, gst, wst)
+		}
+	}
+}
+
+// TestGPUQuantizeGramRefusesNonFiniteActivations: a NaN or Inf that reached the Gram matrix
+// (through its channel's diagonal) is an error naming the channel, not a garbage tensor.
+func TestGPUQuantizeGramRefusesNonFiniteActivations(t *testing.T) {
+	dev, g := openGPUSolver(t)
+	const n, k = 16, 256
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 9))
+	h := testHessian(t, r, k)
+	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1))} {
+		gram := make([]float32, k*k)
+		for i, v := range h {
+			gram[i] = float32(v)
+		}
+		gram[77*k+77] = bad
+		p, err := dev.Alloc(4 * k * k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dev.CopyToDevice(p, cuda.Bytes(gram)); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = g.QuantizeGram(randomWeights(r, n, k), n, k, p, 1, quant.Scheme{Bits: 4, GroupSize: 128}, Options{})
+		dev.Free(p)
+		if err == nil || !strings.Contains(err.Error(), "entry 77") || !strings.Contains(err.Error(), "non-finite") {
+			t.Errorf("%v on the diagonal: error %v", bad, err)
 		}
 	}
 }
