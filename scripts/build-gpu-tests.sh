@@ -19,7 +19,7 @@ for p in $pkgs; do
 	dir=$(go list -f '{{.Dir}}' "$p")
 	rel=${dir#"$PWD"/}
 	name=$(echo "$rel" | tr / _)
-	go test -c -o "$out/$name.test" "$p"
+	go test -c -ldflags="-s -w" -o "$out/$name.test" "$p" # stripped: the whole folder must travel to the GPU machine
 	# go test -c writes nothing for a package without tests
 	if [ -f "$out/$name.test" ]; then echo "$rel $name.test" >>"$out/packages.txt"; fi
 done

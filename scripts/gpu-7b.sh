@@ -1,0 +1,20 @@
+#!/bin/bash
+# The 7B-scale measurements of the README's GPU table, on a GPU machine, from the repository root:
+# a synthetic Llama-2-7B, its read bandwidth, RTN on the GPU with its breakdown, and GPTQ end to end
+# with 128 × 2048 calibration tokens.
+# Usage: scripts/gpu-7b.sh QPACK_BINARY CALIB_IDS.npy [WORK_DIR]
+#   CALIB_IDS.npy: at least 262,144 token ids below 32,000 (int32 or int64 .npy); any text with a
+#   tokenizer.json would do for a real model, the synthetic one has no tokenizer.
+set -euo pipefail
+qpack=$1 calib=$2 work=${3:-/tmp/qpack-7b}
+mkdir -p "$work"
+[[ -f $work/syn7b/config.json ]] || "$qpack" synth "$work/syn7b" >/dev/null
+cat "$work"/syn7b/*.safetensors >/dev/null # page-cached, as in the README's numbers
+"$qpack" bench read "$work/syn7b"
+"$qpack" bench read "$work/syn7b"
+"$qpack" convert "$work/syn7b" -o "$work/rtn" --device cuda --method rtn --overwrite --report "$work/rtn.json" 2>&1 | tail -2
+rm -rf "$work/rtn"
+/usr/bin/time -f "%e s wall, %M KB max RSS" "$qpack" convert "$work/syn7b" -o "$work/gptq" --device cuda --method gptq \
+  --calib "$calib" --calib-samples 128 --calib-seqlen 2048 --overwrite --report "$work/gptq.json" >"$work/gptq.log" 2>&1
+grep -v '^\[' "$work/gptq.log" | grep -v '^gptq model' | tail -4
+rm -rf "$work/gptq"
