@@ -1,7 +1,6 @@
 package convert
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/qpack-dev/qpack/blockwise"
@@ -10,11 +9,11 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// Devices.
+// Devices (cuda.Select's choices).
 const (
-	DeviceAuto = "auto" // the GPU when a driver and a device are there, else the CPU
-	DeviceCPU  = "cpu"
-	DeviceCUDA = "cuda" // the GPU or an error
+	DeviceAuto = cuda.ChoiceAuto // the GPU when a driver and a device are there, else the CPU
+	DeviceCPU  = cuda.ChoiceCPU
+	DeviceCUDA = cuda.ChoiceCUDA // the GPU or an error
 )
 
 // gpu is the GPU side of a conversion: nil means everything runs on the CPU.
@@ -26,22 +25,12 @@ type gpu struct {
 // openGPU opens the first GPU as the device option asks. With "auto" a missing driver or
 // device is not an error: the conversion says so and runs on the CPU.
 func openGPU(device string, logf func(format string, args ...any)) (*gpu, error) {
-	switch device {
-	case DeviceCPU:
-		return nil, nil
-	case DeviceAuto, DeviceCUDA, "":
-	default:
-		return nil, fmt.Errorf("device %q: want auto, cpu or cuda", device)
+	dev, note, err := cuda.Select(device)
+	if note != "" {
+		logf("%s\n", note)
 	}
-	dev, err := cuda.Open(0)
-	if err != nil {
-		if device == DeviceCUDA {
-			return nil, fmt.Errorf("--device cuda: %w", err)
-		}
-		if !errors.Is(err, cuda.ErrNoDriver) {
-			logf("GPU unavailable, quantizing on the CPU: %v\n", err)
-		}
-		return nil, nil
+	if err != nil || dev == nil {
+		return nil, err
 	}
 	q, err := blockwise.NewGPUQuantizer(dev)
 	if err != nil {

@@ -93,3 +93,23 @@ func TestLibrarySearchTriesEnvDirFirst(t *testing.T) {
 		t.Log(lib)
 	}
 }
+
+// TestSelect: "cpu" never opens a GPU, an unknown choice is an error naming it, and without a
+// driver "auto" falls back to the CPU silently while "cuda" fails saying why.
+func TestSelect(t *testing.T) {
+	if dev, note, err := Select(ChoiceCPU); dev != nil || note != "" || err != nil {
+		t.Errorf("cpu: %v %q %v", dev, note, err)
+	}
+	if _, _, err := Select("tpu"); err == nil || !strings.Contains(err.Error(), `"tpu"`) {
+		t.Errorf("tpu: error %v", err)
+	}
+	if _, err := loadedDriver(); err == nil {
+		t.Skip("a driver is present")
+	}
+	if dev, note, err := Select(ChoiceAuto); dev != nil || note != "" || err != nil {
+		t.Errorf("auto without a driver: %v %q %v", dev, note, err)
+	}
+	if _, _, err := Select(ChoiceCUDA); !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), "--device cuda") {
+		t.Errorf("cuda without a driver: error %v", err)
+	}
+}
