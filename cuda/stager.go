@@ -15,6 +15,10 @@ type Stager struct {
 	queued [2]bool
 }
 
+// DefaultStagingBytes is the pinned memory qpack's stagers use: two 32 MiB halves, large
+// enough that each DMA runs at full speed.
+const DefaultStagingBytes = 64 << 20
+
 // NewStager allocates a stager with bytes of pinned memory (at least 2).
 func (d *Device) NewStager(bytes int) (*Stager, error) {
 	if bytes < 2 {

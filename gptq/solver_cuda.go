@@ -137,7 +137,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte) (g *GPUSolver, err error) {
 	if g.stream, err = dev.NewStream(); err != nil {
 		return nil, err
 	}
-	if g.stager, err = dev.NewStager(stagingBytes); err != nil {
+	if g.stager, err = dev.NewStager(cuda.DefaultStagingBytes); err != nil {
 		return nil, err
 	}
 	if g.blas, err = dev.NewBLAS(); err != nil {
@@ -408,9 +408,6 @@ func (g *GPUSolver) upload(slot int, data []byte) error {
 	}
 	return g.stager.CopyToDevice(ptr, data, g.stream)
 }
-
-// stagingBytes is the pinned memory of a solver's or engine's Stager.
-const stagingBytes = 64 << 20
 
 func int32s(v []int) []int32 {
 	out := make([]int32, len(v))

@@ -92,7 +92,7 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, 
 	if e.stream, err = dev.NewStream(); err != nil {
 		return nil, err
 	}
-	if e.stager, err = dev.NewStager(64 << 20); err != nil {
+	if e.stager, err = dev.NewStager(cuda.DefaultStagingBytes); err != nil {
 		return nil, err
 	}
 	if e.blas, err = dev.NewBLAS(); err != nil {
