@@ -299,6 +299,46 @@ func TestGPUQuantizerGPTQ4G128(t *testing.T) {
 	}
 }
 
+// TestGPURoundExactExhaustive checks int_round_exact, the division-free rounding the kernels use
+// for BF16 and F16 weights, against rintf of the true division on every finite 16-bit weight
+// and every finite positive F16 scale (2^16 × 31,743 pairs per dtype) where the kernels use it.
+func TestGPURoundExactExhaustive(t *testing.T) {
+	dev, q := openGPUQuantizer(t)
+	check, err := q.module.Function("bw_check_round_exact")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := dev.Alloc(24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Free(buf)
+	for dtype, name := range []string{"BF16", "F16"} {
+		init := make([]byte, 24)
+		binary.LittleEndian.PutUint32(init[16:], math.MaxUint32)
+		if err := dev.CopyToDevice(buf, init); err != nil {
+			t.Fatal(err)
+		}
+		if err := check.Launch(cuda.Dim3{X: 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, 0, int32(dtype), buf, buf.Add(16)); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]byte, 24)
+		if err := dev.CopyFromDevice(out, buf); err != nil {
+			t.Fatal(err)
+		}
+		bad, checked := binary.LittleEndian.Uint64(out), binary.LittleEndian.Uint64(out[8:])
+		first := binary.LittleEndian.Uint32(out[16:])
+		t.Logf("%s: %d weight/scale pairs compared", name, checked)
+		if checked < 1_000_000_000 {
+			t.Errorf("%s: only %d pairs compared", name, checked)
+		}
+		if bad > 0 {
+			t.Errorf("%s: %d pairs round differently from the division, first weight bits %#04x, scale bits %#04x",
+				name, bad, first>>16, first&0xffff)
+		}
+	}
+}
+
 // TestGPUQuantizerConcurrentCalls runs more concurrent callers than slots, on tensors of
 // different shapes and schemes (so the slots' buffers grow at different times), and checks
 // every result against the CPU and the statistics against what was moved.

@@ -12,7 +12,9 @@ import (
 )
 
 // The GPU kernels compute an integer code clamp(round(w/scale) + zero, 0, maxq) without a
-// division per weight (kernels/blockwise.cu, int_code_fast): with r = 1/scale correctly
+// division per weight. For BF16 and F16 weights they use int_round_exact (checked on every
+// weight/scale pair by the GPU test TestGPURoundExactExhaustive). For F32 weights they use
+// int_code_fast (kernels/blockwise.cu), which this file mirrors: with r = 1/scale correctly
 // rounded, x = fl(w·r) differs from the quotient q = fl(w/scale) by at most 3.0001 ulp-units
 // of |x| (r, x and q each carry one rounding of relative size ≤ 2^-24), so round(x) = round(q)
 // unless x lies within 3.0001·2^-24·|x| of a half-integer. The kernel rounds x by adding

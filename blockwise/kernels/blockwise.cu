@@ -128,7 +128,8 @@ __device__ __forceinline__ void int_params(float xmin, float xmax, int sym, int 
 #define RECIP_LIMIT 2097152.0f              // 2^21
 
 struct RecipInt {
-    float r, cutoff, nlo, nhi, magic_zero;
+    float r, cutoff, nlo, nhi, magic_zero, scale;
+    bool safe;  // |w·r| < RECIP_LIMIT for the whole group (false when not finite): int_round_exact applies
 };
 
 // recip_int prepares int_round_fast for a group with scale, zero point and max |w| absw.
@@ -141,6 +142,8 @@ __device__ __forceinline__ RecipInt recip_int(float scale, float zero, int maxq,
     p.nlo = -zero;
     p.nhi = __fsub_rn((float)maxq, zero);
     p.magic_zero = __fadd_rn(ROUND_MAGIC, zero);
+    p.scale = scale;
+    p.safe = absx < RECIP_LIMIT;
     return p;
 }
 
@@ -156,6 +159,25 @@ __device__ __forceinline__ float int_round_fast(float w, const RecipInt& p, bool
 // int_code_fast is the code itself: the low bits of n + zero + ROUND_MAGIC.
 __device__ __forceinline__ unsigned int int_code_fast(float w, const RecipInt& p, bool& ok) {
     return __float_as_uint(__fadd_rn(int_round_fast(w, p, ok), p.magic_zero)) - __float_as_uint(ROUND_MAGIC);
+}
+
+// Weights of 16-bit inputs (BF16, F16) need no check and no slow path: int_round_exact returns
+// round(fl(w/scale)) exactly. x = fl(w·r) is a faithful quotient, so its remainder w − x·scale is
+// exact in one FMA, and x + remainder·r rounded once is the correctly rounded quotient fl(w/scale)
+// (Markstein's theorem; r is the correctly rounded reciprocal), which ROUND_MAGIC then rounds to
+// an integer, ties to even, as rintf does. The GPU test TestGPURoundExactExhaustive checks every
+// finite BF16 and F16 weight against every finite F16 scale with |w·r| < RECIP_LIMIT (the group's
+// RecipInt.safe; other groups take the division).
+__device__ __forceinline__ float int_round_exact(float w, const RecipInt& p) {
+    const float x = __fmul_rn(w, p.r);
+    const float q = __fmaf_rn(__fmaf_rn(-x, p.scale, w), p.r, x);
+    return __fsub_rn(__fadd_rn(q, ROUND_MAGIC), ROUND_MAGIC);
+}
+
+// int_code_exact is the code of a 16-bit input's weight: clamp(round(w/scale) + zero, 0, maxq).
+__device__ __forceinline__ unsigned int int_code_exact(float w, const RecipInt& p) {
+    const float n = fminf(fmaxf(int_round_exact(w, p), p.nlo), p.nhi);
+    return __float_as_uint(__fadd_rn(n, p.magic_zero)) - __float_as_uint(ROUND_MAGIC);
 }
 
 // int_code is the reference formula with the true division.
@@ -296,8 +318,14 @@ __device__ __forceinline__ void process_tile(ENCODE_PARAMS, int tile, int tiles_
             }
             const RecipInt p = recip_int(scale, zero, maxq, absw);
             bool ok = true;
+            if constexpr (DT == IN_F32) {
 #pragma unroll
-            for (int j = 0; j < 8; j++) icode[j] = int_code_fast(v[j], p, ok);
+                for (int j = 0; j < 8; j++) icode[j] = int_code_fast(v[j], p, ok);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) icode[j] = int_code_exact(v[j], p);
+                ok = p.safe;
+            }
             if (!ok) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) icode[j] = int_code(v[j], scale, zero, maxq);
@@ -511,21 +539,41 @@ extern "C" __global__ void bw_reset_status(u64* status) {
 // blockIdx.y: row bands of 16).
 #define G128_ROWS 16
 
-// Packed min/max of two 16-bit floats; NaN loses (as fminf), and NaN weights are reported by
-// the code path.
+// Packed min/max of two 16-bit floats. NaN wins, so that a NaN weight makes its group unsafe
+// (RecipInt.safe) and takes the division path, which reports it.
 template <int DT>
 __device__ __forceinline__ unsigned int min2(unsigned int a, unsigned int b) {
     unsigned int d;
-    if constexpr (DT == IN_BF16) asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    else asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    if constexpr (DT == IN_BF16) asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    else asm("min.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
 template <int DT>
 __device__ __forceinline__ unsigned int max2(unsigned int a, unsigned int b) {
     unsigned int d;
-    if constexpr (DT == IN_BF16) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    else asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    if constexpr (DT == IN_BF16) asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    else asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
+}
+
+// g128_words packs this lane's 64 codes of a 16-bit input into 8 qweight words. Four codes
+// c_e = n_e + zero pack exactly in a float: 2^23 + Σ c_e·16^e stays in [2^23, 2^24), where the
+// float's low 16 bits are the packed codes (all products and sums are exact). CLAMP false skips
+// the clamp to [0, 15], for warps whose groups' extremes already round inside it.
+template <int DT, bool CLAMP>
+__device__ __forceinline__ void g128_words(const Raw<DT> (&x)[8], const RecipInt& p, float zero, unsigned int (&word)[8]) {
+    const float pack0 = __fadd_rn(8388608.0f, __fmul_rn(zero, 4369.0f));  // 2^23 + zero·0x1111
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float pk[2] = {pack0, pack0};
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float n = int_round_exact(raw_at<DT>(x[j], e), p);
+            if (CLAMP) n = fminf(fmaxf(n, p.nlo), p.nhi);
+            pk[e >> 2] = __fmaf_rn(n, (float)(1 << (4 * (e & 3))), pk[e >> 2]);
+        }
+        word[j] = __byte_perm(__float_as_uint(pk[0]), __float_as_uint(pk[1]), 0x5410);
+    }
 }
 
 template <int DT>
@@ -544,6 +592,7 @@ __device__ __forceinline__ void gptq4_g128(const void* w, int n_rows, int k, int
     for (int j = 0; j < 8; j++) load_raw<DT>(w, base + 8 * (2 * j + h), 8, true, x[j]);
 
     float lo = 0.0f, hi = 0.0f;
+    bool finite = true;  // 16-bit inputs: no NaN or Inf in the group (F32 checks each weight instead)
     if constexpr (DT == IN_F32) {
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -566,30 +615,41 @@ __device__ __forceinline__ void gptq4_g128(const void* w, int n_rows, int k, int
         Raw<DT> m;
         m.u[0] = mn;
         m.u[1] = mx;
-        lo = fminf(raw_at<DT>(m, 0), raw_at<DT>(m, 1));
-        hi = fmaxf(raw_at<DT>(m, 2), raw_at<DT>(m, 3));
+        const float lo0 = raw_at<DT>(m, 0), lo1 = raw_at<DT>(m, 1), hi0 = raw_at<DT>(m, 2), hi1 = raw_at<DT>(m, 3);
+        finite = !(non_finite(lo0) || non_finite(lo1) || non_finite(hi0) || non_finite(hi1));  // before fminf drops a NaN
+        lo = fminf(lo0, lo1);
+        hi = fmaxf(hi0, hi1);
     }
     lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
     hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
+    finite = __shfl_xor_sync(0xffffffffu, (int)finite, 1) && finite;  // the group's two lanes
     __half scale_h;
     float scale, zero;
     int_params(lo, hi, sym, 15, &scale_h, &scale, &zero);
     const RecipInt p = recip_int(scale, zero, 15, fmaxf(-lo, hi));
 
-    // Four codes c_e = n_e + zero pack exactly in float: 2^23 + Σ c_e·16^e stays in [2^23, 2^24),
-    // where the float's low 16 bits are the packed codes (all products and sums are exact).
-    const float pack0 = __fadd_rn(8388608.0f, __fmul_rn(zero, 4369.0f));  // 2^23 + zero·0x1111
     unsigned int word[8];
     bool ok = true;
+    if constexpr (DT == IN_F32) {
+        // Four codes c_e = n_e + zero pack exactly in a float (see g128_words).
+        const float pack0 = __fadd_rn(8388608.0f, __fmul_rn(zero, 4369.0f));
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float pk[2] = {pack0, pack0};
+        for (int j = 0; j < 8; j++) {
+            float pk[2] = {pack0, pack0};
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-            pk[e >> 2] = __fmaf_rn(int_round_fast(raw_at<DT>(x[j], e), p, ok), (float)(1 << (4 * (e & 3))), pk[e >> 2]);
-        word[j] = __byte_perm(__float_as_uint(pk[0]), __float_as_uint(pk[1]), 0x5410);
+            for (int e = 0; e < 8; e++)
+                pk[e >> 2] = __fmaf_rn(int_round_fast(raw_at<DT>(x[j], e), p, ok), (float)(1 << (4 * (e & 3))), pk[e >> 2]);
+            word[j] = __byte_perm(__float_as_uint(pk[0]), __float_as_uint(pk[1]), 0x5410);
+        }
+    } else {
+        // Rounding is monotone in w, so when the group's extremes round inside the code range
+        // every weight does.
+        ok = p.safe && finite;
+        const bool inside = ok && int_round_exact(lo, p) >= p.nlo && int_round_exact(hi, p) <= p.nhi;
+        if (__all_sync(0xffffffffu, inside)) g128_words<DT, false>(x, p, zero, word);
+        else g128_words<DT, true>(x, p, zero, word);
     }
-    if (!ok) {  // a weight near a rounding tie, or not finite: redo this lane with divisions
+    if (!ok) {  // F32: a weight near a rounding tie; any input: not finite, or an unsafe group. Divide.
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             unsigned int wd = 0, bad = 0;
@@ -628,3 +688,27 @@ __device__ __forceinline__ void gptq4_g128(const void* w, int n_rows, int k, int
 GPTQ4_ENTRY(_bf16, IN_BF16, 3)
 GPTQ4_ENTRY(_f16, IN_F16, 3)
 GPTQ4_ENTRY(_f32, IN_F32, 2)
+
+// bw_check_round_exact is TestGPURoundExactExhaustive: thread t takes the 16-bit weight pattern t
+// (BF16 or F16 by dtype) and every finite positive F16 scale, and compares int_round_exact with
+// rintf of the true division wherever RecipInt.safe holds. counts[0] gets the mismatches,
+// counts[1] the pairs compared; first gets the lowest mismatching weight << 16 | scale bits.
+extern "C" __global__ void bw_check_round_exact(int dtype, u64* counts, unsigned int* first) {
+    const unsigned int bits = blockIdx.x * blockDim.x + threadIdx.x;
+    if (bits > 0xffffu) return;
+    const float w = dtype == IN_BF16 ? __uint_as_float(bits << 16) : __half2float(__ushort_as_half((unsigned short)bits));
+    if (non_finite(w)) return;
+    u64 bad = 0, checked = 0;
+    for (unsigned int sb = 1; sb < 0x7c00u; sb++) {
+        const float scale = __half2float(__ushort_as_half((unsigned short)sb));
+        const RecipInt p = recip_int(scale, 0.0f, 15, fabsf(w));
+        if (!p.safe) continue;
+        checked++;
+        if (int_round_exact(w, p) != rintf(__fdiv_rn(w, scale))) {
+            bad++;
+            atomicMin(first, bits << 16 | sb);
+        }
+    }
+    atomicAdd(counts, bad);
+    atomicAdd(counts + 1, checked);
+}
