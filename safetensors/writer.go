@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -99,13 +97,22 @@ func Write(w io.Writer, tensors []WriterTensor, metadata map[string]string) erro
 		return err
 	}
 	for _, t := range tensors {
-		cw := &countingWriter{w: w}
-		if err := t.WriteTo(cw); err != nil {
-			return fmt.Errorf("tensor %q: %w", t.Name, err)
+		if err := writeTensor(w, t); err != nil {
+			return err
 		}
-		if cw.n != t.Size() {
-			return fmt.Errorf("tensor %q: wrote %d bytes, declared %d (dtype %s, shape %v)", t.Name, cw.n, t.Size(), t.DType, t.Shape)
-		}
+	}
+	return nil
+}
+
+// writeTensor runs t.WriteTo and checks that it wrote exactly the declared size, since a
+// wrong size would shift or corrupt the tensors after it.
+func writeTensor(w io.Writer, t WriterTensor) error {
+	cw := &countingWriter{w: w}
+	if err := t.WriteTo(cw); err != nil {
+		return fmt.Errorf("tensor %q: %w", t.Name, err)
+	}
+	if cw.n != t.Size() {
+		return fmt.Errorf("tensor %q: wrote %d bytes, declared %d (dtype %s, shape %v)", t.Name, cw.n, t.Size(), t.DType, t.Shape)
 	}
 	return nil
 }
@@ -124,37 +131,33 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // WriteFile writes a safetensors file atomically: to a temporary name in the same directory,
 // synced, then renamed; on any error the temporary file is removed and path is untouched.
 func WriteFile(path string, tensors []WriterTensor, metadata map[string]string) error {
-	return writeAtomic(path, func(w io.Writer) error { return Write(w, tensors, metadata) })
-}
-
-func writeAtomic(path string, write func(io.Writer) error) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	f, err := NewFileWriter(path, tensors, metadata)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
+	if err := streamTensors(f, tensors, newStreamBuffer()); err != nil {
+		f.Abort()
+		return err
+	}
+	return f.Commit(metadata)
+}
+
+// newStreamBuffer makes the buffer streamTensors writes through: WriteTo implementations often
+// write small pieces, and each piece reaching the FileWriter is a system call.
+func newStreamBuffer() *bufio.Writer { return bufio.NewWriterSize(nil, 1<<20) }
+
+// streamTensors writes tensors into f in file order, each through WriteTo and bw.
+func streamTensors(f *FileWriter, tensors []WriterTensor, bw *bufio.Writer) error {
+	for i, t := range tensors {
+		bw.Reset(f.TensorWriter(i))
+		if err := writeTensor(bw, t); err != nil {
+			return fmt.Errorf("%s: %w", f.Path(), err)
 		}
-	}()
-	bw := bufio.NewWriterSize(tmp, 1<<20)
-	if err = write(bw); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		if err := bw.Flush(); err != nil {
+			return err // the FileWriter's errors name the file and tensor
+		}
 	}
-	if err = bw.Flush(); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	if err = os.Chmod(tmp.Name(), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return nil
 }
 
 // ShardName is the Hugging Face shard file name, e.g. model-00001-of-00003.safetensors.
@@ -192,31 +195,19 @@ func WriteCheckpoint(dir string, tensors []WriterTensor, metadata map[string]str
 // group, else numbered shards and the index, which is written last so that a directory with
 // an index is complete. It returns the file names written.
 func WriteShards(dir string, shards [][]WriterTensor, metadata map[string]string) ([]string, error) {
-	if len(shards) == 1 {
-		return []string{"model.safetensors"}, WriteFile(filepath.Join(dir, "model.safetensors"), shards[0], metadata)
-	}
-	ix := Index{Metadata: map[string]any{}, WeightMap: map[string]string{}}
-	var names []string
-	var total int64
-	for i, shard := range shards {
-		name := ShardName(i, len(shards))
-		if err := WriteFile(filepath.Join(dir, name), shard, metadata); err != nil {
-			return nil, err
-		}
-		for _, t := range shard {
-			ix.WeightMap[t.Name] = name
-			total += t.Size()
-		}
-		names = append(names, name)
-	}
-	ix.Metadata["total_size"] = total
-	b, err := json.MarshalIndent(ix, "", "  ")
+	c, err := NewCheckpointWriter(dir, shards, metadata)
 	if err != nil {
 		return nil, err
 	}
-	err = writeAtomic(filepath.Join(dir, IndexName), func(w io.Writer) error {
-		_, err := w.Write(append(b, '\n'))
-		return err
-	})
-	return append(names, IndexName), err
+	bw := newStreamBuffer()
+	for i, shard := range shards {
+		if err := streamTensors(c.files[i], shard, bw); err != nil {
+			c.Abort()
+			return nil, err
+		}
+	}
+	if err := c.Commit(metadata); err != nil {
+		return nil, err
+	}
+	return c.Names(), nil
 }
