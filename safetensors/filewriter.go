@@ -15,6 +15,10 @@ import (
 // goes straight to its place in a pre-sized temporary file. Commit writes the header and moves
 // the file into place atomically; until then path is untouched.
 type FileWriter struct {
+	// NoSync skips the fsync before the rename: the file still appears only complete to any
+	// reader, but a power loss soon after could leave it with missing data. Set it before Commit.
+	NoSync bool
+
 	path      string
 	tensors   []WriterTensor // descriptions only, to re-encode the header at Commit
 	headerLen int
@@ -166,7 +170,7 @@ func (f *FileWriter) commit(metadata map[string]string) error {
 	if _, err := f.tmp.WriteAt(header, 0); err != nil {
 		return fmt.Errorf("%s: writing header: %w", f.path, err)
 	}
-	if err := publish(f.tmp, f.path); err != nil {
+	if err := publish(f.tmp, f.path, !f.NoSync); err != nil {
 		return fmt.Errorf("%s: %w", f.path, err)
 	}
 	return nil
@@ -217,12 +221,14 @@ func createTemp(path string) (*os.File, error) {
 	return os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 }
 
-// publish makes tmp durable and renames it to path, so that path is either absent or complete,
-// even after a crash. CreateTemp makes files 0600; checkpoints are meant to be shared. The
+// publish makes tmp durable (when sync) and renames it to path, so that path is either absent
+// or complete, even after a crash. CreateTemp makes files 0600; checkpoints are meant to be shared. The
 // caller removes tmp on error.
-func publish(tmp *os.File, path string) error {
-	if err := tmp.Sync(); err != nil {
-		return err
+func publish(tmp *os.File, path string, sync bool) error {
+	if sync {
+		if err := tmp.Sync(); err != nil {
+			return err
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return err
@@ -240,7 +246,7 @@ func writeAtomic(path string, data []byte) error {
 		return err
 	}
 	if _, err = tmp.Write(data); err == nil {
-		err = publish(tmp, path)
+		err = publish(tmp, path, true)
 	}
 	if err != nil {
 		tmp.Close()
@@ -253,6 +259,8 @@ func writeAtomic(path string, data []byte) error {
 // CheckpointWriter writes a checkpoint's shards through one FileWriter each, so that tensors
 // can be written by name, in any order, from several goroutines.
 type CheckpointWriter struct {
+	NoSync bool // FileWriter.NoSync for every shard; the index is small and always synced
+
 	dir    string
 	shards [][]WriterTensor
 	files  []*FileWriter
@@ -339,6 +347,7 @@ func (c *CheckpointWriter) Commit(metadata map[string]string) error {
 	errs := make([]error, len(c.files))
 	var wg sync.WaitGroup
 	for i, f := range c.files {
+		f.NoSync = c.NoSync
 		wg.Go(func() { errs[i] = f.Commit(metadata) })
 	}
 	wg.Wait()
