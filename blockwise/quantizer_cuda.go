@@ -65,7 +65,7 @@ type GPUQuantizer struct {
 		// the parameters of bw_params / bw_params_bin
 		fusedInt, fusedNF4, encodeInt, encodeNF4, encodeBin [3]cuda.Function
 		gptq4g128                                           [3]cuda.Function // see gpuJob.gptq4g128
-		params, paramsBin, packZeros, resetStatus           cuda.Function
+		params, paramsBin, packZeros                        cuda.Function
 	}
 	tileBlocks int            // blocks of the persistent encode kernels: gpuBlocksPerSM per SM
 	nf4        cuda.DevicePtr // the 15 NF4 thresholds
@@ -136,7 +136,6 @@ func newGPUQuantizer(dev *cuda.Device, ptx []byte, slots int) (*GPUQuantizer, er
 		name string
 	}{
 		{&k.params, "bw_params"}, {&k.paramsBin, "bw_params_bin"}, {&k.packZeros, "bw_pack_zeros"},
-		{&k.resetStatus, "bw_reset_status"},
 	}
 	for code, suffix := range []string{"_bf16", "_f16", "_f32"} {
 		for _, e := range []struct {
@@ -355,7 +354,7 @@ func (j gpuJob) deviceBytes() [numBufs]int {
 	if j.s.Grid == quant.Binary {
 		sz[bufParamOffset] = 4 * ng
 	}
-	sz[bufStatus] = 16
+	sz[bufStatus] = statusBytes
 	return sz
 }
 
@@ -389,13 +388,9 @@ func (q *GPUQuantizer) buffers(sl *gpuSlot, j gpuJob) ([numBufs]cuda.DevicePtr, 
 }
 
 // enqueue launches the kernels of job j on stream st: input in ptrs[bufInput], results in the
-// other slots.
+// other slots. The status words must already hold ~0 (run uploads them with the input).
 func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.Stream) error {
 	k := &q.kernels
-	one := cuda.Dim3{X: 1, Y: 1, Z: 1}
-	if err := k.resetStatus.Launch(one, cuda.Dim3{X: 32, Y: 1, Z: 1}, 0, st, ptrs[bufStatus]); err != nil {
-		return err
-	}
 	s := j.s
 	sym := int32(0)
 	if s.Sym {
@@ -478,29 +473,56 @@ func (q *GPUQuantizer) QuantizePack(raw []byte, dtype string, n, k int, s quant.
 	if want := j.deviceBytes()[bufInput]; len(raw) != want {
 		return nil, fmt.Errorf("tensor %s: %d bytes of %s for a %dx%d tensor (want %d)", prefix, len(raw), dtype, n, k, want)
 	}
+	var out []packing.Raw
+	err = q.QuantizePackWith(func(dst []byte) error { copy(dst, raw); return nil }, dtype, n, k, s, format, prefix,
+		func(raws []packing.Raw) error {
+			for _, r := range raws {
+				r.Data = append([]byte(nil), r.Data...) // out of the slot's pinned memory
+				out = append(out, r)
+			}
+			return nil
+		})
+	return out, err
+}
+
+// QuantizePackWith is QuantizePack for callers that read the input straight into the slot's
+// pinned staging memory and consume the results where they lie, saving a copy each way: fill
+// writes the tensor's raw bytes into dst (exactly the tensor's size), and use receives the
+// packed tensors as views of pinned memory, valid only until it returns. The slot stays taken
+// until then.
+func (q *GPUQuantizer) QuantizePackWith(fill func(dst []byte) error, dtype string, n, k int, s quant.Scheme, format, prefix string, use func([]packing.Raw) error) error {
+	j, err := newGPUJob(dtype, n, k, s, format, prefix)
+	if err != nil {
+		return err
+	}
 	var t gpuCallTimes
 	waitStart := time.Now()
 	sl := <-q.free
 	defer func() { q.free <- sl }()
 	t.wait = time.Since(waitStart)
-	out, err := q.run(sl, j, raw, &t)
+	out, err := q.run(sl, j, fill, &t)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	st := out[bufStatus]
 	if err := j.statusError([2]uint64{binary.LittleEndian.Uint64(st), binary.LittleEndian.Uint64(st[8:])}); err != nil {
-		return nil, err
+		return err
 	}
-	unpackStart := time.Now()
+	useStart := time.Now()
 	raws := j.raws(out[bufCodes], out[bufScales], out[bufZeros], out[bufOffsets])
-	t.unpack = time.Since(unpackStart)
 	outBytes := 0
 	for _, r := range raws {
 		outBytes += len(r.Data)
 	}
-	q.record(t, len(raw), outBytes)
-	return raws, nil
+	err = use(raws)
+	t.use = time.Since(useStart)
+	q.record(t, j.deviceBytes()[bufInput], outBytes)
+	return err
 }
+
+// statusBytes is the size of the status words (see blockwise.cu): the lowest flat index of a
+// non-finite weight and the lowest row·groups + group of a non-finite scale.
+const statusBytes = 16
 
 // downloaded are the device buffers a run copies back to the host.
 var downloaded = []int{bufCodes, bufScales, bufZeros, bufOffsets, bufStatus}
@@ -508,8 +530,9 @@ var downloaded = []int{bufCodes, bufScales, bufZeros, bufOffsets, bufStatus}
 // run stages raw in the slot's pinned memory, uploads it, runs the kernels and downloads the
 // results, all on the slot's stream, timing each phase. It returns views of the slot's pinned
 // output memory by buffer index, valid until the slot is used again.
-func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, raw []byte, t *gpuCallTimes) (map[int][]byte, error) {
+func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *gpuCallTimes) (map[int][]byte, error) {
 	need := j.deviceBytes()
+	in := need[bufInput]
 	ptrs, err := q.buffers(sl, j)
 	if err != nil {
 		return nil, err
@@ -518,19 +541,26 @@ func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, raw []byte, t *gpuCallTimes) (
 	for _, b := range downloaded {
 		outBytes += need[b]
 	}
-	if err := q.growHost(&sl.hostIn, len(raw)); err != nil {
+	if err := q.growHost(&sl.hostIn, in+statusBytes); err != nil {
 		return nil, err
 	}
 	if err := q.growHost(&sl.hostOut, outBytes); err != nil {
 		return nil, err
 	}
 	stageStart := time.Now()
-	copy(sl.hostIn, raw) // reads a memory-mapped input here, on the first touch of its pages
+	if err := fill(sl.hostIn[:in]); err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", j.prefix, err)
+	}
 	t.staging = time.Since(stageStart)
+	status := sl.hostIn[in : in+statusBytes]
+	for i := range status {
+		status[i] = 0xff // both words ~0: "nothing found", lowered by the kernels' atomicMin
+	}
 	ev := sl.events
 	steps := []func() error{
 		func() error { return q.dev.Record(ev[0], sl.stream) },
-		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufInput], sl.hostIn[:len(raw)], sl.stream) },
+		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufStatus], status, sl.stream) },
+		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufInput], sl.hostIn[:in], sl.stream) },
 		func() error { return q.dev.Record(ev[1], sl.stream) },
 		func() error { return q.enqueue(j, ptrs, sl.stream) },
 		func() error { return q.dev.Record(ev[2], sl.stream) },
@@ -579,9 +609,8 @@ func (q *GPUQuantizer) growHost(buf *[]byte, size int) error {
 	return nil
 }
 
-// raws wraps the downloaded tensors (copied out of pinned memory) as Pack names and shapes them.
+// raws names and shapes the downloaded tensors as Pack does, as views of pinned memory.
 func (j gpuJob) raws(codes, scales, zeros, offsets []byte) []packing.Raw {
-	own := func(b []byte) []byte { return append([]byte(nil), b...) }
 	s, n, k, ng, p := j.s, j.n, j.k, j.groups, j.prefix
 	if j.layout == layoutGPTQ {
 		gidx := make([]byte, 4*k)
@@ -589,9 +618,9 @@ func (j gpuJob) raws(codes, scales, zeros, offsets []byte) []packing.Raw {
 			binary.LittleEndian.PutUint32(gidx[4*c:], uint32(c/j.gsize))
 		}
 		return []packing.Raw{
-			{Name: p + ".qweight", DType: "I32", Shape: []int{k * s.Bits / 32, n}, Data: own(codes)},
-			{Name: p + ".qzeros", DType: "I32", Shape: []int{ng, packing.PackedLen[uint32](n, s.Bits)}, Data: own(zeros)},
-			{Name: p + ".scales", DType: "F16", Shape: []int{ng, n}, Data: own(scales)},
+			{Name: p + ".qweight", DType: "I32", Shape: []int{k * s.Bits / 32, n}, Data: codes},
+			{Name: p + ".qzeros", DType: "I32", Shape: []int{ng, packing.PackedLen[uint32](n, s.Bits)}, Data: zeros},
+			{Name: p + ".scales", DType: "F16", Shape: []int{ng, n}, Data: scales},
 			{Name: p + ".g_idx", DType: "I32", Shape: []int{k}, Data: gidx},
 		}
 	}
@@ -600,14 +629,14 @@ func (j gpuJob) raws(codes, scales, zeros, offsets []byte) []packing.Raw {
 	binary.LittleEndian.PutUint64(shape[8:], uint64(k))
 	out := []packing.Raw{
 		{Name: p + ".qpack_shape", DType: "I64", Shape: []int{2}, Data: shape},
-		{Name: p + ".qpack_codes", DType: "U8", Shape: []int{n, packing.PackedLen[uint8](k, s.Bits)}, Data: own(codes)},
-		{Name: p + ".qpack_scales", DType: "F16", Shape: []int{n, ng}, Data: own(scales)},
+		{Name: p + ".qpack_codes", DType: "U8", Shape: []int{n, packing.PackedLen[uint8](k, s.Bits)}, Data: codes},
+		{Name: p + ".qpack_scales", DType: "F16", Shape: []int{n, ng}, Data: scales},
 	}
 	if len(zeros) > 0 {
-		out = append(out, packing.Raw{Name: p + ".qpack_zeros", DType: "U8", Shape: []int{n, packing.PackedLen[uint8](ng, s.Bits)}, Data: own(zeros)})
+		out = append(out, packing.Raw{Name: p + ".qpack_zeros", DType: "U8", Shape: []int{n, packing.PackedLen[uint8](ng, s.Bits)}, Data: zeros})
 	}
 	if len(offsets) > 0 {
-		out = append(out, packing.Raw{Name: p + ".qpack_offsets", DType: "F16", Shape: []int{n, ng}, Data: own(offsets)})
+		out = append(out, packing.Raw{Name: p + ".qpack_offsets", DType: "F16", Shape: []int{n, ng}, Data: offsets})
 	}
 	return out
 }
@@ -622,16 +651,16 @@ type GPUStats struct {
 	InBytes  int64         // raw input bytes staged and uploaded
 	OutBytes int64         // bytes of the returned packed tensors
 	Wait     time.Duration // waiting for a free slot
-	Staging  time.Duration // copying the input into pinned memory: a mapped input is read here
+	Staging  time.Duration // filling the pinned input buffer: the input is read here
 	Upload   time.Duration // host to device
 	Kernels  time.Duration
 	Download time.Duration // device to host
-	Unpack   time.Duration // host: copying the results out of pinned memory into the returned tensors
+	Use      time.Duration // host: the caller's use of the results in pinned memory (QuantizePack copies them out)
 }
 
 // gpuCallTimes are the phases of one QuantizePack call.
 type gpuCallTimes struct {
-	wait, staging, upload, kernels, download, unpack time.Duration
+	wait, staging, upload, kernels, download, use time.Duration
 }
 
 // record adds one finished call to the statistics.
@@ -647,7 +676,7 @@ func (q *GPUQuantizer) record(t gpuCallTimes, inBytes, outBytes int) {
 	s.Upload += t.upload
 	s.Kernels += t.kernels
 	s.Download += t.download
-	s.Unpack += t.unpack
+	s.Use += t.use
 }
 
 // Stats returns the statistics of the calls finished so far.

@@ -3,6 +3,7 @@ package blockwise
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -232,6 +233,17 @@ func TestGPUQuantizerReportsBadInput(t *testing.T) {
 	if _, err := q.QuantizePack(raw, "I8", n, k, s, "gptq", "w"); err == nil {
 		t.Error("dtype I8 accepted")
 	}
+	fillErr := errors.New("disk gone")
+	err := q.QuantizePackWith(func([]byte) error { return fillErr }, "BF16", n, k, s, "gptq", "w",
+		func([]packing.Raw) error { t.Error("use called after a failed fill"); return nil })
+	if !errors.Is(err, fillErr) || !strings.Contains(err.Error(), "tensor w") {
+		t.Errorf("failing fill: got %v", err)
+	}
+	useErr := errors.New("write failed")
+	if err := q.QuantizePackWith(func(dst []byte) error { copy(dst, raw); return nil }, "BF16", n, k, s, "gptq", "w",
+		func([]packing.Raw) error { return useErr }); !errors.Is(err, useErr) {
+		t.Errorf("failing use: got %v", err)
+	}
 	// After errors the quantizer still works.
 	if _, err := q.QuantizePack(raw, "BF16", n, k, s, "gptq", "w"); err != nil {
 		t.Errorf("good input after bad ones: %v", err)
@@ -387,7 +399,7 @@ func TestGPUQuantizerConcurrentCalls(t *testing.T) {
 	if st.Calls != len(jobs) || st.InBytes != inBytes || st.OutBytes != outBytes {
 		t.Errorf("stats: %d calls, %d bytes in, %d out; want %d, %d, %d", st.Calls, st.InBytes, st.OutBytes, len(jobs), inBytes, outBytes)
 	}
-	if st.Staging <= 0 || st.Upload <= 0 || st.Kernels <= 0 || st.Download <= 0 || st.Unpack <= 0 {
+	if st.Staging <= 0 || st.Upload <= 0 || st.Kernels <= 0 || st.Download <= 0 || st.Use <= 0 {
 		t.Errorf("stats: a phase was not timed: %+v", st)
 	}
 }
@@ -398,12 +410,12 @@ func TestGPUStatsRecord(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 50 {
 		wg.Go(func() {
-			q.record(gpuCallTimes{wait: 1, staging: 2, upload: 3, kernels: 4, download: 5, unpack: time.Duration(i)}, 100, 10)
+			q.record(gpuCallTimes{wait: 1, staging: 2, upload: 3, kernels: 4, download: 5, use: time.Duration(i)}, 100, 10)
 		})
 	}
 	wg.Wait()
 	want := GPUStats{Calls: 50, InBytes: 5000, OutBytes: 500, Wait: 50, Staging: 100, Upload: 150, Kernels: 200,
-		Download: 250, Unpack: 49 * 50 / 2}
+		Download: 250, Use: 49 * 50 / 2}
 	if got := q.Stats(); got != want {
 		t.Errorf("Stats() = %+v, want %+v", got, want)
 	}

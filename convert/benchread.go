@@ -24,13 +24,13 @@ func (r ReadResult) String() string {
 }
 
 // ReadTensors reads every tensor of the checkpoint at src the way Convert's GPU path reads the
-// weights it quantizes: in file order, through the same scheduler, `workers` at once (the GPU
-// quantizer's slots, blockwise.DefaultGPUSlots when workers ≤ 0), each copying the tensor's
-// mapped bytes into a buffer of its own (the slot's pinned staging buffer there) and releasing
-// the mapping. Whatever of the files is in the page cache stays there.
+// weights it quantizes: in file order, `workers` at once (the GPU conversion's workers,
+// blockwise.DefaultGPUSlots + 1, when workers ≤ 0), each with read calls into a buffer of its
+// own (a GPU slot's pinned staging buffer there). Whatever of the files is in the page cache
+// stays there.
 func ReadTensors(src string, workers int) (ReadResult, error) {
 	if workers <= 0 {
-		workers = blockwise.DefaultGPUSlots
+		workers = blockwise.DefaultGPUSlots + 1
 	}
 	start := time.Now()
 	ck, err := safetensors.Open(src)
@@ -42,35 +42,24 @@ func ReadTensors(src string, workers int) (ReadResult, error) {
 	for range workers {
 		buffers <- nil
 	}
-	var tasks []*aheadTask
+	var units []unit
 	var total int64
 	for _, h := range ck.Headers() {
 		for _, info := range h.Tensors {
 			total += info.Size
-			tasks = append(tasks, newAheadTask(func() error {
-				raw, err := ck.Bytes(info.Name)
-				if err != nil {
-					return err
-				}
+			units = append(units, func(*safetensors.CheckpointWriter) error {
 				buf := <-buffers
-				if len(buf) < len(raw) {
-					buf = make([]byte, len(raw))
+				if int64(cap(buf)) < info.Size {
+					buf = make([]byte, info.Size)
 				}
-				copy(buf, raw)
+				err := ck.ReadInto(info.Name, buf[:info.Size])
 				buffers <- buf
-				ck.Release(info.Name)
-				return nil
-			}))
+				return err
+			})
 		}
 	}
-	pipe := newAhead(workers, 2*workers)
-	defer pipe.close()
-	pipe.start(tasks)
-	for _, t := range tasks {
-		if err := t.wait(); err != nil {
-			return ReadResult{}, err
-		}
-		pipe.done()
+	if err := runUnits(nil, units, workers); err != nil {
+		return ReadResult{}, err
 	}
 	return ReadResult{Bytes: total, Seconds: time.Since(start).Seconds()}, nil
 }

@@ -26,9 +26,9 @@ func newPhase(name string, seconds float64, bytes int64) Phase {
 	return p
 }
 
-// breakdown splits a finished conversion's time by phase. On the GPU path the input is
-// memory-mapped and read by the copy into pinned memory, so reading and staging are one phase.
-// Kept tensors are read by the write itself.
+// breakdown splits a finished conversion's time by phase. On the GPU path the input is read
+// straight into pinned memory, so reading and staging are one phase; the results are written
+// from pinned memory (counted in write). Kept tensors are read by the write itself.
 func (r *Report) breakdown(gs blockwise.GPUStats) []Phase {
 	sec := func(d time.Duration) float64 { return d.Seconds() }
 	var phases []Phase
@@ -38,8 +38,7 @@ func (r *Report) breakdown(gs blockwise.GPUStats) []Phase {
 			newPhase("read+staging", sec(gs.Staging), gs.InBytes),
 			newPhase("h2d", sec(gs.Upload), gs.InBytes),
 			newPhase("kernels", sec(gs.Kernels), gs.InBytes),
-			newPhase("d2h", sec(gs.Download), gs.OutBytes),
-			newPhase("unpack", sec(gs.Unpack), gs.OutBytes))
+			newPhase("d2h", sec(gs.Download), gs.OutBytes))
 	}
 	var cpuSeconds float64
 	var cpuBytes int64
@@ -56,6 +55,7 @@ func (r *Report) breakdown(gs blockwise.GPUStats) []Phase {
 		newPhase("write", r.WriteSeconds, r.OutBytes),
 		newPhase("hash", r.HashSeconds, r.hashedBytes),
 		newPhase("hash wait", r.hashWaitSeconds, 0),
+		newPhase("commit", r.CommitSeconds, r.OutBytes),
 		newPhase("wall", r.Seconds, r.InBytes))
 }
 

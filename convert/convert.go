@@ -2,7 +2,6 @@ package convert
 
 import (
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/qpack-dev/qpack/packing"
@@ -40,15 +39,18 @@ type Report struct {
 	Files       []string       `json:"files"`
 	Seconds     float64        `json:"seconds"`
 	// Where the time went: quantizing and packing (reading the weights, and for the GPU the
-	// copies and kernels) and writing the output; hashing the inputs for the provenance runs
+	// copies and kernels), writing the output (summed over the writers), and committing it
+	// (the final flush to disk and renames); hashing the inputs for the provenance runs
 	// alongside them.
 	HashSeconds     float64 `json:"hash_seconds"`
 	QuantizeSeconds float64 `json:"quantize_seconds"`
 	WriteSeconds    float64 `json:"write_seconds"`
+	CommitSeconds   float64 `json:"commit_seconds"`
 	// Breakdown splits the wall time by phase, with bytes and rates (see breakdown.go).
 	Breakdown []Phase `json:"breakdown"`
 
-	hashWaitSeconds float64 // the writer waiting for the input hashes at the end
+	writes          writeTimer
+	hashWaitSeconds float64 // waiting for the input hashes at the end
 	hashedBytes     int64
 }
 
@@ -92,15 +94,13 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	}
 	defer g.close()
 	defer runner.close()
-	opt.Log = &lockedWriter{w: opt.Log} // modules run ahead log from several goroutines
-	pipe := newAhead(g.slots(), 2*g.slots())
-	defer pipe.close() // before the GPU and the input mapping are released
+	opt.Log = &lockedWriter{w: opt.Log} // units log from several goroutines
 	report := &Report{Source: src, Output: dst, Method: opt.Method, Format: f.Name()}
-	tensors, tasks, err := buildTensors(ck, items, f, opt, g, runner, report, pipe)
+	tensors, units, err := buildOutput(ck, items, f, opt, g, runner, report)
 	if err != nil {
 		return nil, err
 	}
-	hashes, err := startHashing(ck.Files())
+	hashes, err := startHashing(ck.Files(), opt.InputHash)
 	if err != nil {
 		return nil, err
 	}
@@ -110,18 +110,21 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	defer runner.start(ck.Dir, calib, opt.GPTQ.TrueSequential)()
-	pipe.start(tasks)
 	err = writeStaged(dst, opt.Overwrite, func(dir string) error {
-		files, err := safetensors.WriteShards(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)
+		out, err := safetensors.NewCheckpointWriter(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)
 		if err != nil {
 			return err
 		}
-		report.Files = files
-		if err := hashes.patch(dir, files); err != nil {
+		defer out.Abort()
+		out.NoSync = opt.NoSync
+		if err := runUnits(out, units, g.workers()); err != nil {
 			return err
 		}
-		report.HashSeconds = hashes.seconds
-		report.hashWaitSeconds, report.hashedBytes = hashes.waited, hashes.bytes()
+		if err := commitOutput(out, hashes, report, func(inputs []InputFile) (map[string]string, error) {
+			return outputMetadata(items, plan, calib, inputs, f, opt)
+		}); err != nil {
+			return err
+		}
 		if err := writeModelConfigs(dir, cfg, f, items); err != nil {
 			return err
 		}
@@ -136,6 +139,27 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	return report, nil
 }
 
+// commitOutput waits for the input hashes and commits the output files with the final
+// metadata, which only replaces the hash placeholders (same length, so nothing moves).
+func commitOutput(out *safetensors.CheckpointWriter, hashes *inputHashes, report *Report, metadata func([]InputFile) (map[string]string, error)) error {
+	inputs, err := hashes.wait()
+	if err != nil {
+		return err
+	}
+	report.HashSeconds, report.hashWaitSeconds, report.hashedBytes = hashes.seconds, hashes.waited, hashes.bytes()
+	meta, err := metadata(inputs)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := out.Commit(meta); err != nil {
+		return err
+	}
+	report.CommitSeconds = time.Since(start).Seconds()
+	report.Files = out.Names()
+	return nil
+}
+
 // setupMethod opens the GPU as the device option asks and, for GPTQ, makes the runner that
 // will feed the writer (solving on the GPU when there is one). Either may be nil.
 func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner, error) {
@@ -143,7 +167,7 @@ func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner
 	if opt.Method == "gptq" && opt.Device == DeviceCUDA && opt.Clip {
 		return nil, nil, fmt.Errorf("--method gptq --clip (MSE group parameters) has no GPU path; use --device auto or cpu")
 	}
-	g, err := openGPU(opt.Device, logf)
+	g, err := openGPU(opt.Device, opt.GPUSlots, logf)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -171,11 +195,10 @@ type outTensor struct {
 	shard int
 }
 
-// buildTensors turns the plan into output tensors: kept tensors stream their input bytes, and
-// each quantized weight becomes its format's packed tensors, quantized ahead of the writer by
-// pipe (the tasks returned, in write order) or when the first of them is written, and released
-// after the last.
-func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, g *gpu, runner *gptqRunner, report *Report, pipe *ahead) ([]outTensor, []*aheadTask, error) {
+// buildOutput turns the plan into the output tensors' descriptions and the units that write
+// them: kept tensors are copied from the input, and each quantized weight becomes its
+// format's packed tensors, all written by one unit.
+func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, g *gpu, runner *gptqRunner, report *Report) ([]outTensor, []unit, error) {
 	report.Tensors = make([]TensorReport, len(items))
 	layouts := layoutCache{}
 	total := 0
@@ -185,13 +208,14 @@ func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, op
 		}
 	}
 	var out []outTensor
-	var tasks []*aheadTask
+	var units []unit
 	done := 0
 	for i, it := range items {
 		tr := &report.Tensors[i]
 		*tr = TensorReport{Name: it.Info.Name, Shape: it.Info.Shape, InBytes: it.Info.Size, Scheme: "keep", OutBytes: it.Info.Size}
 		if it.Scheme == nil {
-			out = append(out, outTensor{keptTensor(ck, it.Info, report), it.ShardIdx})
+			out = append(out, outTensor{safetensors.WriterTensor{Name: it.Info.Name, DType: it.Info.DType, Shape: it.Info.Shape}, it.ShardIdx})
+			units = append(units, keptUnit(ck, it.Info.Name, &report.writes))
 			continue
 		}
 		layout, err := layouts.get(f, it.Module, *it.Scheme, it.N(), it.K())
@@ -203,34 +227,26 @@ func buildTensors(ck *safetensors.Checkpoint, items []Item, f packing.Format, op
 		for _, r := range layout {
 			tr.OutBytes += r.size
 			tr.Outputs = append(tr.Outputs, r.Name)
+			out = append(out, outTensor{safetensors.WriterTensor{Name: r.Name, DType: r.DType, Shape: r.Shape}, it.ShardIdx})
 		}
-		m := &packedModule{ck: ck, item: it, format: f, opt: opt, gpu: g, gptq: runner, layout: layout, report: tr, total: report,
-			progress: fmt.Sprintf("[%d/%d]", done, total)}
-		if m.runsAhead() {
-			m.task, m.ahead = newAheadTask(m.run), pipe
-			tasks = append(tasks, m.task)
-		}
-		for j := range layout {
-			out = append(out, outTensor{m.tensor(j), it.ShardIdx})
-		}
+		m := &packedModule{ck: ck, item: it, format: f, opt: opt, gpu: g, gptq: runner, layout: layout, report: tr,
+			writes: &report.writes, progress: fmt.Sprintf("[%d/%d]", done, total)}
+		units = append(units, m.write)
 	}
-	return out, tasks, nil
+	return out, units, nil
 }
 
-// keptTensor copies an input tensor unchanged, straight from the mapped file.
-func keptTensor(ck *safetensors.Checkpoint, info safetensors.TensorInfo, report *Report) safetensors.WriterTensor {
-	return safetensors.WriterTensor{Name: info.Name, DType: info.DType, Shape: info.Shape,
-		WriteTo: func(w io.Writer) error {
-			b, err := ck.Bytes(info.Name)
-			if err != nil {
-				return err
-			}
-			start := time.Now()
-			_, err = w.Write(b)
-			report.WriteSeconds += time.Since(start).Seconds()
-			ck.Release(info.Name)
+// keptUnit copies an input tensor unchanged, straight from the mapped file.
+func keptUnit(ck *safetensors.Checkpoint, name string, writes *writeTimer) unit {
+	return func(out *safetensors.CheckpointWriter) error {
+		b, err := ck.Bytes(name)
+		if err != nil {
 			return err
-		}}
+		}
+		err = writes.write(out, name, b)
+		ck.Release(name)
+		return err
+	}
 }
 
 // shardTensors groups the output like the input (one output shard per input shard), or by
@@ -258,6 +274,7 @@ func shardTensors(ts []outTensor, inputShards int, maxBytes int64) [][]safetenso
 
 func (r *Report) finish(elapsed time.Duration) {
 	r.Seconds = elapsed.Seconds()
+	r.WriteSeconds = r.writes.seconds()
 	for _, t := range r.Tensors {
 		r.QuantizeSeconds += t.Seconds
 		r.InBytes += t.InBytes

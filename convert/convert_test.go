@@ -17,6 +17,7 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/quantized"
 	"github.com/qpack-dev/qpack/safetensors"
+	"lukechampine.com/blake3"
 )
 
 // roundTrip converts src with the scheme and format, dequantizes the result to F32, and checks
@@ -190,13 +191,57 @@ func TestExistingOutputNeedsOverwrite(t *testing.T) {
 	if !strings.Contains(prov, "model.layers.3.mlp.down_proj") {
 		t.Errorf("provenance %q", prov)
 	}
-	// The input hashes, computed while converting, were patched into the header exactly.
-	raw, _ := os.ReadFile(testenv.Testdata(t, "models/tiny/model.safetensors"))
-	sum := sha256.Sum256(raw)
-	var p Provenance
-	if err := json.Unmarshal([]byte(prov), &p); err != nil || len(p.Inputs) != 1 ||
-		p.Inputs[0].SHA256 != hex.EncodeToString(sum[:]) || p.Inputs[0].Bytes != int64(len(raw)) {
-		t.Errorf("provenance inputs %+v (%v), want sha256 %x", p.Inputs, err, sum)
+}
+
+// The input digests, computed while converting, are in the committed header, for each choice.
+func TestProvenanceInputHash(t *testing.T) {
+	src := testenv.Testdata(t, "models/tiny")
+	raw, err := os.ReadFile(filepath.Join(src, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sha := sha256.Sum256(raw)
+	b3 := blake3.Sum256(raw)
+	for _, c := range []struct{ algo, blake3, sha256 string }{
+		{"", hex.EncodeToString(b3[:]), ""}, // the default
+		{HashSHA256, "", hex.EncodeToString(sha[:])},
+		{HashNone, "", ""},
+	} {
+		opt := DefaultOptions()
+		opt.InputHash = c.algo
+		dst := filepath.Join(t.TempDir(), "out")
+		if _, err := Convert(src, dst, opt); err != nil {
+			t.Fatal(err)
+		}
+		ck, err := safetensors.Open(dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p Provenance
+		err = json.Unmarshal([]byte(ck.Metadata()[ProvenanceKey]), &p)
+		ck.Close()
+		want := InputFile{Name: "model.safetensors", Bytes: int64(len(raw)), BLAKE3: c.blake3, SHA256: c.sha256}
+		if err != nil || len(p.Inputs) != 1 || p.Inputs[0] != want {
+			t.Errorf("input hash %q: provenance inputs %+v (%v), want %+v", c.algo, p.Inputs, err, want)
+		}
+	}
+	opt := DefaultOptions()
+	opt.InputHash = "md5"
+	if _, err := Convert(src, filepath.Join(t.TempDir(), "out"), opt); err == nil || !strings.Contains(err.Error(), "md5") {
+		t.Errorf("input hash md5: got %v", err)
+	}
+}
+
+// hashFile's BLAKE3 is the reference implementation's: the published digest of no bytes.
+func TestBLAKE3EmptyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := &inputHashes{algo: HashBLAKE3}
+	got, err := h.hashFile(path)
+	if want := "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"; err != nil || got != want {
+		t.Errorf("BLAKE3 of an empty file: %s (%v), want %s", got, err, want)
 	}
 }
 

@@ -58,7 +58,7 @@ func dequantizedTensors(c *quantized.Checkpoint, dtype safetensors.DType) ([][]s
 			prefix, owned := c.Owner(info.Name)
 			switch {
 			case !owned:
-				shard = append(shard, keptTensor(c.Checkpoint, info, &Report{}))
+				shard = append(shard, mappedTensor(c.Checkpoint, info))
 			case info.Name == c.Format.TensorNames(prefix)[0]:
 				shape, ok := c.Shape(prefix + ".weight")
 				if !ok {
@@ -81,6 +81,20 @@ func dequantizedTensors(c *quantized.Checkpoint, dtype safetensors.DType) ([][]s
 		}
 	}
 	return shards, nil
+}
+
+// mappedTensor streams an input tensor unchanged from the mapped file.
+func mappedTensor(ck *safetensors.Checkpoint, info safetensors.TensorInfo) safetensors.WriterTensor {
+	return safetensors.WriterTensor{Name: info.Name, DType: info.DType, Shape: info.Shape,
+		WriteTo: func(w io.Writer) error {
+			b, err := ck.Bytes(info.Name)
+			if err != nil {
+				return err
+			}
+			_, err = w.Write(b)
+			ck.Release(info.Name)
+			return err
+		}}
 }
 
 // encodeFloats stores float32 values as little-endian F16, BF16 or F32 (rounding to nearest even).

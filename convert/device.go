@@ -16,6 +16,13 @@ const (
 	DeviceCUDA = cuda.ChoiceCUDA // the GPU or an error
 )
 
+// DefaultGPUSlots is how many tensors a conversion has on the GPU at once (Options.GPUSlots).
+// A slot stays taken while its results are written from its pinned memory, so a conversion
+// needs more than the quantizer's default of one uploading, one computing, one downloading:
+// measured on a synthetic 7B (README), 6 slots read and write enough tensors at once to keep up
+// with the file reads. Each slot holds pinned and device memory the size of the largest tensor.
+const DefaultGPUSlots = 6
+
 // gpu is the GPU side of a conversion: nil means everything runs on the CPU.
 type gpu struct {
 	dev *cuda.Device
@@ -24,7 +31,7 @@ type gpu struct {
 
 // openGPU opens the first GPU as the device option asks. With "auto" a missing driver or
 // device is not an error: the conversion says so and runs on the CPU.
-func openGPU(device string, logf func(format string, args ...any)) (*gpu, error) {
+func openGPU(device string, slots int, logf func(format string, args ...any)) (*gpu, error) {
 	dev, note, err := cuda.Select(device)
 	if note != "" {
 		logf("%s\n", note)
@@ -32,7 +39,10 @@ func openGPU(device string, logf func(format string, args ...any)) (*gpu, error)
 	if err != nil || dev == nil {
 		return nil, err
 	}
-	q, err := blockwise.NewGPUQuantizer(dev)
+	if slots <= 0 {
+		slots = DefaultGPUSlots
+	}
+	q, err := blockwise.NewGPUQuantizerSlots(dev, slots)
 	if err != nil {
 		dev.Close()
 		return nil, err
@@ -69,12 +79,20 @@ func checkDevicePlan(g *gpu, device string, items []Item, f packing.Format, opt 
 	return nil
 }
 
-// slots is how many modules are quantized at once ahead of the writer: one per quantizer slot.
-func (g *gpu) slots() int {
-	if g == nil {
-		return blockwise.DefaultGPUSlots // only tests run modules ahead without a GPU
+// testWorkers, when set, replaces workers' answer: tests compare outputs across worker counts.
+var testWorkers int
+
+// workers is how many output units run at once: on the GPU one per quantizer slot and one
+// more, so that a slot's results are written while the others read and compute; on the CPU
+// two, so that one module is written while the next is quantized (each uses every core).
+func (g *gpu) workers() int {
+	if testWorkers > 0 {
+		return testWorkers
 	}
-	return g.q.Slots()
+	if g == nil {
+		return 2
+	}
+	return g.q.Slots() + 1
 }
 
 // stats says where the GPU quantizer's time went (zero without a GPU).

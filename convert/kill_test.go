@@ -36,7 +36,7 @@ func TestKillDuringWrite(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// Kill as soon as the staging directory holds a finished shard and another is being written.
+	// Kill while the staging directory holds shards being written (temporary files).
 	deadline := time.Now().Add(60 * time.Second)
 	for !stagingHasShard(filepath.Dir(dst)) {
 		if time.Now().After(deadline) {
@@ -58,7 +58,8 @@ func TestKillDuringWrite(t *testing.T) {
 	}
 }
 
-// stagingHasShard reports whether a hidden staging directory in parent holds a finished shard.
+// stagingHasShard reports whether a hidden staging directory in parent holds a shard being
+// written (its temporary file).
 func stagingHasShard(parent string) bool {
 	entries, _ := os.ReadDir(parent)
 	for _, e := range entries {
@@ -67,7 +68,7 @@ func stagingHasShard(parent string) bool {
 		}
 		files, _ := os.ReadDir(filepath.Join(parent, e.Name()))
 		for _, f := range files {
-			if strings.HasSuffix(f.Name(), ".safetensors") && !strings.HasPrefix(f.Name(), ".") {
+			if strings.Contains(f.Name(), ".safetensors.tmp-") {
 				return true
 			}
 		}

@@ -2,7 +2,6 @@ package convert
 
 import (
 	"fmt"
-	"io"
 	"slices"
 	"time"
 
@@ -70,9 +69,7 @@ func placeholderTensor(s quant.Scheme, n, k int) *quant.Tensor {
 	return t
 }
 
-// packedModule quantizes and packs one weight: ahead of the writer when it has a task (the GPU
-// path), else on demand, when its first stored tensor is written. Its stored tensors are
-// written consecutively and the last releases the bytes.
+// packedModule quantizes, packs and writes one weight.
 type packedModule struct {
 	ck       *safetensors.Checkpoint
 	item     Item
@@ -82,72 +79,39 @@ type packedModule struct {
 	gptq     *gptqRunner // set for --method gptq: the tensor comes from the calibration run
 	layout   []rawLayout
 	report   *TensorReport
-	total    *Report // receives the write time
+	writes   *writeTimer
 	progress string
-	packed   []packing.Raw
-	task     *aheadTask // nil: run on demand
-	ahead    *ahead     // runs task
 }
 
-func (m *packedModule) tensor(i int) safetensors.WriterTensor {
-	l := m.layout[i]
-	return safetensors.WriterTensor{Name: l.Name, DType: l.DType, Shape: l.Shape, WriteTo: func(w io.Writer) error {
-		if err := m.result(); err != nil {
+// write quantizes and packs the weight (on the GPU when it can), measures its error when
+// asked, and writes its packed tensors.
+func (m *packedModule) write(out *safetensors.CheckpointWriter) error {
+	start := time.Now()
+	var writing time.Duration
+	name := m.item.Info.Name
+	device, err := m.quantizePack(func(raws []packing.Raw, t *quant.Tensor) error {
+		if err := m.checkLayout(raws); err != nil {
 			return err
 		}
-		start := time.Now()
-		_, err := w.Write(m.packed[i].Data)
-		m.total.WriteSeconds += time.Since(start).Seconds()
-		if i == len(m.layout)-1 {
-			m.packed = nil
-			if m.task != nil {
-				m.ahead.done()
+		if m.opt.MeasureError {
+			if err := m.measureError(raws, t); err != nil {
+				return err
 			}
 		}
-		return err
-	}}
-}
-
-// result makes m.packed ready: waits for the task run ahead, or runs now.
-func (m *packedModule) result() error {
-	if m.task != nil {
-		return m.task.wait()
-	}
-	if m.packed == nil {
-		return m.run()
-	}
-	return nil
-}
-
-// runsAhead says whether the module is quantized ahead of the writer: GPU round-to-nearest.
-func (m *packedModule) runsAhead() bool {
-	return m.gptq == nil && (m.gpu.supports(*m.item.Scheme, m.format, m.opt) || runAheadOnCPU)
-}
-
-// run quantizes and packs the weight (on the GPU when it can), and measures its error when asked.
-func (m *packedModule) run() error {
-	start := time.Now()
-	name := m.item.Info.Name
-	raws, t, device, err := m.quantizePack()
+		writeStart := time.Now()
+		defer func() { writing = time.Since(writeStart) }()
+		for _, r := range raws {
+			if err := m.writes.write(out, r.Name, r.Data); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("tensor %s: %w", name, err)
 	}
-	if err := m.checkLayout(raws); err != nil {
-		return err
-	}
-	if m.opt.MeasureError {
-		if t == nil {
-			if t, err = m.format.Unpack(m.item.Module, byName(raws), m.metadata()); err != nil {
-				return fmt.Errorf("tensor %s: %w", name, err)
-			}
-		}
-		if m.report.RelError, err = measureError(m.ck, name, t); err != nil {
-			return err
-		}
-	}
 	m.ck.Release(name)
-	m.packed = raws
-	m.report.Seconds = time.Since(start).Seconds()
+	m.report.Seconds = (time.Since(start) - writing).Seconds()
 	m.report.Device = device
 	line := fmt.Sprintf("%s %s %s %dx%d on %s", m.progress, m.item.Module, m.item.Scheme, m.item.N(), m.item.K(), device)
 	if m.opt.MeasureError {
@@ -157,42 +121,68 @@ func (m *packedModule) run() error {
 	return nil
 }
 
+// measureError sets the report's ‖W − Ŵ‖/‖W‖, unpacking the packed tensors when the method
+// did not return the quantized tensor.
+func (m *packedModule) measureError(raws []packing.Raw, t *quant.Tensor) error {
+	var err error
+	if t == nil {
+		if t, err = m.format.Unpack(m.item.Module, byName(raws), m.metadata()); err != nil {
+			return err
+		}
+	}
+	m.report.RelError, err = measureError(m.ck, m.item.Info.Name, t)
+	return err
+}
+
 // quantizePack runs the fused GPU kernel when it supports the scheme and layout, else the CPU
-// method followed by the format's packer (which also returns the quant.Tensor).
-func (m *packedModule) quantizePack() ([]packing.Raw, *quant.Tensor, string, error) {
+// method followed by the format's packer (which also returns the quant.Tensor), and hands the
+// packed tensors to use. On the GPU they are views of pinned memory, valid only during use.
+// It returns the device that quantized.
+func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error) (string, error) {
 	s := *m.item.Scheme
 	if m.gptq != nil {
 		t, err := m.gptq.result(m.item.Module)
 		if err != nil {
-			return nil, nil, "", err
+			return "", err
 		}
 		raws, err := m.format.Pack(m.item.Module, t)
-		return raws, t, m.gptq.device, err
+		if err != nil {
+			return "", err
+		}
+		return m.gptq.device, use(raws, t)
 	}
 	if m.gpu.supports(s, m.format, m.opt) {
-		raw, err := m.ck.Bytes(m.item.Info.Name)
-		if err != nil {
-			return nil, nil, "", err
-		}
-		raws, err := m.gpu.q.QuantizePack(raw, string(m.item.Info.DType), m.item.N(), m.item.K(), s, m.format.Name(), m.item.Module)
-		return raws, nil, DeviceCUDA, err
+		name := m.item.Info.Name
+		fill := func(dst []byte) error { return m.ck.ReadInto(name, dst) }
+		err := m.gpu.q.QuantizePackWith(fill, string(m.item.Info.DType), m.item.N(), m.item.K(), s, m.format.Name(), m.item.Module,
+			func(raws []packing.Raw) error { return use(raws, nil) })
+		return DeviceCUDA, err
 	}
+	raws, t, err := m.quantizePackCPU()
+	if err != nil {
+		return "", err
+	}
+	return DeviceCPU, use(raws, t)
+}
+
+// quantizePackCPU quantizes and packs on the CPU; t is nil when the fused path packed directly.
+func (m *packedModule) quantizePackCPU() ([]packing.Raw, *quant.Tensor, error) {
+	s := *m.item.Scheme
 	if f, ok := m.format.(packing.GPTQ); ok && m.item.Info.DType == safetensors.BF16 {
-		// Quantize and pack in one pass, a block of rows at a time (same bytes, no code array);
-		// run unpacks the result if it needs the quant.Tensor.
+		// Quantize and pack in one pass, a block of rows at a time (same bytes, no code array).
 		raw, err := m.ck.Bytes(m.item.Info.Name)
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, err
 		}
 		raws, err := blockwise.QuantizeBF16PackGPTQ(nil, new(quant.Tensor), f, m.item.Module, raw, m.item.N(), m.item.K(), s, blockwise.Options{Clip: m.opt.Clip})
-		return raws, nil, DeviceCPU, err
+		return raws, nil, err
 	}
 	t, err := quantizeWeight(m.ck, m.item, m.opt)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, err
 	}
 	raws, err := m.format.Pack(m.item.Module, t)
-	return raws, t, DeviceCPU, err
+	return raws, t, err
 }
 
 // metadata is what the format's Unpack needs to read this module back.

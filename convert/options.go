@@ -29,6 +29,9 @@ type Options struct {
 	Plan *alloc.Plan
 	// Device is where block-wise quantization runs: DeviceAuto (default), DeviceCPU or DeviceCUDA.
 	Device string
+	// GPUSlots is how many tensors are on the GPU at once (read, quantized, written back);
+	// 0 means DefaultGPUSlots.
+	GPUSlots int
 	// MeasureError computes each quantized weight's relative error ‖W − Ŵ‖/‖W‖ for the log and
 	// the report; it costs a dequantization per tensor on the CPU.
 	MeasureError bool
@@ -37,6 +40,14 @@ type Options struct {
 	MaxShardSize int64
 	// Overwrite allows replacing an existing output directory.
 	Overwrite bool
+	// InputHash is the digest of each input file the provenance records: HashBLAKE3 (the
+	// default when empty), HashSHA256 or HashNone.
+	InputHash string
+	// NoSync skips flushing the output files to disk before they are renamed into place. The
+	// rename still happens only after every byte was written, so a failed or killed conversion
+	// leaves nothing that looks complete; only a power loss soon after could leave a file with
+	// missing data. Faster where the disk writes slower than the conversion produces.
+	NoSync bool
 	// Log receives one line per tensor; nil discards.
 	Log io.Writer
 	// Version is recorded in the output's provenance.
@@ -68,6 +79,12 @@ func (o *Options) validate() (packing.Format, error) {
 	}
 	f, err := packing.Lookup(o.Format)
 	if err != nil {
+		return nil, err
+	}
+	if o.InputHash == "" {
+		o.InputHash = HashBLAKE3
+	}
+	if err := checkInputHash(o.InputHash); err != nil {
 		return nil, err
 	}
 	if o.Log == nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,22 +17,24 @@ import (
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
-// The scheduler runs `workers` tasks at once (the first three meet at a barrier, which they
-// pass only together), never has more than `window` started and unconsumed, and hands every
-// result, errors included, to a consumer that takes them in order.
-func TestAheadConcurrencyAndWindow(t *testing.T) {
-	const workers, window, count = 3, 5, 30
-	var running, maxRunning, started, consumed atomic.Int64
+// runUnits runs `workers` units at once (the first three meet at a barrier, which they pass
+// only together), starts them in order, runs each once, and after a failure starts no more and
+// returns the first failure.
+func TestRunUnitsConcurrencyAndOrder(t *testing.T) {
+	const workers, count = 3, 30
+	var running, maxRunning atomic.Int64
+	var mu sync.Mutex
+	var order []int
 	arrived := make(chan struct{}, workers)
-	tasks := make([]*aheadTask, count)
-	for i := range tasks {
-		tasks[i] = newAheadTask(func() error {
+	units := make([]unit, count)
+	for i := range units {
+		units[i] = func(*safetensors.CheckpointWriter) error {
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
 			n := running.Add(1)
 			defer running.Add(-1)
 			for m := maxRunning.Load(); n > m && !maxRunning.CompareAndSwap(m, n); m = maxRunning.Load() {
-			}
-			if s := started.Add(1); s-consumed.Load() > window {
-				return fmt.Errorf("task %d started with %d unconsumed", i, s-1-consumed.Load())
 			}
 			if i < workers {
 				arrived <- struct{}{}
@@ -39,79 +42,62 @@ func TestAheadConcurrencyAndWindow(t *testing.T) {
 				for len(arrived) < workers {
 					select {
 					case <-deadline:
-						return fmt.Errorf("task %d: the first %d tasks did not run at once", i, workers)
+						return fmt.Errorf("unit %d: the first %d units did not run at once", i, workers)
 					case <-time.After(time.Millisecond):
 					}
 				}
 			}
 			time.Sleep(time.Millisecond)
-			if i%7 == 6 {
-				return fmt.Errorf("task %d failed", i)
+			if i == 20 || i == 21 {
+				return fmt.Errorf("unit %d failed", i)
 			}
 			return nil
-		})
-	}
-	a := newAhead(workers, window)
-	a.start(tasks)
-	defer a.close()
-	for i, task := range tasks {
-		err := task.wait()
-		if want := i%7 == 6; (err != nil) != want || (want && err.Error() != fmt.Sprintf("task %d failed", i)) {
-			t.Errorf("task %d: %v", i, err)
 		}
-		consumed.Add(1)
-		a.done()
+	}
+	err := runUnits(nil, units, workers)
+	if err == nil || err.Error() != "unit 20 failed" {
+		t.Errorf("got %v, want unit 20's failure", err)
 	}
 	if m := maxRunning.Load(); m != workers {
-		t.Errorf("at most %d tasks ran at once, want %d", m, workers)
+		t.Errorf("at most %d units ran at once, want %d", m, workers)
+	}
+	for i, u := range order {
+		if i >= 3 && u != i { // the first three race for the log
+			t.Errorf("unit %d started %dth", u, i)
+		}
+	}
+	if n := len(order); n < 21 || n > 21+workers {
+		t.Errorf("%d units started; after unit 20 failed at most %d more may start", n, workers)
+	}
+	var ran atomic.Int64
+	few := make([]unit, 5)
+	for i := range few {
+		few[i] = func(*safetensors.CheckpointWriter) error { ran.Add(1); return nil }
+	}
+	if err := runUnits(nil, few, 8); err != nil || ran.Load() != 5 {
+		t.Errorf("more workers than units: %v, %d of 5 ran", err, ran.Load())
 	}
 }
 
-// close stops starting tasks and returns only after the running ones finished.
-func TestAheadCloseWaitsForRunningTasks(t *testing.T) {
-	var finished, started atomic.Int64
-	release := make(chan struct{})
-	var tasks []*aheadTask
-	for range 10 {
-		tasks = append(tasks, newAheadTask(func() error {
-			started.Add(1)
-			<-release
-			time.Sleep(20 * time.Millisecond)
-			finished.Add(1)
-			return nil
-		}))
-	}
-	a := newAhead(2, 2)
-	a.start(tasks)
-	for started.Load() < 2 {
-		time.Sleep(time.Millisecond)
-	}
-	close(release)
-	a.close() // nothing consumed: the window keeps the other 8 from starting
-	if s, f := started.Load(), finished.Load(); s != 2 || f != 2 {
-		t.Errorf("after close: %d started, %d finished; want 2 and 2", s, f)
-	}
-}
-
-// Running the modules ahead of the writer (forced on the CPU here) writes the same bytes as
-// running them on demand, logs whole lines, and fills the breakdown.
-func TestConvertAheadMatchesOnDemand(t *testing.T) {
+// The output is the same bytes whether one unit runs at a time or several; the log has whole
+// lines and the breakdown is filled.
+func TestConvertWorkersMatch(t *testing.T) {
 	tiny := testenv.Testdata(t, "models/tiny")
 	dir := t.TempDir()
 	for _, format := range []string{"gptq", "qpack"} {
 		var outputs [2][]byte
-		for i, aheadOn := range []bool{false, true} {
-			runAheadOnCPU = aheadOn
+		for i, workers := range []int{1, 4} {
+			testWorkers = workers
 			opt := DefaultOptions()
 			opt.Format = format
-			opt.Device = DeviceCPU // the CPU modules are what runAheadOnCPU moves ahead
+			opt.Device = DeviceCPU
 			var log bytes.Buffer
 			opt.Log = &log
-			dst := filepath.Join(dir, fmt.Sprintf("%s-%v", format, aheadOn))
+			dst := filepath.Join(dir, fmt.Sprintf("%s-%d", format, workers))
 			r, err := Convert(tiny, dst, opt)
-			runAheadOnCPU = false
+			testWorkers = 0
 			if err != nil {
-				t.Fatalf("%s ahead=%v: %v", format, aheadOn, err)
+				t.Fatalf("%s, %d workers: %v", format, workers, err)
 			}
 			if outputs[i], err = os.ReadFile(filepath.Join(dst, "model.safetensors")); err != nil {
 				t.Fatal(err)
@@ -120,7 +106,7 @@ func TestConvertAheadMatchesOnDemand(t *testing.T) {
 			checkBreakdown(t, r)
 		}
 		if !bytes.Equal(outputs[0], outputs[1]) {
-			t.Errorf("%s: output differs when modules run ahead of the writer", format)
+			t.Errorf("%s: output differs between 1 and 4 workers", format)
 		}
 	}
 }
@@ -171,9 +157,9 @@ func checkBreakdown(t *testing.T, r *Report) {
 	}
 }
 
-// A module that fails while running ahead fails the conversion with its name and leaves no
+// A module that fails while others run fails the conversion with its name and leaves no
 // output behind.
-func TestConvertAheadFailure(t *testing.T) {
+func TestConvertUnitFailure(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
 	os.Mkdir(src, 0o755)
@@ -192,9 +178,9 @@ func TestConvertAheadFailure(t *testing.T) {
 	}
 	opt := DefaultOptions()
 	opt.Format = "qpack"
-	runAheadOnCPU = true
+	testWorkers = 4
 	_, err := Convert(src, filepath.Join(dir, "out"), opt)
-	runAheadOnCPU = false
+	testWorkers = 0
 	if err == nil || !strings.Contains(err.Error(), "model.layers.5.mlp.up_proj.weight") {
 		t.Fatalf("want an error naming the tensor, got %v", err)
 	}

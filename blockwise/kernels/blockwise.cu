@@ -20,7 +20,8 @@
 // bw_pack_zeros packs into GPTQ's qzeros or qpack's zeros afterwards.
 // The hottest case, GPTQ int4 with groups of 128 and K a multiple of 128, has its own
 // one-launch kernel (bw_gptq4_g128_*, at the end).
-// Integer codes are computed without a division per weight (int_code_fast): see recip_int.
+// Integer codes are computed without a division per weight: int_round_exact for 16-bit inputs,
+// int_code_fast with a division fallback near rounding ties for F32 (see recip_int).
 #include <cuda_fp16.h>
 
 #define WARPS 8
@@ -236,7 +237,7 @@ __device__ __forceinline__ void write_piece(unsigned char* p, u64 piece, int byt
 //   pscale, poffset: float32 scale and binary offset per (row, group) from the parameter kernels
 //   nf4t: the 15 NF4 thresholds (quant.NF4Thresholds)
 //   status[0]: lowest flat index of a NaN/Inf weight; status[1]: lowest row·groups + group whose
-//   scale or offset is not finite in F16. Both start at ~0 (bw_reset_status).
+//   scale or offset is not finite in F16. Both start at ~0 (uploaded with the input).
 #define ENCODE_PARAMS                                                                              \
     const void *w, int dtype, int n_rows, int k, int gsize, int groups, int bits, int sym, int layout, \
         unsigned char *codes, unsigned short *scales, unsigned char *zbytes, const float *pscale,     \
@@ -523,10 +524,6 @@ extern "C" __global__ void bw_pack_zeros(const unsigned char* zbytes, int n_rows
                                                   [&](int g) { return (unsigned int)zbytes[r * groups + g]; });
         }
     }
-}
-
-extern "C" __global__ void bw_reset_status(u64* status) {
-    if (threadIdx.x < 2) status[threadIdx.x] = ~0ull;
 }
 
 // bw_gptq4_g128_*: GPTQ int4 with groups of 128 (K a multiple of 128) in one launch. A warp

@@ -58,6 +58,9 @@ func convertCommand() *cli.Command {
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no per-tensor progress lines"},
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "where to quantize: auto (GPU when present), cpu, or cuda (fail without a GPU, or for a tensor the GPU cannot do)"},
 			&cli.BoolFlag{Name: "measure-error", Usage: "compute each weight's relative error ‖W−Ŵ‖/‖W‖ for the log and the report (costs a CPU dequantization per tensor)"},
+			&cli.IntFlag{Name: "gpu-slots", Value: convert.DefaultGPUSlots, Usage: "tensors on the GPU at once (each holds pinned and GPU memory the size of the largest tensor)"},
+			&cli.StringFlag{Name: "input-hash", Value: convert.HashBLAKE3, Usage: "digest of each input file recorded in the provenance: blake3 (uses every core; b3sum prints it), sha256 (sha256sum and the Hub's LFS oid; one core per file) or none"},
+			&cli.BoolFlag{Name: "no-sync", Usage: "do not flush the output to disk before renaming it into place (a killed or failed run still leaves nothing that looks complete; a power loss right after could)"},
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -75,6 +78,9 @@ func convertCommand() *cli.Command {
 			opt.Overwrite = c.Bool("overwrite")
 			opt.Device = c.String("device")
 			opt.MeasureError = c.Bool("measure-error")
+			opt.InputHash = c.String("input-hash")
+			opt.GPUSlots = c.Int("gpu-slots")
+			opt.NoSync = c.Bool("no-sync")
 			if !c.Bool("quiet") {
 				opt.Log = c.App.ErrWriter
 			}
@@ -82,9 +88,9 @@ func convertCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.App.Writer, "wrote %s: %d tensors quantized (%s) at %.3f bits/weight; %s → %s bytes (%.2f×) in %.1fs (hash %.1fs, quantize %.1fs, write %.1fs)\n",
+			fmt.Fprintf(c.App.Writer, "wrote %s: %d tensors quantized (%s) at %.3f bits/weight; %s → %s bytes (%.2f×) in %.1fs (hash %.1fs, quantize %.1fs, write %.1fs, commit %.1fs)\n",
 				r.Output, r.Quantized, r.Method, r.QuantBPW, thousands(r.InBytes), thousands(r.OutBytes), r.Compression, r.Seconds,
-				r.HashSeconds, r.QuantizeSeconds, r.WriteSeconds)
+				r.HashSeconds, r.QuantizeSeconds, r.WriteSeconds, r.CommitSeconds)
 			if p := c.String("report"); p != "" {
 				return writeJSONFile(p, r)
 			}
