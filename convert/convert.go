@@ -116,7 +116,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 			return err
 		}
 		defer out.Abort()
-		out.NoSync = opt.NoSync
+		out.SetSync(opt.Sync)
 		if err := runUnits(out, units, g.workers()); err != nil {
 			return err
 		}
@@ -209,6 +209,8 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 	}
 	var out []outTensor
 	var units []unit
+	var unitShard []int
+	var unitBytes []int64
 	done := 0
 	for i, it := range items {
 		tr := &report.Tensors[i]
@@ -216,6 +218,7 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 		if it.Scheme == nil {
 			out = append(out, outTensor{safetensors.WriterTensor{Name: it.Info.Name, DType: it.Info.DType, Shape: it.Info.Shape}, it.ShardIdx})
 			units = append(units, keptUnit(ck, it.Info.Name, &report.writes))
+			unitShard, unitBytes = append(unitShard, it.ShardIdx), append(unitBytes, it.Info.Size)
 			continue
 		}
 		layout, err := layouts.get(f, it.Module, *it.Scheme, it.N(), it.K())
@@ -232,6 +235,10 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 		m := &packedModule{ck: ck, item: it, format: f, opt: opt, gpu: g, gptq: runner, layout: layout, report: tr,
 			writes: &report.writes, progress: fmt.Sprintf("[%d/%d]", done, total)}
 		units = append(units, m.write)
+		unitShard, unitBytes = append(unitShard, it.ShardIdx), append(unitBytes, it.Info.Size)
+	}
+	if runner == nil { // GPTQ's results come layer by layer: its units keep that order
+		units = interleaveShards(units, unitShard, unitBytes)
 	}
 	return out, units, nil
 }

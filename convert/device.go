@@ -18,10 +18,10 @@ const (
 
 // DefaultGPUSlots is how many tensors a conversion has on the GPU at once (Options.GPUSlots).
 // A slot stays taken while its results are written from its pinned memory, so a conversion
-// needs more than the quantizer's default of one uploading, one computing, one downloading:
-// measured on a synthetic 7B (README), 6 slots read and write enough tensors at once to keep up
-// with the file reads. Each slot holds pinned and device memory the size of the largest tensor.
-const DefaultGPUSlots = 6
+// needs more than one uploading, one computing and one downloading; on a synthetic 7B (README)
+// 3 and 4 slots were fastest and 6 to 12 slower. Each slot holds pinned and device memory the
+// size of the largest tensor.
+const DefaultGPUSlots = 4
 
 // gpu is the GPU side of a conversion: nil means everything runs on the CPU.
 type gpu struct {

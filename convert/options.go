@@ -43,11 +43,12 @@ type Options struct {
 	// InputHash is the digest of each input file the provenance records: HashBLAKE3 (the
 	// default when empty), HashSHA256 or HashNone.
 	InputHash string
-	// NoSync skips flushing the output files to disk before they are renamed into place. The
-	// rename still happens only after every byte was written, so a failed or killed conversion
-	// leaves nothing that looks complete; only a power loss soon after could leave a file with
-	// missing data. Faster where the disk writes slower than the conversion produces.
-	NoSync bool
+	// Sync flushes the output files to disk before they are renamed into place, so that a
+	// power loss right after the conversion cannot leave a file with missing data; it starts
+	// each tensor's writeback as soon as it is written, so the conversion then runs at about the
+	// disk's write speed. Without it the output still appears only when complete, so a failed
+	// or killed conversion leaves nothing that looks finished.
+	Sync bool
 	// Log receives one line per tensor; nil discards.
 	Log io.Writer
 	// Version is recorded in the output's provenance.

@@ -2,6 +2,7 @@ package convert
 
 import (
 	"io"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +43,42 @@ func runUnits(out *safetensors.CheckpointWriter, units []unit, workers int) erro
 		}
 	}
 	return nil
+}
+
+// interleaveShards reorders units so that the shards advance together: each unit's place is
+// the fraction of its shard's bytes written before it, and units are taken by that fraction
+// (ties in shard order; within a shard the order is kept). Buffered writes to one file take
+// the file's lock, so writers working in different shards write in parallel where writers in
+// one shard would queue.
+func interleaveShards(units []unit, shard []int, bytes []int64) []unit {
+	total := map[int]int64{}
+	for i, s := range shard {
+		total[s] += bytes[i]
+	}
+	place := make([]float64, len(units))
+	done := map[int]int64{}
+	for i, s := range shard {
+		if total[s] > 0 {
+			place[i] = float64(done[s]) / float64(total[s])
+		}
+		done[s] += bytes[i]
+	}
+	order := make([]int, len(units))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		i, j := order[a], order[b]
+		if place[i] != place[j] {
+			return place[i] < place[j]
+		}
+		return shard[i] < shard[j]
+	})
+	out := make([]unit, len(units))
+	for k, i := range order {
+		out[k] = units[i]
+	}
+	return out
 }
 
 // writeTimer adds up the time units spend writing, over all of them.

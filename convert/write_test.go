@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,16 +80,17 @@ func TestRunUnitsConcurrencyAndOrder(t *testing.T) {
 	}
 }
 
-// The output is the same bytes whether one unit runs at a time or several; the log has whole
-// lines and the breakdown is filled.
+// The output is the same bytes whether one unit runs at a time or several, flushed to disk or
+// not; the log has whole lines and the breakdown is filled.
 func TestConvertWorkersMatch(t *testing.T) {
 	tiny := testenv.Testdata(t, "models/tiny")
 	dir := t.TempDir()
 	for _, format := range []string{"gptq", "qpack"} {
-		var outputs [2][]byte
-		for i, workers := range []int{1, 4} {
+		var outputs [3][]byte
+		for i, workers := range []int{1, 4, 3} {
 			testWorkers = workers
 			opt := DefaultOptions()
+			opt.Sync = i == 2
 			opt.Format = format
 			opt.Device = DeviceCPU
 			var log bytes.Buffer
@@ -105,8 +107,8 @@ func TestConvertWorkersMatch(t *testing.T) {
 			checkLog(t, log.String(), r.Quantized)
 			checkBreakdown(t, r)
 		}
-		if !bytes.Equal(outputs[0], outputs[1]) {
-			t.Errorf("%s: output differs between 1 and 4 workers", format)
+		if !bytes.Equal(outputs[0], outputs[1]) || !bytes.Equal(outputs[0], outputs[2]) {
+			t.Errorf("%s: output differs between 1 worker, 4 workers and 3 synced", format)
 		}
 	}
 }
@@ -186,5 +188,25 @@ func TestConvertUnitFailure(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Errorf("leftovers after a failed conversion: %v", entries)
+	}
+}
+
+// Shards advance together by their share of bytes; each shard keeps its own order.
+func TestInterleaveShards(t *testing.T) {
+	var got []int
+	var units []unit
+	for i := range 7 {
+		units = append(units, func(*safetensors.CheckpointWriter) error { got = append(got, i); return nil })
+	}
+	// shard 0: units 0,1,2,3 of 10 bytes each; shard 1: units 4,5 (20 each); shard 2: unit 6
+	shard := []int{0, 0, 0, 0, 1, 1, 2}
+	bytes := []int64{10, 10, 10, 10, 20, 20, 5}
+	if err := runUnits(nil, interleaveShards(units, shard, bytes), 1); err != nil {
+		t.Fatal(err)
+	}
+	// places: 0, .25, .5, .75 | 0, .5 | 0
+	want := []int{0, 4, 6, 1, 2, 5, 3}
+	if !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
 	}
 }

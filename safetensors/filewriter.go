@@ -15,9 +15,12 @@ import (
 // goes straight to its place in a pre-sized temporary file. Commit writes the header and moves
 // the file into place atomically; until then path is untouched.
 type FileWriter struct {
-	// NoSync skips the fsync before the rename: the file still appears only complete to any
-	// reader, but a power loss soon after could leave it with missing data. Set it before Commit.
-	NoSync bool
+	// Sync makes Commit flush the file to disk before the rename, so that it survives a power
+	// loss; each tensor's writeback is then started as soon as it is complete, so that the final
+	// flush has little left. Without it (the default, as other checkpoint writers do) the file
+	// still appears only when complete, but a power loss soon after could leave it with missing
+	// data. Set it before the first write.
+	Sync bool
 
 	path      string
 	tensors   []WriterTensor // descriptions only, to re-encode the header at Commit
@@ -101,7 +104,7 @@ func (f *FileWriter) write(i int, p []byte, whole bool) error {
 		f.fail(err)
 		return err
 	}
-	if s := f.slots[i]; done && s.size > 0 { // slot offsets and sizes never change
+	if s := f.slots[i]; f.Sync && done && s.size > 0 { // slot offsets and sizes never change
 		startWriteback(f.tmp, s.off, s.size)
 	}
 	return nil
@@ -170,7 +173,7 @@ func (f *FileWriter) commit(metadata map[string]string) error {
 	if _, err := f.tmp.WriteAt(header, 0); err != nil {
 		return fmt.Errorf("%s: writing header: %w", f.path, err)
 	}
-	if err := publish(f.tmp, f.path, !f.NoSync); err != nil {
+	if err := publish(f.tmp, f.path, f.Sync); err != nil {
 		return fmt.Errorf("%s: %w", f.path, err)
 	}
 	return nil
@@ -221,8 +224,8 @@ func createTemp(path string) (*os.File, error) {
 	return os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 }
 
-// publish makes tmp durable (when sync) and renames it to path, so that path is either absent
-// or complete, even after a crash. CreateTemp makes files 0600; checkpoints are meant to be shared. The
+// publish renames tmp to path, so that path is either absent or complete; with sync it first
+// flushes tmp to disk, so that this holds after a power loss too. CreateTemp makes files 0600; checkpoints are meant to be shared. The
 // caller removes tmp on error.
 func publish(tmp *os.File, path string, sync bool) error {
 	if sync {
@@ -240,13 +243,13 @@ func publish(tmp *os.File, path string, sync bool) error {
 }
 
 // writeAtomic writes small files (the index) with the same temporary-file-and-rename path.
-func writeAtomic(path string, data []byte) error {
+func writeAtomic(path string, data []byte, sync bool) error {
 	tmp, err := createTemp(path)
 	if err != nil {
 		return err
 	}
 	if _, err = tmp.Write(data); err == nil {
-		err = publish(tmp, path, true)
+		err = publish(tmp, path, sync)
 	}
 	if err != nil {
 		tmp.Close()
@@ -259,12 +262,11 @@ func writeAtomic(path string, data []byte) error {
 // CheckpointWriter writes a checkpoint's shards through one FileWriter each, so that tensors
 // can be written by name, in any order, from several goroutines.
 type CheckpointWriter struct {
-	NoSync bool // FileWriter.NoSync for every shard; the index is small and always synced
-
 	dir    string
 	shards [][]WriterTensor
 	files  []*FileWriter
 	where  map[string]tensorLoc
+	sync   bool // see SetSync
 }
 
 type tensorLoc struct{ shard, index int }
@@ -313,6 +315,15 @@ func (c *CheckpointWriter) Names() []string {
 	return names
 }
 
+// SetSync sets FileWriter.Sync on every shard, and makes Commit flush the index too. Call it
+// before the first write.
+func (c *CheckpointWriter) SetSync(sync bool) {
+	c.sync = sync
+	for _, f := range c.files {
+		f.Sync = sync
+	}
+}
+
 // Write writes all of the named tensor's bytes.
 func (c *CheckpointWriter) Write(name string, data []byte) error {
 	loc, err := c.find(name)
@@ -347,7 +358,6 @@ func (c *CheckpointWriter) Commit(metadata map[string]string) error {
 	errs := make([]error, len(c.files))
 	var wg sync.WaitGroup
 	for i, f := range c.files {
-		f.NoSync = c.NoSync
 		wg.Go(func() { errs[i] = f.Commit(metadata) })
 	}
 	wg.Wait()
@@ -361,7 +371,7 @@ func (c *CheckpointWriter) Commit(metadata map[string]string) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(filepath.Join(c.dir, IndexName), index)
+	return writeAtomic(filepath.Join(c.dir, IndexName), index, c.sync)
 }
 
 // index is the model.safetensors.index.json content: total data size and tensor → shard.

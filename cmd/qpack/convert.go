@@ -60,7 +60,7 @@ func convertCommand() *cli.Command {
 			&cli.BoolFlag{Name: "measure-error", Usage: "compute each weight's relative error ‖W−Ŵ‖/‖W‖ for the log and the report (costs a CPU dequantization per tensor)"},
 			&cli.IntFlag{Name: "gpu-slots", Value: convert.DefaultGPUSlots, Usage: "tensors on the GPU at once (each holds pinned and GPU memory the size of the largest tensor)"},
 			&cli.StringFlag{Name: "input-hash", Value: convert.HashBLAKE3, Usage: "digest of each input file recorded in the provenance: blake3 (uses every core; b3sum prints it), sha256 (sha256sum and the Hub's LFS oid; one core per file) or none"},
-			&cli.BoolFlag{Name: "no-sync", Usage: "do not flush the output to disk before renaming it into place (a killed or failed run still leaves nothing that looks complete; a power loss right after could)"},
+			&cli.BoolFlag{Name: "sync", Usage: "flush the output to disk before renaming it into place, so that it survives a power loss right after (runs at about the disk's write speed); without it a killed or failed run still leaves nothing that looks complete"},
 		),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -80,7 +80,7 @@ func convertCommand() *cli.Command {
 			opt.MeasureError = c.Bool("measure-error")
 			opt.InputHash = c.String("input-hash")
 			opt.GPUSlots = c.Int("gpu-slots")
-			opt.NoSync = c.Bool("no-sync")
+			opt.Sync = c.Bool("sync")
 			if !c.Bool("quiet") {
 				opt.Log = c.App.ErrWriter
 			}
