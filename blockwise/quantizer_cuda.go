@@ -20,6 +20,8 @@ import (
 var (
 	//go:embed kernels/blockwise.ptx
 	blockwisePTX []byte
+	//go:embed kernels/blockwise.sm_90.cubin
+	blockwiseCubinSM90 []byte // the PTX assembled for the H100/H200: no JIT there
 	//go:embed kernels/blockwise.cu
 	blockwiseSource []byte
 )
@@ -112,19 +114,20 @@ const (
 
 // NewGPUQuantizer loads the kernels on dev, with DefaultGPUSlots slots.
 func NewGPUQuantizer(dev *cuda.Device) (*GPUQuantizer, error) {
-	return newGPUQuantizer(dev, blockwisePTX, DefaultGPUSlots)
+	return newGPUQuantizer(dev, DefaultGPUSlots, blockwisePTX, blockwiseCubinSM90)
 }
 
 // NewGPUQuantizerSlots loads the kernels on dev, with slots concurrent calls at most.
 func NewGPUQuantizerSlots(dev *cuda.Device, slots int) (*GPUQuantizer, error) {
-	return newGPUQuantizer(dev, blockwisePTX, slots)
+	return newGPUQuantizer(dev, slots, blockwisePTX, blockwiseCubinSM90)
 }
 
-func newGPUQuantizer(dev *cuda.Device, ptx []byte, slots int) (*GPUQuantizer, error) {
+// newGPUQuantizer loads ptx, or the one of cubins built for dev's architecture.
+func newGPUQuantizer(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) (*GPUQuantizer, error) {
 	if slots < 1 {
 		return nil, fmt.Errorf("blockwise: a GPU quantizer needs at least one slot, not %d", slots)
 	}
-	m, err := dev.LoadModule(ptx)
+	m, err := dev.LoadModuleFor(ptx, cubins...)
 	if err != nil {
 		return nil, fmt.Errorf("blockwise: loading kernels/blockwise.ptx: %w", err)
 	}

@@ -29,13 +29,20 @@ func TestGPUPTXIsFresh(t *testing.T) {
 	if err := cuda.CheckPTX(blockwisePTX, blockwiseSource); err != nil {
 		t.Fatalf("kernels/blockwise.ptx: %v", err)
 	}
+	if err := cuda.CheckCubin(blockwiseCubinSM90, blockwisePTX); err != nil {
+		t.Fatalf("kernels/blockwise.sm_90.cubin: %v", err)
+	}
 }
 
 // openGPUQuantizer opens GPU 0 and the kernels, skipping without a driver or GPU.
 func openGPUQuantizer(tb testing.TB) (*cuda.Device, *GPUQuantizer) {
 	tb.Helper()
 	dev := gputest.Open(tb)
-	q, err := newGPUQuantizer(dev, gputest.PTX(tb, blockwisePTX, *gpuPTX), DefaultGPUSlots)
+	var cubins [][]byte // with -blockwise.ptx, that PTX alone
+	if *gpuPTX == "" {
+		cubins = append(cubins, blockwiseCubinSM90)
+	}
+	q, err := newGPUQuantizer(dev, DefaultGPUSlots, gputest.PTX(tb, blockwisePTX, *gpuPTX), cubins...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -422,7 +429,7 @@ func TestGPUStatsRecord(t *testing.T) {
 }
 
 func TestGPUQuantizerNeedsASlot(t *testing.T) {
-	if _, err := newGPUQuantizer(nil, nil, 0); err == nil || !strings.Contains(err.Error(), "at least one slot") {
+	if _, err := newGPUQuantizer(nil, 0, nil); err == nil || !strings.Contains(err.Error(), "at least one slot") {
 		t.Errorf("newGPUQuantizer with 0 slots: %v", err)
 	}
 }

@@ -36,6 +36,11 @@ func (d *Device) LoadModule(ptx []byte) (*Module, error) {
 	if !bytes.HasSuffix(image, []byte{0}) {
 		image = append(append(make([]byte, 0, len(ptx)+1), ptx...), 0)
 	}
+	return d.loadImage(image)
+}
+
+// loadImage loads PTX text (NUL-terminated) or a cubin.
+func (d *Device) loadImage(image []byte) (*Module, error) {
 	log := make([]byte, 8192)
 	m := &Module{d: d}
 	err := d.do(func() error {

@@ -22,6 +22,8 @@
 // one-launch kernel (bw_gptq4_g128_*, at the end).
 // Integer codes are computed without a division per weight: int_round_exact for 16-bit inputs,
 // int_code_fast with a division fallback near rounding ties for F32 (see recip_int).
+// Machine code for the H100 and H200 ships beside the PTX, so that they skip the JIT (≈ 4 s):
+// qpack-cubin: sm_90
 #include <cuda_fp16.h>
 
 #define WARPS 8

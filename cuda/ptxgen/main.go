@@ -4,6 +4,9 @@
 //
 //	//go:generate go run github.com/qpack-dev/qpack/cuda/ptxgen kernels/convert.cu
 //
+// A source with a line "// qpack-cubin: sm_90 ..." also gets machine code for those
+// architectures, assembled from the PTX by ptxas (NAME.sm_90.cubin, see cuda.CubinHeader).
+//
 // nvcc is $NVCC, else nvcc on PATH, else /usr/local/cuda/bin/nvcc.
 package main
 
@@ -59,7 +62,45 @@ func generate(srcPath, arch string) error {
 	var buf bytes.Buffer
 	buf.WriteString(cuda.PTXHeader(filepath.Base(srcPath), src, strings.Join(args, " ")) + "\n")
 	buf.Write(ptx)
-	return os.WriteFile(out, buf.Bytes(), 0o644)
+	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+		return err
+	}
+	for _, arch := range cubinArchs(src) {
+		if err := assemble(nvcc, out, buf.Bytes(), arch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cubinArchs reads the architectures a source asks cubins for, from a line such as
+//
+//	// qpack-cubin: sm_90
+func cubinArchs(src []byte) []string {
+	for _, line := range strings.Split(string(src), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "// qpack-cubin:"); ok {
+			return strings.Fields(rest)
+		}
+	}
+	return nil
+}
+
+// assemble turns the written PTX into machine code for arch with ptxas (beside nvcc) and
+// writes it, with cuda.CubinHeader, next to the PTX as NAME.ARCH.cubin.
+func assemble(nvcc, ptxPath string, ptx []byte, arch string) error {
+	out := strings.TrimSuffix(ptxPath, ".ptx") + "." + arch + ".cubin"
+	tmp := out + ".tmp"
+	cmd := exec.Command(filepath.Join(filepath.Dir(nvcc), "ptxas"), "-arch="+arch, "-o", tmp, ptxPath)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("ptxas %s for %s: %w", ptxPath, arch, err)
+	}
+	elf, err := os.ReadFile(tmp)
+	os.Remove(tmp)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(out, append([]byte(cuda.CubinHeader(arch, ptx)+"\n"), elf...), 0o644)
 }
 
 func findNVCC() (string, error) {
