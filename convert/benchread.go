@@ -6,7 +6,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
@@ -25,12 +24,12 @@ func (r ReadResult) String() string {
 
 // ReadTensors reads every tensor of the checkpoint at src the way Convert's GPU path reads the
 // weights it quantizes: in file order, `workers` at once (the GPU conversion's workers,
-// blockwise.DefaultGPUSlots + 1, when workers ≤ 0), each with read calls into a buffer of its
+// DefaultGPUSlots + 1, when workers ≤ 0), each with read calls into a buffer of its
 // own (a GPU slot's pinned staging buffer there). Whatever of the files is in the page cache
 // stays there.
 func ReadTensors(src string, workers int) (ReadResult, error) {
 	if workers <= 0 {
-		workers = blockwise.DefaultGPUSlots + 1
+		workers = DefaultGPUSlots + 1
 	}
 	start := time.Now()
 	ck, err := safetensors.Open(src)

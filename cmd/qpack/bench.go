@@ -5,7 +5,6 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/convert"
 )
 
@@ -18,7 +17,7 @@ func benchCommand() *cli.Command {
 			"the way `convert --device cuda` does, then its files with plain reads (like cat); the page cache is left as found",
 		ArgsUsage: "read DIR",
 		Flags: []cli.Flag{
-			&cli.IntFlag{Name: "workers", Value: blockwise.DefaultGPUSlots, Usage: "read: tensors read at once (convert uses one per GPU quantizer slot)"},
+			&cli.IntFlag{Name: "workers", Value: convert.DefaultGPUSlots + 1, Usage: "read: tensors read at once (convert on a GPU runs one worker per GPU slot and one more)"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 || c.Args().First() != "read" {
