@@ -47,15 +47,8 @@ func generate(srcPath, arch string) error {
 		return err
 	}
 	out := strings.TrimSuffix(srcPath, filepath.Ext(srcPath)) + ".ptx"
-	tmp := out + ".tmp"
 	args := []string{"-arch=" + arch, "-ptx"}
-	cmd := exec.Command(nvcc, append(args, "-o", tmp, srcPath)...)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s %s: %w", nvcc, srcPath, err)
-	}
-	ptx, err := os.ReadFile(tmp)
-	os.Remove(tmp)
+	ptx, err := runTool(nvcc, args, srcPath)
 	if err != nil {
 		return err
 	}
@@ -89,18 +82,27 @@ func cubinArchs(src []byte) []string {
 // writes it, with cuda.CubinHeader, next to the PTX as NAME.ARCH.cubin.
 func assemble(nvcc, ptxPath string, ptx []byte, arch string) error {
 	out := strings.TrimSuffix(ptxPath, ".ptx") + "." + arch + ".cubin"
-	tmp := out + ".tmp"
-	cmd := exec.Command(filepath.Join(filepath.Dir(nvcc), "ptxas"), "-arch="+arch, "-o", tmp, ptxPath)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("ptxas %s for %s: %w", ptxPath, arch, err)
-	}
-	elf, err := os.ReadFile(tmp)
-	os.Remove(tmp)
+	elf, err := runTool(filepath.Join(filepath.Dir(nvcc), "ptxas"), []string{"-arch=" + arch}, ptxPath)
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(out, append([]byte(cuda.CubinHeader(arch, ptx)+"\n"), elf...), 0o644)
+}
+
+// runTool runs `tool args... -o TMP input` and returns what it wrote to TMP.
+func runTool(tool string, args []string, input string) ([]byte, error) {
+	tmp, err := os.CreateTemp("", "ptxgen-*")
+	if err != nil {
+		return nil, err
+	}
+	tmp.Close()
+	defer os.Remove(tmp.Name())
+	cmd := exec.Command(tool, append(args, "-o", tmp.Name(), input)...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", tool, input, err)
+	}
+	return os.ReadFile(tmp.Name())
 }
 
 func findNVCC() (string, error) {
