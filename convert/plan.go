@@ -64,7 +64,8 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	}
 	var importance map[string][]float32
 	if calib != nil && needsMeasurement(opt.Alloc) {
-		if importance, err = measureImportance(ck.Dir, calib); err != nil {
+		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
+		if importance, err = measureImportance(ck.Dir, calib, opt.Device, logf); err != nil {
 			return nil, err
 		}
 	}

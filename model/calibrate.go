@@ -30,6 +30,11 @@ type CalibrateOptions struct {
 	// ReleaseBlocks drops each block's weights once the next block's inputs are computed, so
 	// only one block is resident at a time; m is then not the updated model afterwards.
 	ReleaseBlocks bool
+	// ObserveOnly promises that the calibrator replaces no weights (it only gathers
+	// statistics): each block then runs once, its groups observed during the pass that makes
+	// the next block's inputs, and Update is called once per block with every group afterwards.
+	// TrueSequential does not apply.
+	ObserveOnly bool
 }
 
 // Calibrate runs m block by block over the calibration sequences, the sequential pipeline of
@@ -59,6 +64,15 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 		if err != nil {
 			return err
 		}
+		if opt.ObserveOnly {
+			if err := observeBlock(b, seqs, hidden, c); err != nil {
+				return err
+			}
+			if opt.ReleaseBlocks {
+				m.ReleaseBlock(i)
+			}
+			continue
+		}
 		for _, step := range steps {
 			if err := observeStep(b, seqs, hidden, c, step); err != nil {
 				return err
@@ -75,6 +89,26 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 		if opt.ReleaseBlocks {
 			m.ReleaseBlock(i)
 		}
+	}
+	return nil
+}
+
+// observeBlock runs block b over every sequence in place, reporting the input of each group to
+// c, then calls c.Update with every group: ObserveOnly's single pass.
+func observeBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator) error {
+	hook := func(g Group, x []float32, rows, cols int) error {
+		if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
+			return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
+		}
+		return nil
+	}
+	for s, seq := range seqs {
+		if err := b.Forward(hidden[s], len(seq), hook); err != nil {
+			return err
+		}
+	}
+	if err := c.Update(b, Groups); err != nil {
+		return fmt.Errorf("model: calibration update of block %d: %w", b.Index, err)
 	}
 	return nil
 }

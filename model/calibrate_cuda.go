@@ -35,7 +35,11 @@ func (e *GPU) Calibrate(m *Model, seqs [][]int, c GPUCalibrator, opt CalibrateOp
 			return err
 		}
 		prefetch(m, i+1)
-		if err := e.calibrateBlock(b, x, c, steps); err != nil {
+		calibrate := e.calibrateBlock
+		if opt.ObserveOnly {
+			calibrate = e.observeBlock
+		}
+		if err := calibrate(b, x, c, steps); err != nil {
 			return fmt.Errorf("model: calibration of block %d: %w", i, err)
 		}
 		if opt.ReleaseBlocks {
@@ -77,6 +81,26 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 		return e.finishFromMLPState(g, x, keep)
 	}
 	return e.forwardBlock(g, x, nil)
+}
+
+// observeBlock is ObserveOnly's single pass: b runs over x in place, each group's input handed
+// to c, then c.Update sees every group.
+func (e *GPU) observeBlock(b *Block, x *DeviceBatch, c GPUCalibrator, _ [][]Group) error {
+	g, err := e.uploadBlock(b)
+	if err != nil {
+		return err
+	}
+	defer e.freeBlock(g)
+	hook := func(gr Group, p cuda.DevicePtr, rows, cols int) error {
+		return c.ObserveGPU(b.Index, gr, p, rows, cols)
+	}
+	if err := e.forwardBlock(g, x, hook); err != nil {
+		return err
+	}
+	if err := e.Synchronize(); err != nil {
+		return err
+	}
+	return c.Update(b, Groups)
 }
 
 // mlpState keeps what the observing pass of a last step of down_proj alone computed, for every

@@ -332,3 +332,36 @@ func (zeroingCalibrator) Update(b *Block, groups []Group) error {
 	}
 	return nil
 }
+
+// TestCalibrateObserveOnly: the single observing pass per block sees exactly the inputs of the
+// two-pass calibration, and Update runs once per block with every group.
+func TestCalibrateObserveOnly(t *testing.T) {
+	seqs := calibrationSeqs(t, 3, 32)
+	twoPass, onePass := newRecorder(), newRecorder()
+	if err := Calibrate(openModel(t, tinyDir), seqs, twoPass, CalibrateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var updates int
+	onePass.replace = func(b *Block, groups []Group) error {
+		updates++
+		if !slices.Equal(groups, Groups) {
+			t.Errorf("block %d: Update with %v, want every group", b.Index, groups)
+		}
+		return nil
+	}
+	m := openModel(t, tinyDir)
+	if err := Calibrate(m, seqs, onePass, CalibrateOptions{ObserveOnly: true, ReleaseBlocks: true}); err != nil {
+		t.Fatal(err)
+	}
+	if updates != m.Config.Layers {
+		t.Errorf("%d updates, want one per block (%d)", updates, m.Config.Layers)
+	}
+	if len(onePass.inputs) != len(twoPass.inputs) {
+		t.Fatalf("observed %d inputs, want %d", len(onePass.inputs), len(twoPass.inputs))
+	}
+	for key, want := range twoPass.inputs {
+		if !slices.Equal(onePass.inputs[key], want) {
+			t.Fatalf("%s: the observing pass saw a different input", key)
+		}
+	}
+}

@@ -164,7 +164,7 @@ func randomWeights(cfg *Config, bias, lmHead bool, r *rand.Rand) *MapWeights {
 	return w
 }
 
-func mustConfig(t *testing.T, js string) *Config {
+func mustConfig(t testing.TB, js string) *Config {
 	t.Helper()
 	c, err := ParseConfig([]byte(js))
 	if err != nil {

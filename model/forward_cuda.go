@@ -42,6 +42,7 @@ type GPU struct {
 	module *cuda.Module
 	fn     struct {
 		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare cuda.Function
+		channelStatsPartial, channelStatsFinish                                                             cuda.Function
 	}
 	scratch map[string]gpuBuffer // named work buffers, grown on demand
 	ropeT   int                  // positions covered by the uploaded rotary tables
@@ -84,6 +85,7 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, 
 		{&e.fn.embed, "embed"}, {&e.fn.rmsNorm, "rms_norm"}, {&e.fn.addBias, "add_bias"}, {&e.fn.add, "add"},
 		{&e.fn.siluMul, "silu_mul"}, {&e.fn.ropeHeads, "rope_heads"}, {&e.fn.mergeHeads, "merge_heads"},
 		{&e.fn.causalSoftmax, "causal_softmax"}, {&e.fn.tokenNLL, "token_nll"}, {&e.fn.tokenCompare, "token_compare"},
+		{&e.fn.channelStatsPartial, "channel_stats_partial"}, {&e.fn.channelStatsFinish, "channel_stats_finish"},
 	} {
 		if *f.dst, err = e.module.Function(f.name); err != nil {
 			return nil, err

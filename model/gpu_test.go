@@ -140,9 +140,10 @@ func checkComparison(t *testing.T, got, want Comparison) {
 
 // gramRecorder accumulates each group's input Gram matrix xᵀx, on the CPU through Observe and
 // on the GPU through ObserveGPU, and scales each updated linear's weights by 0.9 so that the
-// replacement's effect on later blocks is checked too.
+// replacement's effect on later blocks is checked too (unless observeOnly).
 type gramRecorder struct {
-	e     *GPU
+	e           *GPU
+	observeOnly bool
 	k     map[string]int
 	cpu   map[string][]float64
 	gpu   map[string]cuda.DevicePtr
@@ -205,6 +206,9 @@ func (r *gramRecorder) Update(b *Block, groups []Group) error {
 				r.grams[key][i] = float64(v)
 			}
 		}
+		if r.observeOnly {
+			continue
+		}
 		for _, l := range b.Linears(g) {
 			w := slices.Clone(l.W)
 			for i := range w {
@@ -249,18 +253,60 @@ func TestGPUCalibrateMatchesCPU(t *testing.T) {
 				t.Fatalf("GPU calibration observed %d groups, want %d", len(onGPU.grams), 4*cfg.Layers)
 			}
 			for key, want := range onCPU.cpu {
-				got := onGPU.grams[key]
-				var num, den float64
-				for i := range want {
-					num += (got[i] - want[i]) * (got[i] - want[i])
-					den += want[i] * want[i]
-				}
-				if rel := math.Sqrt(num / den); !(rel < 1e-5) {
+				if rel := relativeDiff(onGPU.grams[key], want); !(rel < 1e-5) {
 					t.Errorf("%s: Gram matrix relative error %.2e", key, rel)
 				}
 			}
 		})
 	}
+}
+
+// TestGPUObserveOnlyMatchesCPU: an observe-only calibration on the GPU (one pass per block)
+// sees the same group inputs as the CPU's two-pass calibration with unchanged weights.
+func TestGPUObserveOnlyMatchesCPU(t *testing.T) {
+	for _, tc := range gpuTestConfigs {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mustConfig(t, tc.json)
+			e := openGPU(t, cfg, GPUOptions{}, 50)
+			r := freshRand(t)
+			w := randomWeights(cfg, tc.bias, !cfg.TieEmbeddings, r)
+			seqs := make([][]int, 5)
+			for i := range seqs {
+				seqs[i] = randomIDs(r, 23, cfg.Vocab)
+			}
+			onCPU, onGPU := newGramRecorder(e), newGramRecorder(e)
+			onCPU.observeOnly, onGPU.observeOnly = true, true
+			for _, run := range []func(m *Model) error{
+				func(m *Model) error { return Calibrate(m, seqs, onCPU, CalibrateOptions{}) },
+				func(m *Model) error { return e.Calibrate(m, seqs, onGPU, CalibrateOptions{ObserveOnly: true}) },
+			} {
+				m, err := Load(cfg, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := run(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(onGPU.grams) != 4*cfg.Layers {
+				t.Fatalf("GPU calibration observed %d groups, want %d", len(onGPU.grams), 4*cfg.Layers)
+			}
+			for key, want := range onCPU.cpu {
+				if rel := relativeDiff(onGPU.grams[key], want); !(rel < 1e-5) {
+					t.Errorf("%s: Gram matrix relative error %.2e", key, rel)
+				}
+			}
+		})
+	}
+}
+
+func relativeDiff(got, want []float64) float64 {
+	var num, den float64
+	for i := range want {
+		num += (got[i] - want[i]) * (got[i] - want[i])
+		den += want[i] * want[i]
+	}
+	return math.Sqrt(num / den)
 }
 
 // TestGPUProbeLogits: the GPU forward pass of the shared models against transformers' logits,

@@ -25,6 +25,7 @@ func planCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			opt.Log = c.App.ErrWriter // progress of a plan that measures; the plan itself goes to stdout
 			p, err := convert.Plan(c.Args().First(), opt)
 			if err != nil {
 				return err

@@ -205,3 +205,38 @@ extern "C" __global__ void token_compare(const float* ref, const float* test, co
         }
     }
 }
+
+// channel_stats_partial: for chunk c = blockIdx.y of chunk_rows rows of x [rows, cols]
+// (row-major), partial_sq[c·cols + j] = Σ x[r, j]² and partial_abs[c·cols + j] = Σ |x[r, j]|
+// (AddChannelStats). One thread per column, so a warp reads 32 consecutive floats of a row;
+// the sums are in double, in row order, so the result does not depend on scheduling.
+extern "C" __global__ void channel_stats_partial(const float* x, long long rows, int cols, int chunk_rows,
+                                                 double* partial_sq, double* partial_abs) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    long long r0 = (long long)blockIdx.y * chunk_rows;
+    long long r1 = min(rows, r0 + chunk_rows);
+    double sq = 0, ab = 0;
+    for (long long r = r0; r < r1; r++) {
+        double v = x[r * cols + j];
+        sq += v * v;
+        ab += fabs(v);
+    }
+    partial_sq[(long long)blockIdx.y * cols + j] = sq;
+    partial_abs[(long long)blockIdx.y * cols + j] = ab;
+}
+
+// channel_stats_finish: sq[j] += Σ_c partial_sq[c·cols + j] in chunk order, and the same for
+// abs (skipped when abs is null).
+extern "C" __global__ void channel_stats_finish(const double* partial_sq, const double* partial_abs, int chunks,
+                                                int cols, double* sq, double* abs) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    double s = 0, a = 0;
+    for (int c = 0; c < chunks; c++) {
+        s += partial_sq[(long long)c * cols + j];
+        a += partial_abs[(long long)c * cols + j];
+    }
+    sq[j] += s;
+    if (abs) abs[j] += a;
+}
