@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -57,7 +58,7 @@ func ReadTensors(src string, workers int) (ReadResult, error) {
 			})
 		}
 	}
-	if err := runUnits(nil, units, workers); err != nil {
+	if err := runUnits(context.Background(), nil, units, workers); err != nil {
 		return ReadResult{}, err
 	}
 	return ReadResult{Bytes: total, Seconds: time.Since(start).Seconds()}, nil

@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"context"
 	"io"
 	"sort"
 	"sync"
@@ -18,7 +19,7 @@ type unit func(out *safetensors.CheckpointWriter) error
 // runUnits runs units in order, at most workers at once, so that at most that many modules'
 // inputs and results are in memory while reading, quantizing and writing overlap. It returns
 // the error of the first failed unit, after which no unit starts.
-func runUnits(out *safetensors.CheckpointWriter, units []unit, workers int) error {
+func runUnits(ctx context.Context, out *safetensors.CheckpointWriter, units []unit, workers int) error {
 	var next atomic.Int64
 	var failed atomic.Bool
 	errs := make([]error, len(units))
@@ -28,6 +29,10 @@ func runUnits(out *safetensors.CheckpointWriter, units []unit, workers int) erro
 			for !failed.Load() {
 				i := int(next.Add(1) - 1)
 				if i >= len(units) {
+					return
+				}
+				if errs[i] = ctx.Err(); errs[i] != nil {
+					failed.Store(true)
 					return
 				}
 				if errs[i] = units[i](out); errs[i] != nil {
