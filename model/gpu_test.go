@@ -144,10 +144,10 @@ func checkComparison(t *testing.T, got, want Comparison) {
 type gramRecorder struct {
 	e           *GPU
 	observeOnly bool
-	k     map[string]int
-	cpu   map[string][]float64
-	gpu   map[string]cuda.DevicePtr
-	grams map[string][]float64 // the GPU's, downloaded at Update
+	k           map[string]int
+	cpu         map[string][]float64
+	gpu         map[string]cuda.DevicePtr
+	grams       map[string][]float64 // the GPU's, downloaded at Update
 }
 
 func newGramRecorder(e *GPU) *gramRecorder {
