@@ -2,6 +2,7 @@ package blockwise
 
 import (
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -16,8 +17,15 @@ import (
 // batches, against a device-to-device copy of the same inputs timed the same way. Inputs
 // rotate over enough buffers to exceed the L2 cache. Run with -test.benchtime=1x; each
 // sub-benchmark prints a "TABLE" line.
+// benchTileBlocks sets how many blocks the tile kernels launch (0: the quantizer's default), to
+// compare a persistent grid with one block per tile: -blockwise.tileblocks=1000000000.
+var benchTileBlocks = flag.Int("blockwise.tileblocks", 0, "blocks of the tile kernels in BenchmarkGPUQuantize (0: default)")
+
 func BenchmarkGPUQuantize(b *testing.B) {
 	dev, q := openGPUQuantizer(b)
+	if *benchTileBlocks > 0 {
+		q.tileBlocks = *benchTileBlocks
+	}
 	big, err := dev.CopyBandwidth(1<<30, 21)
 	if err != nil {
 		b.Fatal(err)
