@@ -1,7 +1,6 @@
 package convert
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
@@ -58,7 +57,7 @@ func ReadTensors(src string, workers int) (ReadResult, error) {
 			})
 		}
 	}
-	if err := runUnits(context.Background(), nil, units, workers); err != nil {
+	if err := runUnits(nil, units, workers); err != nil {
 		return ReadResult{}, err
 	}
 	return ReadResult{Bytes: total, Seconds: time.Since(start).Seconds()}, nil

@@ -1,13 +1,10 @@
 package convert
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"os"
-	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
@@ -62,41 +59,6 @@ func loadCalibration(src string, o CalibOptions) (*Calibration, error) {
 	return c, nil
 }
 
-// CalibrationCache shares loaded (tokenized) calibration data between the jobs of a batch that
-// calibrate the same source with the same file and sizes.
-type CalibrationCache struct {
-	mu      sync.Mutex
-	entries map[string]*calibrationEntry
-}
-
-type calibrationEntry struct {
-	once sync.Once
-	c    *Calibration
-	err  error
-}
-
-// NewCalibrationCache returns an empty cache for Options.Calibrations.
-func NewCalibrationCache() *CalibrationCache {
-	return &CalibrationCache{entries: map[string]*calibrationEntry{}}
-}
-
-func (cc *CalibrationCache) load(src string, o CalibOptions) (*Calibration, error) {
-	abs, err := filepath.Abs(src)
-	if err != nil {
-		return nil, err
-	}
-	key := fmt.Sprintf("%s\x00%s\x00%d\x00%d", abs, o.File, o.Samples, o.SeqLen)
-	cc.mu.Lock()
-	e := cc.entries[key]
-	if e == nil {
-		e = &calibrationEntry{}
-		cc.entries[key] = e
-	}
-	cc.mu.Unlock()
-	e.once.Do(func() { e.c, e.err = loadCalibration(src, o) })
-	return e.c, e.err
-}
-
 // channelEnergy accumulates, per linear module, the mean x² of each input channel over the
 // calibration tokens: the diagonal of the Hessian XᵀX/n, which weighs weight errors by how much
 // each input channel carries.
@@ -106,11 +68,10 @@ type channelEnergy struct {
 	modules map[string]string // module prefix → its "block/group"
 	blocks  int               // blocks in the model, for the progress lines
 	logf    func(format string, args ...any)
-	ctx     context.Context // stops the pass between blocks when done
 }
 
-func newChannelEnergy(ctx context.Context, blocks int, logf func(format string, args ...any)) *channelEnergy {
-	return &channelEnergy{sums: map[string][]float64{}, tokens: map[string]int{}, modules: map[string]string{}, blocks: blocks, logf: logf, ctx: ctx}
+func newChannelEnergy(blocks int, logf func(format string, args ...any)) *channelEnergy {
+	return &channelEnergy{sums: map[string][]float64{}, tokens: map[string]int{}, modules: map[string]string{}, blocks: blocks, logf: logf}
 }
 
 func energyKey(block int, g model.Group) string { return fmt.Sprintf("%d/%s", block, g) }
@@ -137,7 +98,7 @@ func (e *channelEnergy) Update(b *model.Block, groups []model.Group) error {
 		}
 	}
 	e.logf("plan: activation statistics of block %d/%d\n", b.Index+1, e.blocks)
-	return e.ctx.Err()
+	return nil
 }
 
 // importance returns mean x² per input channel for every module, by module prefix.
@@ -220,7 +181,7 @@ func firstNonFinite64(v []float64) int {
 // measureImportance runs the model over the calibration sequences — on the GPU when device
 // allows, each block once (observing only) — and returns each decoder linear's input-channel
 // energy, logging a line per block.
-func measureImportance(ctx context.Context, src string, c *Calibration, device string, logf func(format string, args ...any)) (map[string][]float32, error) {
+func measureImportance(src string, c *Calibration, device string, logf func(format string, args ...any)) (map[string][]float32, error) {
 	m, err := model.Open(src)
 	if err != nil {
 		return nil, err
@@ -234,7 +195,7 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device s
 		return nil, err
 	}
 	start, where := time.Now(), "the CPU"
-	e := newChannelEnergy(ctx, m.Config.Layers, logf)
+	e := newChannelEnergy(m.Config.Layers, logf)
 	opt := model.CalibrateOptions{ReleaseBlocks: true, ObserveOnly: true}
 	if dev == nil {
 		err = model.Calibrate(m, c.seqs, e, opt)

@@ -117,7 +117,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		}
 		defer out.Abort()
 		out.SetSync(opt.Sync)
-		if err := runUnits(opt.context(), out, units, g.workers()); err != nil {
+		if err := runUnits(out, units, g.workers()); err != nil {
 			return err
 		}
 		if err := commitOutput(out, hashes, report, func(inputs []InputFile) (map[string]string, error) {
@@ -180,7 +180,6 @@ func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner
 	}
 	runner, err := newGPTQRunner(items, opt.GPTQ, opt.Clip, logf)
 	if err == nil {
-		runner.ctx = opt.context()
 		err = runner.useGPU(g)
 	}
 	if err != nil {

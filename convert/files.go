@@ -236,6 +236,8 @@ func outputMetadata(items []Item, plan *alloc.Plan, calib *Calibration, inputs [
 	if _, _, any := mainScheme(items); any {
 		meta = quantConfig(f, items).Meta()
 	}
+	prov := Provenance{Tool: "qpack", Version: opt.Version, Method: opt.Method, Format: f.Name(), Plan: plan,
+		Calibration: calib, Options: map[string]any{"clip": opt.Clip}}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue
@@ -244,42 +246,13 @@ func outputMetadata(items []Item, plan *alloc.Plan, calib *Calibration, inputs [
 			meta[k] = v
 		}
 	}
-	b, err := json.Marshal(provenance(plan, calib, inputs, f, opt))
+	prov.Inputs = inputs
+	b, err := json.Marshal(prov)
 	if err != nil {
 		return nil, err
 	}
 	meta[ProvenanceKey] = string(b)
 	return meta, nil
-}
-
-// provenance is what an output made with these inputs, plan and options records.
-func provenance(plan *alloc.Plan, calib *Calibration, inputs []InputFile, f packing.Format, opt Options) Provenance {
-	options := map[string]any{"clip": opt.Clip}
-	if opt.Method == "gptq" {
-		g := opt.GPTQ
-		options["damp"], options["act_order"], options["static_groups"], options["true_sequential"] = g.Damp, g.ActOrder, g.StaticGroups, g.TrueSequential
-	}
-	return Provenance{Tool: "qpack", Version: opt.Version, Method: opt.Method, Format: f.Name(), Inputs: inputs, Plan: plan,
-		Calibration: calib, Options: options}
-}
-
-// ReadProvenance returns the provenance recorded in the first safetensors file of a checkpoint
-// qpack wrote.
-func ReadProvenance(dir string) (*Provenance, error) {
-	ck, err := safetensors.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer ck.Close()
-	raw, ok := ck.Metadata()[ProvenanceKey]
-	if !ok {
-		return nil, fmt.Errorf("%s has no %s metadata: not written by qpack", dir, ProvenanceKey)
-	}
-	var p Provenance
-	if err := json.Unmarshal([]byte(raw), &p); err != nil {
-		return nil, fmt.Errorf("%s: %s: %w", dir, ProvenanceKey, err)
-	}
-	return &p, nil
 }
 
 // inputHashes computes the inputs' digests while the conversion runs, so that reading the

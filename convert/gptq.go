@@ -1,7 +1,6 @@
 package convert
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -41,7 +40,6 @@ type gptqRunner struct {
 	hess    map[string]*gptq.Hessian
 	logf    func(string, ...any)
 	stopped atomic.Bool
-	ctx     context.Context // the conversion's: result stops waiting when it is done
 
 	mu      sync.Mutex
 	results map[string]chan gptqResult
@@ -49,8 +47,8 @@ type gptqRunner struct {
 
 func newGPTQRunner(items []Item, o GPTQOptions, clip bool, logf func(string, ...any)) (*gptqRunner, error) {
 	r := &gptqRunner{schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
-		results: map[string]chan gptqResult{}, ctx: context.Background(),
-		opt: gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, MSE: clip, BaselineLoss: true}}
+		results: map[string]chan gptqResult{},
+		opt:     gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, MSE: clip, BaselineLoss: true}}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue
@@ -67,14 +65,10 @@ func newGPTQRunner(items []Item, o GPTQOptions, clip bool, logf func(string, ...
 	return r, nil
 }
 
-// result waits for a module's quantized tensor, or until the conversion is stopped.
+// result waits for a module's quantized tensor.
 func (r *gptqRunner) result(module string) (*quant.Tensor, error) {
-	select {
-	case res := <-r.results[module]:
-		return res.t, res.err
-	case <-r.ctx.Done():
-		return nil, r.ctx.Err()
-	}
+	res := <-r.results[module]
+	return res.t, res.err
 }
 
 // fail delivers err to every module still waiting.

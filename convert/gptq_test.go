@@ -1,9 +1,6 @@
 package convert
 
 import (
-	"context"
-	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -85,26 +82,5 @@ func TestGPTQRefusals(t *testing.T) {
 	opt.Calib.Samples = 100000
 	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "tokens") {
 		t.Errorf("too little calibration text: %v", err)
-	}
-}
-
-// A conversion whose context is done (a batch's SIGINT) stops — GPTQ too, where the writer waits
-// on the calibration — and leaves nothing behind.
-func TestConvertStopsWithItsContext(t *testing.T) {
-	tiny := testenv.Testdata(t, "models/tiny")
-	for _, method := range []string{"rtn", "gptq"} {
-		dir := t.TempDir()
-		opt := gptqOptions(t, quant.Scheme{Bits: 4, GroupSize: 128})
-		opt.Method, opt.Device = method, DeviceCPU
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		opt.Context = ctx
-		_, err := Convert(tiny, filepath.Join(dir, "out"), opt)
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("%s: a stopped conversion returned %v, want context.Canceled", method, err)
-		}
-		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
-			t.Errorf("%s: a stopped conversion left %s", method, entries[0].Name())
-		}
 	}
 }

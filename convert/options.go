@@ -4,7 +4,6 @@
 package convert
 
 import (
-	"context"
 	"fmt"
 	"io"
 
@@ -50,17 +49,10 @@ type Options struct {
 	// disk's write speed. Without it the output still appears only when complete, so a failed
 	// or killed conversion leaves nothing that looks finished.
 	Sync bool
-	// Context, when set, stops the conversion when it is done (a batch's SIGINT): no new
-	// tensor is started, GPTQ stops at its next step, and the temporary output is removed.
-	Context context.Context
 	// Log receives one line per tensor; nil discards.
 	Log io.Writer
 	// Version is recorded in the output's provenance.
 	Version string
-
-	// Calibrations, when set, shares loaded calibration data between conversions (a batch's
-	// jobs): one tokenization per source, file and size.
-	Calibrations *CalibrationCache
 }
 
 // DefaultScheme is the interoperable default: 4-bit, group 128, symmetric (formats.md §7).
@@ -102,21 +94,10 @@ func (o *Options) validate() (packing.Format, error) {
 	return f, nil
 }
 
-// context is Options.Context, or one that is never done.
-func (o *Options) context() context.Context {
-	if o.Context == nil {
-		return context.Background()
-	}
-	return o.Context
-}
-
 // calibration loads the calibration data when a file was given.
 func (o *Options) calibration(src string) (*Calibration, error) {
 	if o.Calib.File == "" {
 		return nil, nil
-	}
-	if o.Calibrations != nil {
-		return o.Calibrations.load(src, o.Calib)
 	}
 	return loadCalibration(src, o.Calib)
 }

@@ -1,7 +1,6 @@
 package convert
 
 import (
-	"context"
 	"io"
 	"sort"
 	"sync"
@@ -19,7 +18,7 @@ type unit func(out *safetensors.CheckpointWriter) error
 // runUnits runs units in order, at most workers at once, so that at most that many modules'
 // inputs and results are in memory while reading, quantizing and writing overlap. It returns
 // the error of the first failed unit, after which no unit starts.
-func runUnits(ctx context.Context, out *safetensors.CheckpointWriter, units []unit, workers int) error {
+func runUnits(out *safetensors.CheckpointWriter, units []unit, workers int) error {
 	var next atomic.Int64
 	var failed atomic.Bool
 	errs := make([]error, len(units))
@@ -29,10 +28,6 @@ func runUnits(ctx context.Context, out *safetensors.CheckpointWriter, units []un
 			for !failed.Load() {
 				i := int(next.Add(1) - 1)
 				if i >= len(units) {
-					return
-				}
-				if errs[i] = ctx.Err(); errs[i] != nil {
-					failed.Store(true)
 					return
 				}
 				if errs[i] = units[i](out); errs[i] != nil {

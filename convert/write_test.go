@@ -2,7 +2,6 @@ package convert
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -56,7 +55,7 @@ func TestRunUnitsConcurrencyAndOrder(t *testing.T) {
 			return nil
 		}
 	}
-	err := runUnits(context.Background(), nil, units, workers)
+	err := runUnits(nil, units, workers)
 	if err == nil || err.Error() != "unit 20 failed" {
 		t.Errorf("got %v, want unit 20's failure", err)
 	}
@@ -76,7 +75,7 @@ func TestRunUnitsConcurrencyAndOrder(t *testing.T) {
 	for i := range few {
 		few[i] = func(*safetensors.CheckpointWriter) error { ran.Add(1); return nil }
 	}
-	if err := runUnits(context.Background(), nil, few, 8); err != nil || ran.Load() != 5 {
+	if err := runUnits(nil, few, 8); err != nil || ran.Load() != 5 {
 		t.Errorf("more workers than units: %v, %d of 5 ran", err, ran.Load())
 	}
 }
@@ -202,7 +201,7 @@ func TestInterleaveShards(t *testing.T) {
 	// shard 0: units 0,1,2,3 of 10 bytes each; shard 1: units 4,5 (20 each); shard 2: unit 6
 	shard := []int{0, 0, 0, 0, 1, 1, 2}
 	bytes := []int64{10, 10, 10, 10, 20, 20, 5}
-	if err := runUnits(context.Background(), nil, interleaveShards(units, shard, bytes), 1); err != nil {
+	if err := runUnits(nil, interleaveShards(units, shard, bytes), 1); err != nil {
 		t.Fatal(err)
 	}
 	// places: 0, .25, .5, .75 | 0, .5 | 0

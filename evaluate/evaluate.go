@@ -131,18 +131,14 @@ type Thresholds struct {
 	MinTop1               float64 // top-1 agreement, 0..1
 }
 
-// NeedsReference says whether a threshold compares with a reference checkpoint.
-func (t Thresholds) NeedsReference() bool {
-	return t.MaxPerplexityIncrease > 0 || t.MaxKL > 0 || t.MaxP99KL > 0 || t.MinTop1 > 0
-}
-
 // Check returns an error listing every violated threshold, or nil.
 func (t Thresholds) Check(r *Report) error {
 	var bad []string
 	if t.MaxPerplexity > 0 && r.Perplexity > t.MaxPerplexity {
 		bad = append(bad, fmt.Sprintf("perplexity %.4f > %.4f", r.Perplexity, t.MaxPerplexity))
 	}
-	if t.NeedsReference() && r.Reference == "" {
+	needsRef := t.MaxPerplexityIncrease > 0 || t.MaxKL > 0 || t.MaxP99KL > 0 || t.MinTop1 > 0
+	if needsRef && r.Reference == "" {
 		return fmt.Errorf("the thresholds on KL, top-1 agreement and perplexity increase need --reference")
 	}
 	if t.MaxPerplexityIncrease > 0 {

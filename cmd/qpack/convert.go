@@ -66,11 +66,21 @@ func convertCommand() *cli.Command {
 			if c.NArg() != 1 {
 				return fmt.Errorf("convert needs exactly one SRC argument")
 			}
-			opt, err := fullConvertOptions(c)
+			opt, err := convertOptions(c)
 			if err != nil {
 				return err
 			}
+			if v := c.String("max-shard-size"); v != "" {
+				if opt.MaxShardSize, err = parseSize(v); err != nil {
+					return fmt.Errorf("--max-shard-size: %w", err)
+				}
+			}
 			opt.Overwrite = c.Bool("overwrite")
+			opt.Device = c.String("device")
+			opt.MeasureError = c.Bool("measure-error")
+			opt.InputHash = c.String("input-hash")
+			opt.GPUSlots = c.Int("gpu-slots")
+			opt.Sync = c.Bool("sync")
 			if !c.Bool("quiet") {
 				opt.Log = c.App.ErrWriter
 			}
@@ -87,26 +97,6 @@ func convertCommand() *cli.Command {
 			return nil
 		},
 	}
-}
-
-// fullConvertOptions reads every flag of convert that says how to convert (the planning flags
-// and the conversion's own), all but where the output goes and what is printed.
-func fullConvertOptions(c *cli.Context) (convert.Options, error) {
-	opt, err := convertOptions(c)
-	if err != nil {
-		return opt, err
-	}
-	if v := c.String("max-shard-size"); v != "" {
-		if opt.MaxShardSize, err = parseSize(v); err != nil {
-			return opt, fmt.Errorf("--max-shard-size: %w", err)
-		}
-	}
-	opt.Device = c.String("device")
-	opt.MeasureError = c.Bool("measure-error")
-	opt.InputHash = c.String("input-hash")
-	opt.GPUSlots = c.Int("gpu-slots")
-	opt.Sync = c.Bool("sync")
-	return opt, nil
 }
 
 // convertOptions reads the planning flags.

@@ -26,21 +26,9 @@ func runEval(c *cli.Context) (*evaluate.Report, error) {
 	if c.NArg() != 1 {
 		return nil, fmt.Errorf("%s needs exactly one MODEL argument", c.Command.Name)
 	}
-	o := evalOptions(c)
-	o.Logf = func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, format, args...) }
-	return evaluate.Run(c.Args().First(), o)
-}
-
-// evalOptions reads eval's flags.
-func evalOptions(c *cli.Context) evaluate.Options {
-	return evaluate.Options{Data: c.String("data"), SeqLen: c.Int("seq-len"), MaxSeqs: c.Int("max-seqs"),
-		Reference: c.String("reference"), Device: c.String("device"), TF32: c.Bool("tf32")}
-}
-
-// verifyThresholds reads verify's thresholds.
-func verifyThresholds(c *cli.Context) evaluate.Thresholds {
-	return evaluate.Thresholds{MaxPerplexity: c.Float64("max-ppl"), MaxPerplexityIncrease: c.Float64("max-ppl-increase"),
-		MaxKL: c.Float64("max-kl"), MaxP99KL: c.Float64("max-p99-kl"), MinTop1: c.Float64("min-top1")}
+	return evaluate.Run(c.Args().First(), evaluate.Options{Data: c.String("data"), SeqLen: c.Int("seq-len"),
+		MaxSeqs: c.Int("max-seqs"), Reference: c.String("reference"), Device: c.String("device"), TF32: c.Bool("tf32"),
+		Logf: func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, format, args...) }})
 }
 
 func printEval(w io.Writer, r *evaluate.Report, asJSON bool) error {
@@ -89,7 +77,8 @@ func verifyCommand() *cli.Command {
 			&cli.Float64Flag{Name: "min-top1", Usage: "minimum top-1 agreement with the reference, 0..1"},
 		),
 		Action: func(c *cli.Context) error {
-			t := verifyThresholds(c)
+			t := evaluate.Thresholds{MaxPerplexity: c.Float64("max-ppl"), MaxPerplexityIncrease: c.Float64("max-ppl-increase"),
+				MaxKL: c.Float64("max-kl"), MaxP99KL: c.Float64("max-p99-kl"), MinTop1: c.Float64("min-top1")}
 			if t == (evaluate.Thresholds{}) {
 				return fmt.Errorf("verify needs at least one threshold (--max-ppl, --max-ppl-increase, --max-kl, --max-p99-kl, --min-top1)")
 			}

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -31,7 +30,6 @@ func newApp() *cli.App {
 		Usage:   "quantize and bit-pack Hugging Face checkpoints (GPTQ, AWQ, compressed-tensors, qpack)",
 		Version: fmt.Sprintf("%s (commit %s)", version, commit()),
 		Commands: []*cli.Command{
-			batchCommand(),
 			benchCommand(),
 			convertCommand(),
 			dequantizeCommand(),
@@ -51,10 +49,6 @@ func main() {
 	app := newApp()
 	if err := app.Run(flagsFirst(app, os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "qpack:", err)
-		var e exitError
-		if errors.As(err, &e) {
-			os.Exit(e.code)
-		}
 		os.Exit(1)
 	}
 }
