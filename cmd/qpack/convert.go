@@ -127,7 +127,11 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	if err != nil {
 		return opt, err
 	}
-	a := alloc.Options{Strategy: c.String("strategy"), QuantizeEmbeddings: c.Bool("quantize-embeddings"),
+	strategy, err := strategyFromFlags(c)
+	if err != nil {
+		return opt, err
+	}
+	a := alloc.Options{Strategy: strategy, QuantizeEmbeddings: c.Bool("quantize-embeddings"),
 		QuantizeHead: c.Bool("quantize-head"), TargetBPW: c.Float64("target-bpw")}
 	if a.Ladder, err = ladderFromFlags(c, a.Strategy, s); err != nil {
 		return opt, err
@@ -142,6 +146,27 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	}
 	opt.Alloc = a
 	return opt, nil
+}
+
+// strategyFromFlags reads --strategy; a budget (--target-bpw or --target-size) implies the
+// budget strategy when no strategy was given, and contradicts any other: a budget silently
+// ignored by a uniform plan surprised users.
+func strategyFromFlags(c *cli.Context) (string, error) {
+	s := c.String("strategy")
+	budget := ""
+	for _, f := range []string{"target-bpw", "target-size"} {
+		if c.IsSet(f) {
+			budget = "--" + f
+		}
+	}
+	switch {
+	case budget == "" || s == alloc.StrategyBudget:
+		return s, nil
+	case c.IsSet("strategy"):
+		return "", fmt.Errorf("%s needs --strategy budget, not --strategy %s (leave --strategy out to imply budget)", budget, s)
+	}
+	fmt.Fprintf(c.App.ErrWriter, "note: %s implies --strategy budget\n", budget)
+	return alloc.StrategyBudget, nil
 }
 
 // ladderFromFlags: --ladder when given; otherwise uniform uses the scheme, evolved the scheme

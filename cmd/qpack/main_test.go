@@ -138,3 +138,20 @@ func TestConfigFile(t *testing.T) {
 		t.Errorf("--format on the command line should override the file's awq: %v", err)
 	}
 }
+
+// --target-bpw without --strategy implies the budget strategy (with a note); with another
+// strategy named it is refused.
+func TestTargetBPWImpliesBudget(t *testing.T) {
+	tiny := "../../testdata/models/tiny"
+	out, err := run(t, "plan", tiny, "--target-bpw", "3.5", "--format", "qpack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "note: --target-bpw implies --strategy budget") || !strings.Contains(out, "budget plan:") {
+		t.Errorf("plan --target-bpw without --strategy:\n%s", out)
+	}
+	_, err = run(t, "plan", tiny, "--target-size", "3MB", "--strategy", "uniform")
+	if err == nil || !strings.Contains(err.Error(), "--target-size needs --strategy budget") {
+		t.Errorf("plan --target-size --strategy uniform: %v, want a refusal", err)
+	}
+}
