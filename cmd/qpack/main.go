@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -30,6 +31,7 @@ func newApp() *cli.App {
 		Usage:   "quantize and bit-pack Hugging Face checkpoints (GPTQ, AWQ, compressed-tensors, qpack)",
 		Version: fmt.Sprintf("%s (commit %s)", version, commit()),
 		Commands: []*cli.Command{
+			batchCommand(),
 			benchCommand(),
 			convertCommand(),
 			dequantizeCommand(),
@@ -48,6 +50,11 @@ func newApp() *cli.App {
 func main() {
 	app := newApp()
 	if err := app.Run(flagsFirst(app, os.Args)); err != nil {
+		var exit cli.ExitCoder // batch: 1 a threshold failed, 2 a job failed to run
+		if errors.As(err, &exit) {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(exit.ExitCode())
+		}
 		fmt.Fprintln(os.Stderr, "qpack:", err)
 		os.Exit(1)
 	}
