@@ -59,8 +59,8 @@ type Options struct {
 	Context context.Context
 	// Version is recorded in the output's provenance.
 	Version string
-
-	calibs *calibCache // a batch's calibration data, loaded once for its jobs
+	// Calibrations, when set, shares loaded calibration data with other conversions.
+	Calibrations *CalibrationCache
 }
 
 // DefaultScheme is the interoperable default: 4-bit, group 128, symmetric (formats.md §7).
@@ -107,8 +107,8 @@ func (o *Options) calibration(src string) (*Calibration, error) {
 	if o.Calib.File == "" {
 		return nil, nil
 	}
-	if o.calibs != nil {
-		return o.calibs.load(src, o.Calib)
+	if o.Calibrations != nil {
+		return o.Calibrations.load(src, o.Calib)
 	}
 	return loadCalibration(src, o.Calib)
 }

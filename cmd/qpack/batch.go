@@ -13,7 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/batch"
 	"github.com/qpack-dev/qpack/evaluate"
 	"github.com/qpack-dev/qpack/internal/progress"
 )
@@ -46,7 +46,7 @@ up to date (same qpack version, method, format, input digests, calibration and p
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			opt := convert.BatchOptions{Jobs: c.Int("jobs"), Force: c.Bool("force"), Context: ctx}
+			opt := batch.Options{Jobs: c.Int("jobs"), Force: c.Bool("force"), Context: ctx}
 			if !c.Bool("quiet") {
 				bar := progress.New(c.App.ErrWriter, "batch", "jobs")
 				opt.Log, opt.Progress = bar.Log(c.App.ErrWriter), bar.Update
@@ -55,7 +55,7 @@ up to date (same qpack version, method, format, input digests, calibration and p
 					opt.JobLog = opt.Log
 				}
 			}
-			s, err := convert.RunBatch(jobs, opt)
+			s, err := batch.Run(jobs, opt)
 			if err != nil {
 				return err
 			}
@@ -77,7 +77,7 @@ up to date (same qpack version, method, format, input digests, calibration and p
 }
 
 // writeSummary writes the JSON summary (to --summary or standard output) and the JUnit XML.
-func writeSummary(c *cli.Context, s *convert.BatchSummary) error {
+func writeSummary(c *cli.Context, s *batch.Summary) error {
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err
@@ -105,7 +105,7 @@ func writeSummary(c *cli.Context, s *convert.BatchSummary) error {
 var jobKeys = map[string]bool{"name": true, "source": true, "output": true, "verify": true, "export": true}
 
 // readJobs reads a jobs file: a list of jobs, or a mapping whose only key is jobs.
-func readJobs(app *cli.App, path string) ([]convert.Job, error) {
+func readJobs(app *cli.App, path string) ([]batch.Job, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -124,7 +124,7 @@ func readJobs(app *cli.App, path string) ([]convert.Job, error) {
 	if !ok || len(list) == 0 {
 		return nil, fmt.Errorf("%s: no jobs (want a list of mappings with name, source, output and convert's keys)", path)
 	}
-	var jobs []convert.Job
+	var jobs []batch.Job
 	for i, e := range list {
 		values, ok := e.(map[string]any)
 		if !ok {
@@ -136,13 +136,13 @@ func readJobs(app *cli.App, path string) ([]convert.Job, error) {
 		}
 		jobs = append(jobs, j)
 	}
-	return jobs, convert.CheckJobs(jobs)
+	return jobs, batch.CheckJobs(jobs)
 }
 
 // readJob reads one job: its own keys, then the rest through convert's flags exactly as a
 // --config file's, and its verify mapping through verify's flags.
-func readJob(app *cli.App, values map[string]any) (convert.Job, error) {
-	var j convert.Job
+func readJob(app *cli.App, values map[string]any) (batch.Job, error) {
+	var j batch.Job
 	text := func(key string) (string, error) {
 		v, ok := values[key]
 		if !ok {
@@ -194,12 +194,12 @@ func readJob(app *cli.App, values map[string]any) (convert.Job, error) {
 }
 
 // readVerify reads a job's verify mapping through verify's flags.
-func readVerify(app *cli.App, values map[string]any) (*convert.Verify, error) {
+func readVerify(app *cli.App, values map[string]any) (*batch.Verify, error) {
 	c, err := flagContext(app, verifyCommand(), values)
 	if err != nil {
 		return nil, err
 	}
-	v := &convert.Verify{
+	v := &batch.Verify{
 		Eval: evaluate.Options{Data: c.String("data"), SeqLen: c.Int("seq-len"), MaxSeqs: c.Int("max-seqs"),
 			Reference: c.String("reference"), Device: c.String("device"), TF32: c.Bool("tf32")},
 		Thresholds: evaluate.Thresholds{MaxPerplexity: c.Float64("max-ppl"), MaxPerplexityIncrease: c.Float64("max-ppl-increase"),

@@ -48,14 +48,22 @@ func newApp() *cli.App {
 }
 
 func main() {
+	os.Exit(exitCode(os.Args))
+}
+
+// exitCode runs the command line args and says what to exit with: 0, 1 for an error, or the
+// code the command chose (batch: 1 a threshold failed, 2 a job failed to run).
+func exitCode(args []string) int {
 	app := newApp()
-	if err := app.Run(flagsFirst(app, os.Args)); err != nil {
-		var exit cli.ExitCoder // batch: 1 a threshold failed, 2 a job failed to run
-		if errors.As(err, &exit) {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(exit.ExitCode())
-		}
-		fmt.Fprintln(os.Stderr, "qpack:", err)
-		os.Exit(1)
+	err := app.Run(flagsFirst(app, args))
+	if err == nil {
+		return 0
 	}
+	var exit cli.ExitCoder
+	if errors.As(err, &exit) {
+		fmt.Fprintln(os.Stderr, err)
+		return exit.ExitCode()
+	}
+	fmt.Fprintln(os.Stderr, "qpack:", err)
+	return 1
 }

@@ -56,7 +56,7 @@ func TestHelpEverywhere(t *testing.T) {
 func TestConvertPlanReplayDequantize(t *testing.T) {
 	dir := t.TempDir()
 	tiny := "../../testdata/models/tiny"
-	planJSON, err := run(t, "plan", tiny, "--strategy", "budget", "--target-bpw", "3.5", "--format", "qpack", "--json")
+	planJSON, err := run(t, "plan", tiny, "--strategy", "budget", "--target-bpw", "3.5", "--format", "qpack", "--json", "-q")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestConfigFile(t *testing.T) {
 	dir := t.TempDir()
 	cfg := dir + "/qpack.yaml"
 	os.WriteFile(cfg, []byte("format: qpack\nscheme: int3-g128-asym\noverride:\n  - 'layers\\.0\\.=keep'\n"), 0o644)
-	out, err := run(t, "plan", "../../testdata/models/tiny", "--config", cfg, "--override", `down_proj=int8-g128-sym`, "--json")
+	out, err := run(t, "plan", "../../testdata/models/tiny", "--config", cfg, "--override", `down_proj=int8-g128-sym`, "--json", "-q")
 	if err != nil {
 		t.Fatal(err)
 	}

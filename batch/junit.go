@@ -1,4 +1,4 @@
-package convert
+package batch
 
 import (
 	"encoding/xml"
@@ -46,7 +46,7 @@ type junitMessage struct {
 }
 
 // WriteJUnit writes the summary as JUnit XML.
-func (s *BatchSummary) WriteJUnit(w io.Writer) error {
+func (s *Summary) WriteJUnit(w io.Writer) error {
 	seconds := func(v float64) string { return fmt.Sprintf("%.3f", v) }
 	suite := junitSuite{Name: "qpack batch", Tests: len(s.Jobs), Failures: s.Failed, Errors: s.Errors + s.Interrupted,
 		Skipped: s.Skipped, Time: seconds(s.Seconds)}

@@ -1,20 +1,21 @@
-package convert
+// Package batch runs a file's worth of conversions for CI: each job converts (unless its output
+// is up to date), verifies and exports, and the batch ends in one summary and an exit code.
+package batch
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/qpack-dev/qpack/convert"
 	"github.com/qpack-dev/qpack/evaluate"
 	"github.com/qpack-dev/qpack/safetensors"
 )
@@ -25,7 +26,7 @@ type Job struct {
 	Name    string
 	Source  string
 	Output  string
-	Options Options
+	Options convert.Options
 	// Report, when set, is where the conversion's JSON report is written (convert --report).
 	Report string
 	// Verify, when set, evaluates the output and checks its thresholds (qpack verify).
@@ -48,8 +49,8 @@ type Exporter func(ctx context.Context, dir string, log io.Writer) error
 // (Exporters["onnx"] = ...).
 var Exporters = map[string]Exporter{}
 
-// BatchOptions say how to run a batch.
-type BatchOptions struct {
+// Options say how to run a batch.
+type Options struct {
 	// Jobs is how many jobs run at once (default 1: in order).
 	Jobs int
 	// Force converts every job, even one whose output is up to date.
@@ -60,7 +61,7 @@ type BatchOptions struct {
 	// the job's name.
 	JobLog io.Writer
 	// Progress is told of each job finished (done, total; bytes are 0).
-	Progress ProgressFunc
+	Progress convert.ProgressFunc
 	// Context stops the batch when cancelled: the running jobs stop and remove their staging
 	// directories, finished jobs stay, and the jobs not started are reported as interrupted.
 	Context context.Context
@@ -82,7 +83,8 @@ type JobResult struct {
 	Output  string  `json:"output"`
 	Status  string  `json:"status"`
 	Seconds float64 `json:"seconds"`
-	// Bytes is the output's size and BPW the quantized tensors' bits per weight.
+	// Bytes is the size of the output directory's files and BPW the quantized tensors' bits
+	// per weight (scales and zero points counted).
 	Bytes int64   `json:"bytes,omitempty"`
 	BPW   float64 `json:"bpw,omitempty"`
 	// With verification: the evaluation's numbers.
@@ -97,8 +99,8 @@ type JobResult struct {
 	Exported []string `json:"exported,omitempty"`
 }
 
-// BatchSummary is the result of a batch.
-type BatchSummary struct {
+// Summary is the result of a batch.
+type Summary struct {
 	Jobs        []JobResult `json:"jobs"`
 	Passed      int         `json:"passed"`
 	Skipped     int         `json:"skipped"`
@@ -154,10 +156,10 @@ func exportKinds() []string {
 	return kinds
 }
 
-// RunBatch runs the jobs (opt.Jobs at a time, in order) and summarises them. Calibration data
+// Run runs the jobs (opt.Jobs at a time, in order) and summarises them. Calibration data
 // is loaded and tokenized once per source and calibration setting and shared by the jobs. The
 // error is only for a batch that cannot start (CheckJobs); each job's failure is in its result.
-func RunBatch(jobs []Job, opt BatchOptions) (*BatchSummary, error) {
+func Run(jobs []Job, opt Options) (*Summary, error) {
 	if err := CheckJobs(jobs); err != nil {
 		return nil, err
 	}
@@ -170,8 +172,8 @@ func RunBatch(jobs []Job, opt BatchOptions) (*BatchSummary, error) {
 	if log == nil {
 		log = io.Discard
 	}
-	log = &lockedWriter{w: log}
-	calibs := &calibCache{m: map[string]*calibEntry{}}
+	log = &prefixWriter{w: log} // jobs log at once
+	calibs := convert.NewCalibrationCache()
 	results := make([]JobResult, len(jobs))
 	var mu sync.Mutex
 	done := 0
@@ -205,7 +207,7 @@ func RunBatch(jobs []Job, opt BatchOptions) (*BatchSummary, error) {
 		})
 	}
 	wg.Wait()
-	s := &BatchSummary{Jobs: results, Seconds: time.Since(start).Seconds()}
+	s := &Summary{Jobs: results, Seconds: time.Since(start).Seconds()}
 	for _, r := range results {
 		switch r.Status {
 		case StatusPassed:
@@ -230,7 +232,7 @@ func RunBatch(jobs []Job, opt BatchOptions) (*BatchSummary, error) {
 }
 
 // runJob converts (unless up to date), verifies and exports one job.
-func runJob(ctx context.Context, j Job, bo BatchOptions, calibs *calibCache, log io.Writer) JobResult {
+func runJob(ctx context.Context, j Job, bo Options, calibs *convert.CalibrationCache, log io.Writer) JobResult {
 	start := time.Now()
 	r := JobResult{Name: j.Name, Source: j.Source, Output: j.Output}
 	fail := func(err error) JobResult {
@@ -242,7 +244,7 @@ func runJob(ctx context.Context, j Job, bo BatchOptions, calibs *calibCache, log
 		return r
 	}
 	opt := j.Options
-	opt.Context, opt.calibs = ctx, calibs
+	opt.Context, opt.Calibrations = ctx, calibs
 	opt.Log = nil
 	if bo.JobLog != nil {
 		opt.Log = &prefixWriter{w: bo.JobLog, prefix: "[" + j.Name + "] "}
@@ -250,7 +252,7 @@ func runJob(ctx context.Context, j Job, bo BatchOptions, calibs *calibCache, log
 	fresh := ""
 	if !bo.Force {
 		var err error
-		if fresh, err = UpToDate(j.Source, j.Output, opt); err != nil {
+		if fresh, err = convert.UpToDate(j.Source, j.Output, opt); err != nil {
 			return fail(err)
 		}
 	}
@@ -265,11 +267,14 @@ func runJob(ctx context.Context, j Job, bo BatchOptions, calibs *calibCache, log
 		if _, err := os.Stat(j.Output); err == nil {
 			opt.Overwrite = true // stale or forced: replaced only once the new one is complete
 		}
-		rep, err := Convert(j.Source, j.Output, opt)
+		rep, err := convert.Convert(j.Source, j.Output, opt)
 		if err != nil {
 			return fail(err)
 		}
-		r.Status, r.Bytes, r.BPW = StatusPassed, rep.OutBytes, rep.QuantBPW
+		r.Status, r.BPW = StatusPassed, rep.QuantBPW
+		if r.Bytes, err = dirBytes(j.Output); err != nil {
+			return fail(err)
+		}
 		if j.Report != "" {
 			if err := writeJSON(j.Report, rep); err != nil {
 				return fail(err)
@@ -302,142 +307,38 @@ func runJob(ctx context.Context, j Job, bo BatchOptions, calibs *calibCache, log
 	return r
 }
 
-// UpToDate says why the checkpoint at dst is what converting src with opt would write now —
-// the same qpack version, method, format, input files (by the digest dst recorded), calibration
-// and plan — or returns "" when it is not (or does not exist).
-func UpToDate(src, dst string, opt Options) (string, error) {
-	f, err := opt.validate()
+// dirBytes is the size of the files in the output directory.
+func dirBytes(dir string) (int64, error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return "", err
+		return 0, err
 	}
-	out, err := safetensors.Open(dst)
-	if err != nil {
-		return "", nil // no output (or none complete): convert
+	var n int64
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && info.Mode().IsRegular() {
+			n += info.Size()
+		}
 	}
-	raw := out.Metadata()[ProvenanceKey]
-	out.Close()
-	var prov Provenance
-	if raw == "" || json.Unmarshal([]byte(raw), &prov) != nil {
-		return "", nil
-	}
-	if prov.Version != opt.Version || prov.Method != opt.Method || prov.Format != f.Name() || prov.Options["clip"] != opt.Clip {
-		return "", nil
-	}
-	ck, err := safetensors.Open(src)
-	if err != nil {
-		return "", err
-	}
-	defer ck.Close()
-	algo := opt.InputHash
-	if recorded := hashOf(prov.Inputs); recorded != algo || algo == HashNone {
-		return "", nil // digests of another kind, or none: nothing to compare the inputs by
-	}
-	hashes, err := startHashing(ck.Files(), algo)
-	if err != nil {
-		return "", err
-	}
-	inputs, err := hashes.wait()
-	if err != nil {
-		return "", err
-	}
-	if !slices.Equal(inputs, prov.Inputs) {
-		return "", nil
-	}
-	calib, err := opt.calibration(ck.Dir)
-	if err != nil {
-		return "", err
-	}
-	if !sameCalibration(calib, prov.Calibration) {
-		return "", nil
-	}
-	plan, err := makePlan(ck, opt, f, calib)
-	if err != nil {
-		return "", err
-	}
-	now, err1 := json.Marshal(plan)
-	then, err2 := json.Marshal(prov.Plan)
-	if err := errors.Join(err1, err2); err != nil {
-		return "", err
-	}
-	if !bytes.Equal(now, then) {
-		return "", nil
-	}
-	return fmt.Sprintf("qpack %s, %s, %s, same %s of the inputs, same plan", prov.Version, prov.Method, prov.Format, algo), nil
-}
-
-// hashOf says which digest the recorded inputs carry.
-func hashOf(inputs []InputFile) string {
-	if len(inputs) == 0 {
-		return HashNone
-	}
-	switch {
-	case inputs[0].BLAKE3 != "":
-		return HashBLAKE3
-	case inputs[0].SHA256 != "":
-		return HashSHA256
-	}
-	return HashNone
-}
-
-func sameCalibration(a, b *Calibration) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return a.File == b.File && a.SHA256 == b.SHA256 && a.Samples == b.Samples && a.SeqLen == b.SeqLen
+	return n, nil
 }
 
 // outputSize fills a skipped job's bytes and bits per weight from the checkpoint's files and
 // its recorded plan.
 func outputSize(dir string, r *JobResult) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
+	var err error
+	if r.Bytes, err = dirBytes(dir); err != nil {
 		return err
-	}
-	for _, e := range entries {
-		if info, err := e.Info(); err == nil && info.Mode().IsRegular() {
-			r.Bytes += info.Size()
-		}
 	}
 	ck, err := safetensors.Open(dir)
 	if err != nil {
 		return err
 	}
 	defer ck.Close()
-	var prov Provenance
-	if err := json.Unmarshal([]byte(ck.Metadata()[ProvenanceKey]), &prov); err == nil && prov.Plan != nil {
+	var prov convert.Provenance
+	if err := json.Unmarshal([]byte(ck.Metadata()[convert.ProvenanceKey]), &prov); err == nil && prov.Plan != nil {
 		r.BPW = prov.Plan.Totals.CandidateBPW
 	}
 	return nil
-}
-
-// calibCache shares loaded, tokenized calibration data between the jobs of a batch (and a
-// job's up-to-date check and conversion): one load per source directory and setting.
-type calibCache struct {
-	mu sync.Mutex
-	m  map[string]*calibEntry
-}
-
-type calibEntry struct {
-	once  sync.Once
-	calib *Calibration
-	err   error
-}
-
-func (c *calibCache) load(src string, o CalibOptions) (*Calibration, error) {
-	abs, err := filepath.Abs(src)
-	if err != nil {
-		return nil, err
-	}
-	key := fmt.Sprintf("%s\x00%s\x00%d\x00%d", abs, o.File, o.Samples, o.SeqLen)
-	c.mu.Lock()
-	e := c.m[key]
-	if e == nil {
-		e = &calibEntry{}
-		c.m[key] = e
-	}
-	c.mu.Unlock()
-	e.once.Do(func() { e.calib, e.err = loadCalibration(src, o) })
-	return e.calib, e.err
 }
 
 // prefixWriter starts every line with prefix; a job's lines stay recognisable when several
@@ -472,4 +373,12 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return n, nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
