@@ -15,6 +15,7 @@ import (
 
 	"github.com/qpack-dev/qpack/batch"
 	"github.com/qpack-dev/qpack/internal/synth"
+	"github.com/qpack-dev/qpack/internal/testenv"
 )
 
 const tinyModel = "../../testdata/models/tiny"
@@ -145,7 +146,7 @@ func TestBatchSignal(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(60 * time.Second)
-	for !exists(filepath.Join(outDir, "small")) || !writingShard(outDir) {
+	for !exists(filepath.Join(outDir, "small")) || !testenv.StagingHasShard(outDir) {
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
 			t.Fatal("the big job never started writing shards")
@@ -177,21 +178,4 @@ func TestBatchSignal(t *testing.T) {
 func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
-}
-
-// writingShard reports whether a hidden staging directory in parent holds a shard being written.
-func writingShard(parent string) bool {
-	entries, _ := os.ReadDir(parent)
-	for _, e := range entries {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		files, _ := os.ReadDir(filepath.Join(parent, e.Name()))
-		for _, f := range files {
-			if strings.Contains(f.Name(), ".safetensors.tmp-") {
-				return true
-			}
-		}
-	}
-	return false
 }
