@@ -34,7 +34,7 @@ type Meter struct {
 // New returns a meter writing to w, labelled with label (e.g. "convert"), counting unit
 // ("tensors"). It redraws one line when w is a terminal.
 func New(w io.Writer, label, unit string) *Meter {
-	return &Meter{w: w, label: label, unit: unit, tty: IsTerminal(w), Every: 5 * time.Second, now: time.Now}
+	return &Meter{w: w, label: label, unit: unit, tty: IsTerminal(w), Every: 5 * time.Second, now: time.Now, start: time.Now()}
 }
 
 // IsTerminal reports whether w is a character device (a terminal), not a file or a pipe.
@@ -56,9 +56,6 @@ func (m *Meter) Update(done, total int, bytes, totalBytes int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
-	if m.start.IsZero() {
-		m.start = now
-	}
 	line := Line(m.label, m.unit, done, total, bytes, totalBytes, now.Sub(m.start))
 	if m.tty {
 		if now.Sub(m.last) < 100*time.Millisecond && done != total {

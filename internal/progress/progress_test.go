@@ -38,7 +38,7 @@ func TestPlainLines(t *testing.T) {
 	var buf bytes.Buffer
 	m := New(&buf, "convert", "tensors")
 	clock := time.Unix(0, 0)
-	m.now = func() time.Time { return clock }
+	m.now, m.start = func() time.Time { return clock }, clock
 	for i := 1; i <= 100; i++ {
 		clock = clock.Add(100 * time.Millisecond) // 10 s in all: two Every periods
 		m.Update(i, 100, 0, 0)
@@ -63,14 +63,14 @@ func TestTerminalRedraw(t *testing.T) {
 	m := New(&buf, "batch", "jobs")
 	m.tty = true
 	clock := time.Unix(0, 0)
-	m.now = func() time.Time { return clock }
+	m.now, m.start = func() time.Time { return clock }, clock
 	for i := 1; i <= 3; i++ {
 		clock = clock.Add(time.Second)
 		m.Update(i, 3, 0, 0)
 	}
 	m.Finish()
 	out := buf.String()
-	if strings.Count(out, "\r\x1b[K") != 3 || strings.Count(out, "\n") != 1 || !strings.HasSuffix(out, "batch: 3/3 jobs (100%), 2s elapsed\n") {
+	if strings.Count(out, "\r\x1b[K") != 3 || strings.Count(out, "\n") != 1 || !strings.HasSuffix(out, "batch: 3/3 jobs (100%), 3s elapsed\n") {
 		t.Errorf("terminal output %q", out)
 	}
 	buf.Reset()
