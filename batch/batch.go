@@ -264,8 +264,13 @@ func runJob(ctx context.Context, j Job, bo Options, calibs *convert.CalibrationC
 		}
 	} else {
 		fmt.Fprintf(log, "job %s: converting %s → %s\n", j.Name, j.Source, j.Output)
-		if _, err := os.Stat(j.Output); err == nil {
-			opt.Overwrite = true // stale or forced: replaced only once the new one is complete
+		if _, err := os.Stat(j.Output); err == nil && !opt.Overwrite {
+			// A stale or forced output of qpack's is replaced (only once the new one is
+			// complete); anything else is the user's.
+			if !hasProvenance(j.Output) {
+				return fail(fmt.Errorf("output %s exists and is not a checkpoint qpack wrote; remove it or set overwrite: true", j.Output))
+			}
+			opt.Overwrite = true
 		}
 		rep, err := convert.Convert(j.Source, j.Output, opt)
 		if err != nil {
@@ -305,6 +310,16 @@ func runJob(ctx context.Context, j Job, bo Options, calibs *convert.CalibrationC
 	}
 	r.Seconds = time.Since(start).Seconds()
 	return r
+}
+
+// hasProvenance reports whether dir is a checkpoint with qpack's provenance.
+func hasProvenance(dir string) bool {
+	ck, err := safetensors.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer ck.Close()
+	return ck.Metadata()[convert.ProvenanceKey] != ""
 }
 
 // dirBytes is the size of the files in the output directory.

@@ -112,6 +112,30 @@ func TestBatch(t *testing.T) {
 	}
 }
 
+// An existing output qpack did not write is not replaced unless the job says overwrite.
+func TestBatchKeepsForeignOutput(t *testing.T) {
+	jobs := tinyJobs(t, t.TempDir())[:1]
+	jobs[0].Verify = nil
+	if err := os.MkdirAll(jobs[0].Output, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mine := filepath.Join(jobs[0].Output, "notes.txt")
+	if err := os.WriteFile(mine, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Run(jobs, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, serr := os.Stat(mine); statuses(s) != "error" || !strings.Contains(s.Jobs[0].Error, "not a checkpoint qpack wrote") || serr != nil {
+		t.Errorf("foreign output: %q %q (%v)", statuses(s), s.Jobs[0].Error, serr)
+	}
+	jobs[0].Options.Overwrite = true
+	if s, _ = Run(jobs, Options{}); statuses(s) != "passed" {
+		t.Errorf("with overwrite: %q %q", statuses(s), s.Jobs[0].Error)
+	}
+}
+
 // Jobs at once give the same results as one at a time.
 func TestBatchParallel(t *testing.T) {
 	out := t.TempDir()
