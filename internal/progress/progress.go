@@ -65,10 +65,7 @@ func (m *Meter) Update(done, total int, bytes, totalBytes int64) {
 		m.drawn, m.last, m.line = true, now, line
 		return
 	}
-	ten := 0
-	if total > 0 {
-		ten = 10 * done / total
-	}
+	ten := int(10 * max(0, fraction(done, total, bytes, totalBytes)))
 	if now.Sub(m.last) < m.Every && ten == m.lastTen && done != total {
 		return
 	}
@@ -102,13 +99,7 @@ func Line(label, unit string, done, total int, bytes, totalBytes int64, elapsed 
 		fmt.Fprintf(&b, "/%d", total)
 	}
 	fmt.Fprintf(&b, " %s", unit)
-	frac := -1.0
-	switch {
-	case totalBytes > 0:
-		frac = float64(bytes) / float64(totalBytes)
-	case total > 0:
-		frac = float64(done) / float64(total)
-	}
+	frac := fraction(done, total, bytes, totalBytes)
 	if frac >= 0 {
 		fmt.Fprintf(&b, " (%d%%)", int(100*frac))
 	}
@@ -180,4 +171,16 @@ func (l logWriter) Write(b []byte) (int, error) {
 		fmt.Fprint(l.m.w, l.m.line)
 	}
 	return n, err
+}
+
+// fraction is the share of the work done, by bytes when their total is known, else by count;
+// -1 when neither total is known.
+func fraction(done, total int, bytes, totalBytes int64) float64 {
+	switch {
+	case totalBytes > 0:
+		return float64(bytes) / float64(totalBytes)
+	case total > 0:
+		return float64(done) / float64(total)
+	}
+	return -1
 }
