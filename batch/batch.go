@@ -208,7 +208,13 @@ func Run(jobs []Job, opt Options) (*Summary, error) {
 	}
 	wg.Wait()
 	s := &Summary{Jobs: results, Seconds: time.Since(start).Seconds()}
-	for _, r := range results {
+	s.count()
+	return s, nil
+}
+
+// count tallies the statuses and sets the exit code.
+func (s *Summary) count() {
+	for _, r := range s.Jobs {
 		switch r.Status {
 		case StatusPassed:
 			s.Passed++
@@ -228,7 +234,6 @@ func Run(jobs []Job, opt Options) (*Summary, error) {
 	case s.Failed > 0:
 		s.ExitCode = 1
 	}
-	return s, nil
 }
 
 // runJob converts (unless up to date), verifies and exports one job.
