@@ -109,6 +109,9 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := opt.context().Err(); err != nil { // planning and calibration can take minutes
+		return nil, err
+	}
 	defer runner.start(ck.Dir, calib, opt.GPTQ.TrueSequential)()
 	err = writeStaged(dst, opt.Overwrite, func(dir string) error {
 		out, err := safetensors.NewCheckpointWriter(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)
@@ -237,6 +240,7 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 		units = append(units, m.write)
 		unitShard, unitBytes = append(unitShard, it.ShardIdx), append(unitBytes, it.Info.Size)
 	}
+	units = tracked(units, unitBytes, opt)
 	if runner == nil { // GPTQ's results come layer by layer: its units keep that order
 		units = interleaveShards(units, unitShard, unitBytes)
 	}

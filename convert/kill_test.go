@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/internal/synth"
+	"github.com/qpack-dev/qpack/internal/testenv"
 )
 
 // A conversion killed mid-write (SIGKILL: no cleanup runs) leaves no output directory, only its
@@ -38,7 +39,7 @@ func TestKillDuringWrite(t *testing.T) {
 	}
 	// Kill while the staging directory holds shards being written (temporary files).
 	deadline := time.Now().Add(60 * time.Second)
-	for !stagingHasShard(filepath.Dir(dst)) {
+	for !testenv.StagingHasShard(filepath.Dir(dst)) {
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
 			t.Fatal("the conversion never started writing shards")
@@ -56,22 +57,4 @@ func TestKillDuringWrite(t *testing.T) {
 			t.Errorf("visible leftover %s", e.Name())
 		}
 	}
-}
-
-// stagingHasShard reports whether a hidden staging directory in parent holds a shard being
-// written (its temporary file).
-func stagingHasShard(parent string) bool {
-	entries, _ := os.ReadDir(parent)
-	for _, e := range entries {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		files, _ := os.ReadDir(filepath.Join(parent, e.Name()))
-		for _, f := range files {
-			if strings.Contains(f.Name(), ".safetensors.tmp-") {
-				return true
-			}
-		}
-	}
-	return false
 }

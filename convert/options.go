@@ -4,6 +4,7 @@
 package convert
 
 import (
+	"context"
 	"fmt"
 	"io"
 
@@ -51,8 +52,15 @@ type Options struct {
 	Sync bool
 	// Log receives one line per tensor; nil discards.
 	Log io.Writer
+	// Progress, when set, is told of each tensor written (a progress bar; see ProgressFunc).
+	Progress ProgressFunc
+	// Context, when set, stops the conversion when it is cancelled: no tensor starts after
+	// that, Convert returns the context's error and the staging directory is removed.
+	Context context.Context
 	// Version is recorded in the output's provenance.
 	Version string
+	// Calibrations, when set, shares loaded calibration data with other conversions.
+	Calibrations *CalibrationCache
 }
 
 // DefaultScheme is the interoperable default: 4-bit, group 128, symmetric (formats.md §7).
@@ -98,6 +106,9 @@ func (o *Options) validate() (packing.Format, error) {
 func (o *Options) calibration(src string) (*Calibration, error) {
 	if o.Calib.File == "" {
 		return nil, nil
+	}
+	if o.Calibrations != nil {
+		return o.Calibrations.load(src, o.Calib)
 	}
 	return loadCalibration(src, o.Calib)
 }

@@ -70,10 +70,17 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 		}
 	}
 	var sample weightSample // the planner measures a tensor's rungs one after another
+	measured, linears := 0, countLinears(descs)
 	measure := func(t alloc.TensorDesc, s quant.Scheme) (float64, error) {
 		if sample.name != t.Name {
+			if err := opt.context().Err(); err != nil {
+				return 0, err
+			}
 			if err := sample.read(ck, t.Name, sensitivityRows); err != nil {
 				return 0, err
+			}
+			if measured++; opt.Progress != nil {
+				opt.Progress(measured, max(measured, linears), 0, 0)
 			}
 		}
 		imp := importance[model.ParseTensorName(t.Name).Module]

@@ -361,6 +361,10 @@ type gpuPlan struct {
 
 func (g *GPUSolver) plan(n, k int, diag []float64, s quant.Scheme, opt Options) (gpuPlan, error) {
 	opt = opt.withDefaults()
+	if len(diag) != k {
+		// A caller passing the whole Hessian here once indexed past the column order.
+		return gpuPlan{}, fmt.Errorf("gptq: %d diagonal entries for %d columns", len(diag), k)
+	}
 	if opt.MSE {
 		return gpuPlan{}, fmt.Errorf("gptq: the GPU path fits groups with min-max only; MSE clipping runs on the CPU (gptq.Quantize)")
 	}

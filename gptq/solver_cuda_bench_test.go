@@ -53,6 +53,7 @@ func BenchmarkGPUQuantize(b *testing.B) {
 		b.Run(fmt.Sprintf("%dx%d", n, k), func(b *testing.B) {
 			w := randomWeights(rand.New(rand.NewPCG(1, 1)), n, k)
 			h := bandedKMSHessian(k)
+			diag := diagonal(h, k)
 			if err := g.upload(slotOrig, cuda.Bytes(w)); err != nil {
 				b.Fatal(err)
 			}
@@ -62,7 +63,7 @@ func BenchmarkGPUQuantize(b *testing.B) {
 			once := func() (Stats, time.Duration) {
 				start := time.Now()
 				var st Stats
-				p, err := g.plan(n, k, h, s, Options{})
+				p, err := g.plan(n, k, diag, s, Options{})
 				if err == nil {
 					_, err = g.run(p, &st)
 				}

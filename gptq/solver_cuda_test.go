@@ -320,3 +320,20 @@ func TestGPUQuantizeGramRefusesNonFiniteActivations(t *testing.T) {
 		}
 	}
 }
+
+// The GPU entry points take the zero Options as the defaults, and a diagonal of the wrong
+// length is an error, not an index out of range (BenchmarkGPUQuantize once passed all of H).
+func TestGPUZeroOptions(t *testing.T) {
+	dev, g := openGPUSolver(t)
+	const n, k = 64, 256
+	w := randomWeights(rand.New(rand.NewPCG(4, 4)), n, k)
+	h := kmsHessian(k)
+	s := quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}
+	compareWithCPU(t, g, w, n, k, h, s, Options{})
+	if _, _, err := QuantizeGPU(dev, w, n, k, h, s, Options{}); err != nil {
+		t.Errorf("QuantizeGPU with Options{}: %v", err)
+	}
+	if _, err := g.plan(n, k, h, s, Options{}); err == nil || !strings.Contains(err.Error(), "diagonal entries") {
+		t.Errorf("plan with all of H as the diagonal: %v, want an error about its length", err)
+	}
+}

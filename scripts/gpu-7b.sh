@@ -25,5 +25,5 @@ rm -rf "$work/rtn"
 "$qpack" bench read "$work/syn7b"
 /usr/bin/time -f "%e s wall, %M KB max RSS" "$qpack" convert "$work/syn7b" -o "$work/gptq" --device cuda --method gptq \
   --calib "$calib" --calib-samples 128 --calib-seqlen 2048 --overwrite --report "$work/gptq.json" >"$work/gptq.log" 2>&1
-grep -v '^\[' "$work/gptq.log" | grep -v '^gptq model' | tail -4
+grep -v '^\[' "$work/gptq.log" | grep -v '^gptq model' | grep -v '^convert: ' | tail -4
 rm -rf "$work/gptq"

@@ -35,6 +35,12 @@ func applyConfig(c *cli.Context) error {
 	if err := yaml.Unmarshal(raw, &values); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
+	return applyValues(c, path, values)
+}
+
+// applyValues sets the flags named by values' keys (a config file's, or a batch job's) as
+// applyConfig says; where names the values in errors.
+func applyValues(c *cli.Context, where string, values map[string]any) error {
 	known := map[string]cli.Flag{}
 	for _, f := range c.Command.Flags {
 		for _, n := range f.Names() {
@@ -49,7 +55,7 @@ func applyConfig(c *cli.Context) error {
 	for _, key := range keys {
 		f, ok := known[key]
 		if !ok || key == "config" {
-			return fmt.Errorf("%s: %q is not a flag of %s", path, key, c.Command.Name)
+			return fmt.Errorf("%s: %q is not a flag of %s", where, key, c.Command.Name)
 		}
 		_, isList := f.(*cli.StringSliceFlag)
 		if c.IsSet(key) && !isList {
@@ -57,7 +63,7 @@ func applyConfig(c *cli.Context) error {
 		}
 		for _, v := range listOf(values[key]) {
 			if err := c.Set(key, v); err != nil {
-				return fmt.Errorf("%s: %s: %w", path, key, err)
+				return fmt.Errorf("%s: %s: %w", where, key, err)
 			}
 		}
 	}

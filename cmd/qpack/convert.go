@@ -11,6 +11,7 @@ import (
 
 	"github.com/qpack-dev/qpack/alloc"
 	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/internal/progress"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -66,23 +67,14 @@ func convertCommand() *cli.Command {
 			if c.NArg() != 1 {
 				return fmt.Errorf("convert needs exactly one SRC argument")
 			}
-			opt, err := convertOptions(c)
+			opt, err := convertCommandOptions(c)
 			if err != nil {
 				return err
 			}
-			if v := c.String("max-shard-size"); v != "" {
-				if opt.MaxShardSize, err = parseSize(v); err != nil {
-					return fmt.Errorf("--max-shard-size: %w", err)
-				}
-			}
-			opt.Overwrite = c.Bool("overwrite")
-			opt.Device = c.String("device")
-			opt.MeasureError = c.Bool("measure-error")
-			opt.InputHash = c.String("input-hash")
-			opt.GPUSlots = c.Int("gpu-slots")
-			opt.Sync = c.Bool("sync")
 			if !c.Bool("quiet") {
-				opt.Log = c.App.ErrWriter
+				bar := progress.New(c.App.ErrWriter, "convert", "tensors")
+				opt.Log, opt.Progress = bar.Log(c.App.ErrWriter), bar.Update
+				defer bar.Finish()
 			}
 			r, err := convert.Convert(c.Args().First(), c.String("output"), opt)
 			if err != nil {
@@ -97,6 +89,26 @@ func convertCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// convertCommandOptions reads convert's flags (a batch job's keys are the same).
+func convertCommandOptions(c *cli.Context) (convert.Options, error) {
+	opt, err := convertOptions(c)
+	if err != nil {
+		return opt, err
+	}
+	if v := c.String("max-shard-size"); v != "" {
+		if opt.MaxShardSize, err = parseSize(v); err != nil {
+			return opt, fmt.Errorf("--max-shard-size: %w", err)
+		}
+	}
+	opt.Overwrite = c.Bool("overwrite")
+	opt.Device = c.String("device")
+	opt.MeasureError = c.Bool("measure-error")
+	opt.InputHash = c.String("input-hash")
+	opt.GPUSlots = c.Int("gpu-slots")
+	opt.Sync = c.Bool("sync")
+	return opt, nil
 }
 
 // convertOptions reads the planning flags.
@@ -127,7 +139,11 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	if err != nil {
 		return opt, err
 	}
-	a := alloc.Options{Strategy: c.String("strategy"), QuantizeEmbeddings: c.Bool("quantize-embeddings"),
+	strategy, err := strategyFromFlags(c)
+	if err != nil {
+		return opt, err
+	}
+	a := alloc.Options{Strategy: strategy, QuantizeEmbeddings: c.Bool("quantize-embeddings"),
 		QuantizeHead: c.Bool("quantize-head"), TargetBPW: c.Float64("target-bpw")}
 	if a.Ladder, err = ladderFromFlags(c, a.Strategy, s); err != nil {
 		return opt, err
@@ -142,6 +158,27 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	}
 	opt.Alloc = a
 	return opt, nil
+}
+
+// strategyFromFlags reads --strategy; a budget (--target-bpw or --target-size) implies the
+// budget strategy when no strategy was given, and contradicts any other: a budget silently
+// ignored by a uniform plan surprised users.
+func strategyFromFlags(c *cli.Context) (string, error) {
+	s := c.String("strategy")
+	budget := ""
+	for _, f := range []string{"target-bpw", "target-size"} {
+		if c.IsSet(f) {
+			budget = "--" + f
+		}
+	}
+	switch {
+	case budget == "" || s == alloc.StrategyBudget:
+		return s, nil
+	case c.IsSet("strategy"):
+		return "", fmt.Errorf("%s needs --strategy budget, not --strategy %s (leave --strategy out to imply budget)", budget, s)
+	}
+	fmt.Fprintf(c.App.ErrWriter, "note: %s implies --strategy budget\n", budget)
+	return alloc.StrategyBudget, nil
 }
 
 // ladderFromFlags: --ladder when given; otherwise uniform uses the scheme, evolved the scheme

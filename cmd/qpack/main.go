@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -30,6 +31,7 @@ func newApp() *cli.App {
 		Usage:   "quantize and bit-pack Hugging Face checkpoints (GPTQ, AWQ, compressed-tensors, qpack)",
 		Version: fmt.Sprintf("%s (commit %s)", version, commit()),
 		Commands: []*cli.Command{
+			batchCommand(),
 			benchCommand(),
 			convertCommand(),
 			dequantizeCommand(),
@@ -46,9 +48,22 @@ func newApp() *cli.App {
 }
 
 func main() {
+	os.Exit(exitCode(os.Args))
+}
+
+// exitCode runs the command line args and says what to exit with: 0, 1 for an error, or the
+// code the command chose (batch: 1 a threshold failed, 2 a job failed to run).
+func exitCode(args []string) int {
 	app := newApp()
-	if err := app.Run(flagsFirst(app, os.Args)); err != nil {
-		fmt.Fprintln(os.Stderr, "qpack:", err)
-		os.Exit(1)
+	err := app.Run(flagsFirst(app, args))
+	if err == nil {
+		return 0
 	}
+	var exit cli.ExitCoder
+	if errors.As(err, &exit) {
+		fmt.Fprintln(os.Stderr, err)
+		return exit.ExitCode()
+	}
+	fmt.Fprintln(os.Stderr, "qpack:", err)
+	return 1
 }

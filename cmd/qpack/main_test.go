@@ -56,7 +56,7 @@ func TestHelpEverywhere(t *testing.T) {
 func TestConvertPlanReplayDequantize(t *testing.T) {
 	dir := t.TempDir()
 	tiny := "../../testdata/models/tiny"
-	planJSON, err := run(t, "plan", tiny, "--strategy", "budget", "--target-bpw", "3.5", "--format", "qpack", "--json")
+	planJSON, err := run(t, "plan", tiny, "--strategy", "budget", "--target-bpw", "3.5", "--format", "qpack", "--json", "-q")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestConfigFile(t *testing.T) {
 	dir := t.TempDir()
 	cfg := dir + "/qpack.yaml"
 	os.WriteFile(cfg, []byte("format: qpack\nscheme: int3-g128-asym\noverride:\n  - 'layers\\.0\\.=keep'\n"), 0o644)
-	out, err := run(t, "plan", "../../testdata/models/tiny", "--config", cfg, "--override", `down_proj=int8-g128-sym`, "--json")
+	out, err := run(t, "plan", "../../testdata/models/tiny", "--config", cfg, "--override", `down_proj=int8-g128-sym`, "--json", "-q")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,5 +136,22 @@ func TestConfigFile(t *testing.T) {
 	os.WriteFile(cfg, []byte("format: awq\n"), 0o644)
 	if _, err := run(t, "plan", "../../testdata/models/tiny", "--config", cfg, "--format", "qpack", "--scheme", "int3-g128-sym"); err != nil {
 		t.Errorf("--format on the command line should override the file's awq: %v", err)
+	}
+}
+
+// --target-bpw without --strategy implies the budget strategy (with a note); with another
+// strategy named it is refused.
+func TestTargetBPWImpliesBudget(t *testing.T) {
+	tiny := "../../testdata/models/tiny"
+	out, err := run(t, "plan", tiny, "--target-bpw", "3.5", "--format", "qpack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "note: --target-bpw implies --strategy budget") || !strings.Contains(out, "budget plan:") {
+		t.Errorf("plan --target-bpw without --strategy:\n%s", out)
+	}
+	_, err = run(t, "plan", tiny, "--target-size", "3MB", "--strategy", "uniform")
+	if err == nil || !strings.Contains(err.Error(), "--target-size needs --strategy budget") {
+		t.Errorf("plan --target-size --strategy uniform: %v, want a refusal", err)
 	}
 }

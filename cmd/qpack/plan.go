@@ -6,6 +6,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/internal/progress"
 )
 
 func planCommand() *cli.Command {
@@ -15,6 +16,7 @@ func planCommand() *cli.Command {
 		ArgsUsage: "SRC",
 		Flags: append(planFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print the plan as JSON (replay it with convert --plan)"},
+			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress line while sensitivities are measured"},
 			&cli.BoolFlag{Name: "explain", Usage: "print every tensor with the rule or measurement that chose its scheme (the default text output shows totals only)"},
 		),
 		Action: func(c *cli.Context) error {
@@ -25,7 +27,12 @@ func planCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			opt.Log = c.App.ErrWriter // progress of a plan that measures; the plan itself goes to stdout
+			if !c.Bool("quiet") {
+				bar := progress.New(c.App.ErrWriter, "plan: measured", "tensors")
+				opt.Progress = bar.Update
+				opt.Log = bar.Log(c.App.ErrWriter) // the statistics pass's line per block
+				defer bar.Finish()
+			}
 			p, err := convert.Plan(c.Args().First(), opt)
 			if err != nil {
 				return err

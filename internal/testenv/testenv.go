@@ -5,6 +5,7 @@ package testenv
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -45,4 +46,22 @@ func Shared(t testing.TB, rel string) string {
 		t.Skipf("shared fixture %s not present", p)
 	}
 	return p
+}
+
+// StagingHasShard reports whether a hidden staging directory in parent holds a shard being
+// written (its temporary file): the moment to kill a conversion in a test.
+func StagingHasShard(parent string) bool {
+	entries, _ := os.ReadDir(parent)
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		files, _ := os.ReadDir(filepath.Join(parent, e.Name()))
+		for _, f := range files {
+			if strings.Contains(f.Name(), ".safetensors.tmp-") {
+				return true
+			}
+		}
+	}
+	return false
 }

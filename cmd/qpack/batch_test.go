@@ -1,0 +1,181 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/qpack-dev/qpack/batch"
+	"github.com/qpack-dev/qpack/internal/synth"
+	"github.com/qpack-dev/qpack/internal/testenv"
+)
+
+const tinyModel = "../../testdata/models/tiny"
+
+func writeJobs(t *testing.T, text string) string {
+	t.Helper()
+	abs, err := filepath.Abs(tinyModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	text = strings.ReplaceAll(text, "TINY", abs)
+	text = strings.ReplaceAll(text, "OUT", dir)
+	p := filepath.Join(dir, "jobs.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func exitOf(err error) int {
+	var e cli.ExitCoder
+	if errors.As(err, &e) {
+		return e.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// Three jobs on tiny (one failing its gate, one with a bad source): exit 2, the summary and
+// the JUnit file name both failures; the keys are convert's and verify's flags.
+func TestBatchCommand(t *testing.T) {
+	jobs := writeJobs(t, `
+jobs:
+  - name: int4
+    source: TINY
+    output: OUT/int4
+    scheme: int4-g128-asym
+    format: qpack
+    verify: {data: TINY/heldout_ids.npy, seq-len: 64, max-seqs: 2, max-ppl: 1000, device: cpu}
+  - name: gate
+    source: TINY
+    output: OUT/gate
+    target-bpw: 3
+    format: qpack
+    override: ['lm_head=keep']
+    verify: {data: TINY/heldout_ids.npy, seq-len: 64, max-seqs: 2, max-kl: 0.000001, device: cpu}
+  - name: missing
+    source: OUT/missing
+    output: OUT/missing-q
+`)
+	dir := filepath.Dir(jobs)
+	summary, junit := filepath.Join(dir, "summary.json"), filepath.Join(dir, "junit.xml")
+	out, err := run(t, "batch", jobs, "--summary", summary, "--junit", junit)
+	if exitOf(err) != 2 {
+		t.Fatalf("exit %d (%v), want 2\n%s", exitOf(err), err, out)
+	}
+	for _, want := range []string{"job gate failed: verification failed: mean KL", "job missing error:", "note: --target-bpw implies --strategy budget"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, out)
+		}
+	}
+	var s batch.Summary
+	b, _ := os.ReadFile(summary)
+	if err := json.Unmarshal(b, &s); err != nil || len(s.Jobs) != 3 || s.ExitCode != 2 {
+		t.Fatalf("summary: %v\n%s", err, b)
+	}
+	if s.Jobs[0].Status != "passed" || s.Jobs[1].Status != "failed" || s.Jobs[2].Status != "error" || s.Jobs[1].BPW > 3 || s.Jobs[0].Perplexity == 0 {
+		t.Errorf("summary:\n%s", b)
+	}
+	x, _ := os.ReadFile(junit)
+	if !strings.Contains(string(x), `<testsuites tests="3" failures="1" errors="1"`) {
+		t.Errorf("JUnit:\n%s", x)
+	}
+	// A rerun skips what is up to date and still applies the gate.
+	out, err = run(t, "batch", jobs, "--summary", summary, "-q")
+	b, _ = os.ReadFile(summary)
+	if exitOf(err) != 2 || !strings.Contains(string(b), `"status": "skipped"`) || strings.Count(string(b), `"up_to_date"`) != 2 {
+		t.Errorf("rerun: exit %d\n%s\n%s", exitOf(err), out, b)
+	}
+}
+
+func TestBatchJobErrors(t *testing.T) {
+	for _, c := range []struct{ jobs, want string }{
+		{"- {name: a, source: TINY, output: OUT/a, methd: gptq}", `job 1 (a): key: "methd" is not a flag of convert`},
+		{"- {name: a, source: TINY, output: OUT/a, config: x.yaml}", `job 1 (a): key: "config" is not a flag of convert`},
+		{"- {name: a, source: TINY, output: OUT/a, verify: {data: x.npy, max-pl: 3}}", `job 1 (a): verify: key: "max-pl" is not a flag of verify`},
+		{"- {name: a, source: TINY, output: OUT/a, verify: {data: x.npy}}", "job 1 (a): verify: at least one threshold"},
+		{"- {name: a, source: TINY, output: OUT/a, export: [onnx2]}", `job 1 (a): export "onnx2" is not available`},
+		{"- {name: a, source: TINY, output: OUT/a, strategy: evolved, target-bpw: 3}", "job 1 (a): --target-bpw needs --strategy budget"},
+		{"- {name: a, source: TINY}", "job 1 (a): no output"},
+		{"jobs: 3", "no jobs"},
+	} {
+		_, err := run(t, "batch", writeJobs(t, c.jobs))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.jobs, err, c.want)
+		}
+	}
+}
+
+// SIGTERM during a batch (a real signal to a child process): the job being written leaves no
+// output and no staging directory, the finished job stays, and the exit code is 2.
+func TestBatchSignal(t *testing.T) {
+	if args := os.Getenv("QPACK_BATCH_ARGS"); args != "" { // the child: run the batch
+		os.Exit(exitCode(append([]string{"qpack"}, strings.Split(args, "\n")...)))
+	}
+	if testing.Short() {
+		t.Skip("writes a 200 MB checkpoint")
+	}
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big")
+	cfg := synth.Config{Layers: 12, Hidden: 1024, Intermediate: 2816, Heads: 8, KVHeads: 8, Vocab: 8000, MaxShard: 50e6}
+	if err := synth.Write(big, cfg); err != nil {
+		t.Fatal(err)
+	}
+	jobs := writeJobs(t, `
+- {name: small, source: TINY, output: OUT/out/small}
+- {name: big, source: `+big+`, output: OUT/out/big, device: cpu}
+- {name: after, source: TINY, output: OUT/out/after}
+`)
+	outDir := filepath.Join(filepath.Dir(jobs), "out")
+	summary := filepath.Join(dir, "summary.json")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBatchSignal$")
+	cmd.Env = append(os.Environ(), "QPACK_BATCH_ARGS="+strings.Join([]string{"batch", jobs, "--summary", summary, "-q"}, "\n"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !exists(filepath.Join(outDir, "small")) || !testenv.StagingHasShard(outDir) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("the big job never started writing shards")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Fatalf("the interrupted batch exited with %v, want 2", err)
+	}
+	entries, _ := os.ReadDir(outDir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != "small" {
+		t.Errorf("after SIGTERM %s holds %v, want only the finished job's small", outDir, names)
+	}
+	b, _ := os.ReadFile(summary)
+	var s batch.Summary
+	if err := json.Unmarshal(b, &s); err != nil || len(s.Jobs) != 3 || s.Jobs[0].Status != "passed" ||
+		s.Jobs[1].Status != "interrupted" || s.Jobs[2].Status != "interrupted" {
+		t.Errorf("summary after SIGTERM: %v\n%s", err, b)
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
