@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -68,10 +69,11 @@ type channelEnergy struct {
 	modules map[string]string // module prefix → its "block/group"
 	blocks  int               // blocks in the model, for the progress lines
 	logf    func(format string, args ...any)
+	ctx     context.Context // stops the pass between blocks when done
 }
 
-func newChannelEnergy(blocks int, logf func(format string, args ...any)) *channelEnergy {
-	return &channelEnergy{sums: map[string][]float64{}, tokens: map[string]int{}, modules: map[string]string{}, blocks: blocks, logf: logf}
+func newChannelEnergy(ctx context.Context, blocks int, logf func(format string, args ...any)) *channelEnergy {
+	return &channelEnergy{sums: map[string][]float64{}, tokens: map[string]int{}, modules: map[string]string{}, blocks: blocks, logf: logf, ctx: ctx}
 }
 
 func energyKey(block int, g model.Group) string { return fmt.Sprintf("%d/%s", block, g) }
@@ -98,7 +100,7 @@ func (e *channelEnergy) Update(b *model.Block, groups []model.Group) error {
 		}
 	}
 	e.logf("plan: activation statistics of block %d/%d\n", b.Index+1, e.blocks)
-	return nil
+	return e.ctx.Err()
 }
 
 // importance returns mean x² per input channel for every module, by module prefix.
@@ -181,7 +183,7 @@ func firstNonFinite64(v []float64) int {
 // measureImportance runs the model over the calibration sequences — on the GPU when device
 // allows, each block once (observing only) — and returns each decoder linear's input-channel
 // energy, logging a line per block.
-func measureImportance(src string, c *Calibration, device string, logf func(format string, args ...any)) (map[string][]float32, error) {
+func measureImportance(ctx context.Context, src string, c *Calibration, device string, logf func(format string, args ...any)) (map[string][]float32, error) {
 	m, err := model.Open(src)
 	if err != nil {
 		return nil, err
@@ -195,7 +197,7 @@ func measureImportance(src string, c *Calibration, device string, logf func(form
 		return nil, err
 	}
 	start, where := time.Now(), "the CPU"
-	e := newChannelEnergy(m.Config.Layers, logf)
+	e := newChannelEnergy(ctx, m.Config.Layers, logf)
 	opt := model.CalibrateOptions{ReleaseBlocks: true, ObserveOnly: true}
 	if dev == nil {
 		err = model.Calibrate(m, c.seqs, e, opt)

@@ -183,6 +183,7 @@ func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner
 	}
 	runner, err := newGPTQRunner(items, opt.GPTQ, opt.Clip, logf)
 	if err == nil {
+		runner.ctx = opt.context()
 		err = runner.useGPU(g)
 	}
 	if err != nil {

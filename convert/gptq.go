@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,7 @@ type gptqRunner struct {
 	hess    map[string]*gptq.Hessian
 	logf    func(string, ...any)
 	stopped atomic.Bool
+	ctx     context.Context // the conversion's: result stops waiting when it is done
 
 	mu      sync.Mutex
 	results map[string]chan gptqResult
@@ -47,8 +49,8 @@ type gptqRunner struct {
 
 func newGPTQRunner(items []Item, o GPTQOptions, clip bool, logf func(string, ...any)) (*gptqRunner, error) {
 	r := &gptqRunner{schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
-		results: map[string]chan gptqResult{},
-		opt:     gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, MSE: clip, BaselineLoss: true}}
+		results: map[string]chan gptqResult{}, ctx: context.Background(),
+		opt: gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, MSE: clip, BaselineLoss: true}}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue
@@ -65,10 +67,15 @@ func newGPTQRunner(items []Item, o GPTQOptions, clip bool, logf func(string, ...
 	return r, nil
 }
 
-// result waits for a module's quantized tensor.
+// result waits for a module's quantized tensor, or until the conversion is stopped (a unit
+// waiting here would otherwise hold a stopped conversion until GPTQ reached its layer).
 func (r *gptqRunner) result(module string) (*quant.Tensor, error) {
-	res := <-r.results[module]
-	return res.t, res.err
+	select {
+	case res := <-r.results[module]:
+		return res.t, res.err
+	case <-r.ctx.Done():
+		return nil, r.ctx.Err()
+	}
 }
 
 // fail delivers err to every module still waiting.

@@ -1,9 +1,14 @@
 package convert
 
 import (
+	"context"
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/qpack-dev/qpack/internal/testenv"
 	"github.com/qpack-dev/qpack/quant"
@@ -82,5 +87,58 @@ func TestGPTQRefusals(t *testing.T) {
 	opt.Calib.Samples = 100000
 	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "tokens") {
 		t.Errorf("too little calibration text: %v", err)
+	}
+}
+
+// A GPTQ conversion stopped through its context (a batch's SIGINT) returns while GPTQ is still
+// calibrating — the writer no longer waits for a layer GPTQ has not reached — and leaves nothing.
+func TestGPTQStopsWithItsContext(t *testing.T) {
+	tiny := testenv.Testdata(t, "models/tiny")
+	dir := t.TempDir()
+	opt := gptqOptions(t, quant.Scheme{Bits: 4, GroupSize: 128})
+	opt.Device = DeviceCPU
+	opt.Calib.Samples = 16 // long enough that GPTQ is still running when the context is done
+	ctx, cancel := context.WithCancel(context.Background())
+	opt.Context = ctx
+	var lines atomic.Int32
+	opt.Log = writerFunc(func(p []byte) (int, error) {
+		if strings.HasPrefix(string(p), "gptq ") && lines.Add(1) == 1 {
+			cancel() // the first layer is done: stop while the rest are pending
+		}
+		return len(p), nil
+	})
+	_, err := Convert(tiny, filepath.Join(dir, "out"), opt)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("a stopped GPTQ conversion returned %v, want context.Canceled", err)
+	}
+	if n := lines.Load(); n >= 28 {
+		t.Errorf("GPTQ quantized all %d linears before the conversion stopped", n)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("a stopped conversion left %s", entries[0].Name())
+	}
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// The writer's wait for a GPTQ result ends when the conversion is stopped, without the result.
+func TestGPTQResultStopsWaiting(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &gptqRunner{results: map[string]chan gptqResult{"m": make(chan gptqResult, 1)}, ctx: ctx}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.result("m")
+		done <- err
+	}()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("result returned %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("result still waits for GPTQ after the conversion was stopped")
 	}
 }

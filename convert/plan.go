@@ -65,7 +65,7 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	var importance map[string][]float32
 	if calib != nil && needsMeasurement(opt.Alloc) {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-		if importance, err = measureImportance(ck.Dir, calib, opt.Device, logf); err != nil {
+		if importance, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, logf); err != nil {
 			return nil, err
 		}
 	}
