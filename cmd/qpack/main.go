@@ -35,6 +35,7 @@ func newApp() *cli.App {
 			dequantizeCommand(),
 			doctorCommand(),
 			evalCommand(),
+			exportCommand(),
 			inspectCommand(),
 			planCommand(),
 			synthCommand(),
