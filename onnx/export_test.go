@@ -1,0 +1,106 @@
+package onnx
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// convertTiny quantizes the tiny model with scheme into format; with actOrder, by GPTQ with
+// act-order on its held-out ids (non-trivial g_idx), else by RTN.
+func convertTiny(t *testing.T, scheme, format string, actOrder bool) string {
+	t.Helper()
+	s, err := quant.ParseScheme(scheme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := convert.DefaultOptions()
+	opt.Alloc = convert.Uniform(s)
+	opt.Format = format
+	opt.InputHash = convert.HashNone
+	if actOrder {
+		opt.Method = "gptq"
+		opt.GPTQ.ActOrder = true
+		opt.Calib = convert.CalibOptions{File: filepath.Join(tinyDir(t), "heldout_ids.npy"), Samples: 4, SeqLen: 128}
+	}
+	dst := filepath.Join(t.TempDir(), strings.ReplaceAll(scheme, "-", "_"))
+	if _, err := convert.Convert(tinyDir(t), dst, opt); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// TestExportTinyQuantized exports RTN and GPTQ conversions of the tiny model with both kinds of
+// ops and checks logits and the KV cache against qpack's own forward pass on the same checkpoint.
+func TestExportTinyQuantized(t *testing.T) {
+	ids := heldout(t, tinyDir(t), 64)
+	cases := []struct {
+		scheme, format string
+		actOrder       bool
+	}{
+		{"int4-g128-sym", "gptq", false},
+		{"int4-g32-asym", "gptq", false},
+		{"int8-g128-sym", "gptq", false},
+		{"int8-g64-asym", "compressed-tensors", false},
+		{"int2-g64-asym", "gptq", false},
+		{"int2-g32-sym", "qpack", false},
+		{"int3-g128-asym", "gptq", false},
+		{"int4-pc-asym", "gptq", false},
+		{"int4-g32-asym", "gptq", true},
+		{"int4-g64-sym", "gptq", true},
+	}
+	for _, c := range cases {
+		src := convertTiny(t, c.scheme, c.format, c.actOrder)
+		for _, ops := range []Ops{MatMulNBits, QDQ} {
+			name := c.scheme + "/" + c.format + "/" + string(ops)
+			if c.actOrder {
+				name += "/act-order"
+			}
+			t.Run(name, func(t *testing.T) {
+				_, r := checkExport(t, src, ids, Options{Ops: ops})
+				want := map[Ops]string{MatMulNBits: "MatMulNBits", QDQ: "DequantizeLinear"}[ops]
+				if r.Linears[want] != 28 || r.Linears["float"] != 1 {
+					t.Errorf("linears %v, want 28 %s and lm_head float", r.Linears, want)
+				}
+				if wantOpset := map[bool]int64{true: 25, false: 21}[ops == QDQ && strings.HasPrefix(c.scheme, "int2")]; r.Opset != wantOpset {
+					t.Errorf("opset %d, want %d", r.Opset, wantOpset)
+				}
+			})
+		}
+	}
+}
+
+// TestExportRefusesUnsupported: NF4, FP8 and INT1 have no ONNX op; the export names the tensor
+// and the nearest scheme and writes nothing, unless asked to write them dequantized.
+func TestExportRefusesUnsupported(t *testing.T) {
+	ids := heldout(t, tinyDir(t), 64)
+	for _, c := range []struct{ scheme, nearest string }{
+		{"nf4-g64", "int4-g64-asym"}, {"fp8", "int8-pc-sym"}, {"bin-g128-sym", "int2-g128-asym"},
+	} {
+		t.Run(c.scheme, func(t *testing.T) {
+			src := convertTiny(t, c.scheme, "qpack", false)
+			dst := filepath.Join(t.TempDir(), "onnx")
+			for _, ops := range []Ops{MatMulNBits, QDQ} {
+				_, err := Export(src, dst, Options{Ops: ops})
+				if err == nil || !strings.Contains(err.Error(), "tensor model.layers.0.") || !strings.Contains(err.Error(), c.nearest) {
+					t.Fatalf("%s: error %v, want one naming a tensor and %s", ops, err, c.nearest)
+				}
+				if _, err := os.Stat(dst); !os.IsNotExist(err) {
+					t.Fatalf("%s: refused export left %s behind", ops, dst)
+				}
+				entries, _ := os.ReadDir(filepath.Dir(dst))
+				if len(entries) != 0 {
+					t.Fatalf("refused export left %v", entries)
+				}
+			}
+			_, r := checkExport(t, src, ids, Options{DequantizeUnsupported: true})
+			if len(r.Dequantized) != 28 || r.Linears["dequantized"] != 28 {
+				t.Errorf("dequantized %d modules (%v), want 28", len(r.Dequantized), r.Linears)
+			}
+		})
+	}
+}
