@@ -61,7 +61,14 @@ func TestExportTinyQuantized(t *testing.T) {
 				name += "/act-order"
 			}
 			t.Run(name, func(t *testing.T) {
-				_, r := checkExport(t, src, ids, Options{Ops: ops})
+				dst, r := checkExport(t, src, ids, Options{Ops: ops})
+				graph, err := os.ReadFile(filepath.Join(dst, ModelFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if hasPerm := strings.Contains(string(graph), "q_proj.perm"); hasPerm != c.actOrder {
+					t.Errorf("column permutation (act-order Gather) present: %v, want %v", hasPerm, c.actOrder)
+				}
 				want := map[Ops]string{MatMulNBits: "MatMulNBits", QDQ: "DequantizeLinear"}[ops]
 				if r.Linears[want] != 28 || r.Linears["float"] != 1 {
 					t.Errorf("linears %v, want 28 %s and lm_head float", r.Linears, want)
