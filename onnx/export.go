@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/qpack-dev/qpack/convert"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/quantized"
@@ -84,23 +85,9 @@ func Export(src, dst string, opt Options) (*Report, error) {
 	if err := checkSchemes(ck, opt); err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(dst); err == nil && !opt.Overwrite {
-		return nil, fmt.Errorf("%s already exists (use --overwrite to replace it)", dst)
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(filepath.Clean(dst)), "."+filepath.Base(dst)+".tmp-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp) // after the rename there is nothing left to remove
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return nil, err
-	}
 	e := &exporter{src: src, cfg: cfg, ck: ck, opt: opt, opset: 21,
 		report: &Report{Dir: dst, Linears: map[string]int{}}}
-	if err := e.write(tmp); err != nil {
-		return nil, err
-	}
-	if err := replaceDir(tmp, dst); err != nil {
+	if err := convert.WriteStaged(dst, opt.Overwrite, e.write); err != nil {
 		return nil, err
 	}
 	e.report.Seconds = time.Since(start).Seconds()
@@ -236,16 +223,4 @@ func (e *exporter) layout(prefix string, t *quant.Tensor) (*layout, error) {
 		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
 	}
 	return newLayout(prefix, t, e.opt.Ops)
-}
-
-// replaceDir renames tmp to dst, replacing an existing dst (allowed by the caller).
-func replaceDir(tmp, dst string) error {
-	if _, err := os.Stat(dst); err == nil {
-		old := tmp + ".old"
-		if err := os.Rename(dst, old); err != nil {
-			return err
-		}
-		defer os.RemoveAll(old)
-	}
-	return os.Rename(tmp, dst)
 }
