@@ -87,14 +87,14 @@ func (e *exporter) decoder() error {
 	return nil
 }
 
-// plainInit writes a tensor as a FLOAT initializer of shape [rows, cols] (a quantized module's
+// plainInit writes a tensor as a FLOAT value of shape [rows, cols] (a quantized module's
 // weight dequantized), checking its shape and values.
 func (e *exporter) plainInit(name string, rows, cols int) (string, error) {
 	w, err := e.floatTensor(name, rows, cols)
 	if err != nil {
 		return "", err
 	}
-	return e.g.Float32s(name, w, int64(rows), int64(cols))
+	return e.floatInit(name, w, int64(rows), int64(cols))
 }
 
 // floatTensor reads a logical tensor as float32, checking its shape and that it is finite.

@@ -282,37 +282,41 @@ func (e *exporter) qdq(x, prefix string, l *layout, bias string) (string, error)
 	return y, nil
 }
 
-// floatWeight writes a float weight W [N, K] as its transpose [K, N], in float16 when every
-// value is exactly a float16 (half the bytes) and in float32 otherwise, so the export is exact
-// either way; it returns a FLOAT value.
+// floatWeight writes a float weight W [N, K] as its transpose [K, N] (see floatInit).
 func (e *exporter) floatWeight(name string, w []float32, n, k int) (string, error) {
-	exact := true
-	for _, v := range w {
-		if fp.F16ToF32(fp.F32ToF16(v)) != v || math.IsInf(float64(v), 0) {
-			exact = false
-			break
-		}
-	}
-	size := 4
-	if exact {
-		size = 2
-	}
-	raw := make([]byte, size*n*k)
+	wt := make([]float32, n*k)
 	for r := range n {
 		for c, v := range w[r*k : (r+1)*k] {
-			at := size * (c*n + r)
-			if exact {
-				binary.LittleEndian.PutUint16(raw[at:], fp.F32ToF16(v))
-			} else {
-				binary.LittleEndian.PutUint32(raw[at:], math.Float32bits(v))
-			}
+			wt[c*n+r] = v
 		}
 	}
-	dims := []int64{int64(k), int64(n)}
-	if !exact {
-		return e.g.Init(name, Float, dims, raw)
+	return e.floatInit(name, wt, int64(k), int64(n))
+}
+
+// floatInit writes float values in the narrowest of float16, bfloat16 and float32 that holds
+// every one of them exactly (a BF16 checkpoint stays 2 bytes a weight), so the export is exact
+// either way; a narrow initializer is cast to float32 (once, when the session loads). It
+// returns a FLOAT value.
+func (e *exporter) floatInit(name string, v []float32, dims ...int64) (string, error) {
+	f16, bf16 := true, true
+	for _, x := range v {
+		f16 = f16 && fp.F16ToF32(fp.F32ToF16(x)) == x && !math.IsInf(float64(x), 0)
+		bf16 = bf16 && fp.BF16ToF32(fp.F32ToBF16(x)) == x
+		if !f16 && !bf16 {
+			return e.g.Float32s(name, v, dims...)
+		}
 	}
-	h, err := e.g.Init(name, Float16, dims, raw)
+	raw := make([]byte, 2*len(v))
+	dtype := int32(Float16)
+	for i, x := range v {
+		if f16 {
+			binary.LittleEndian.PutUint16(raw[2*i:], fp.F32ToF16(x))
+		} else {
+			dtype = BFloat16
+			binary.LittleEndian.PutUint16(raw[2*i:], fp.F32ToBF16(x))
+		}
+	}
+	h, err := e.g.Init(name, dtype, dims, raw)
 	if err != nil {
 		return "", err
 	}

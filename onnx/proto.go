@@ -8,17 +8,18 @@ import (
 
 // ONNX TensorProto data types (onnx.proto DataType) that the export writes.
 const (
-	Float   = 1
-	Uint8   = 2
-	Int8    = 3
-	Int32   = 6
-	Int64   = 7
-	Bool    = 9
-	Float16 = 10
-	Uint4   = 21
-	Int4    = 22
-	Uint2   = 25
-	Int2    = 26
+	Float    = 1
+	Uint8    = 2
+	Int8     = 3
+	Int32    = 6
+	Int64    = 7
+	Bool     = 9
+	Float16  = 10
+	BFloat16 = 16
+	Uint4    = 21
+	Int4     = 22
+	Uint2    = 25
+	Int2     = 26
 )
 
 // The messages below are written by hand with protowire; the field numbers are those of

@@ -1,7 +1,8 @@
 // Runs a model exported by `qpack export onnx` in onnxruntime-node (CPU) for qpack's tests.
 // usage: node ort.js MODEL_DIR REQUEST.json OUT.bin
 // REQUEST: {"mode": "logits", "ids": [...], "split": 0}   logits [len(ids), vocab] float32 to OUT;
-//          with split > 0 the ids run as two chunks, the second reading the first's KV cache.
+//          with split > 0 followed by the logits of the ids run as two chunks, the second
+//          reading the first's KV cache.
 //          {"mode": "nll", "seqs": [[...], ...]}          prints {"nll": Σ −log p(next), "tokens": n}.
 // The session runs at graphOptimizationLevel "basic": the extended levels fuse
 // DequantizeLinear→MatMul into MatMulNBits with int8 activations (accuracy_level 4 by default).
@@ -45,18 +46,14 @@ async function main() {
   };
 
   if (req.mode === 'logits') {
+    // One pass over ids, then (split > 0) the same ids as two chunks joined by the KV cache.
     const ids = req.ids;
-    let logits;
+    const parts = [(await run(ids, 0, emptyPast())).logits];
     if (req.split > 0) {
       const a = await run(ids.slice(0, req.split), 0, emptyPast());
-      const b = await run(ids.slice(req.split), req.split, a.cache);
-      logits = new Float32Array(a.logits.length + b.logits.length);
-      logits.set(a.logits, 0);
-      logits.set(b.logits, a.logits.length);
-    } else {
-      logits = (await run(ids, 0, emptyPast())).logits;
+      parts.push(a.logits, (await run(ids.slice(req.split), req.split, a.cache)).logits);
     }
-    fs.writeFileSync(outFile, Buffer.from(logits.buffer, logits.byteOffset, logits.byteLength));
+    fs.writeFileSync(outFile, Buffer.concat(parts.map((p) => Buffer.from(p.buffer, p.byteOffset, p.byteLength))));
     return;
   }
   if (req.mode === 'nll') {
