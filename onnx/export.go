@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/qpack-dev/qpack/convert"
@@ -94,21 +95,38 @@ func Export(src, dst string, opt Options) (*Report, error) {
 	return e.report, nil
 }
 
-// checkSchemes refuses, before anything is written, every quantized module whose scheme the
-// ops cannot hold, naming each.
+// checkSchemes refuses, before anything is written, the quantized modules whose scheme the
+// ops cannot hold: one line per scheme, naming its tensors.
 func checkSchemes(ck *quantized.Checkpoint, opt Options) error {
 	if opt.DequantizeUnsupported {
 		return nil
 	}
-	var errs []error
+	refused := map[quant.Scheme][]string{}
+	var order []quant.Scheme
 	for _, m := range ck.Modules() {
 		info, err := ck.Module(m)
 		if err != nil {
 			return err
 		}
-		if err := opt.Ops.Supports(info.Scheme); err != nil {
-			errs = append(errs, fmt.Errorf("tensor %s: %w", m, err))
+		if opt.Ops.Supports(info.Scheme) != nil {
+			if refused[info.Scheme] == nil {
+				order = append(order, info.Scheme)
+			}
+			refused[info.Scheme] = append(refused[info.Scheme], m)
 		}
+	}
+	var errs []error
+	for _, s := range order {
+		mods := refused[s]
+		names := strings.Join(mods[:min(3, len(mods))], ", ")
+		if len(mods) > 3 {
+			names += fmt.Sprintf(" and %d more", len(mods)-3)
+		}
+		noun := "tensor"
+		if len(mods) > 1 {
+			noun = "tensors"
+		}
+		errs = append(errs, fmt.Errorf("%s %s: %w", noun, names, opt.Ops.Supports(s)))
 	}
 	return errors.Join(errs...)
 }
@@ -197,7 +215,7 @@ func (e *exporter) linear(x, prefix string, n, k int) (string, error) {
 		w = t.Dequantize(nil)
 		e.report.Dequantized = append(e.report.Dequantized, prefix)
 		if e.opt.Log != nil {
-			fmt.Fprintf(e.opt.Log, "%s: %s written dequantized (%v)\n", prefix, t.Scheme, err)
+			fmt.Fprintf(e.opt.Log, "%s: %s written dequantized\n", prefix, t.Scheme)
 		}
 	} else {
 		var err error

@@ -93,7 +93,7 @@ func TestExportRefusesUnsupported(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "onnx")
 			for _, ops := range []Ops{MatMulNBits, QDQ} {
 				_, err := Export(src, dst, Options{Ops: ops})
-				if err == nil || !strings.Contains(err.Error(), "tensor model.layers.0.") || !strings.Contains(err.Error(), c.nearest) {
+				if err == nil || !strings.Contains(err.Error(), "tensors model.layers.0.") || !strings.Contains(err.Error(), c.nearest) {
 					t.Fatalf("%s: error %v, want one naming a tensor and %s", ops, err, c.nearest)
 				}
 				if _, err := os.Stat(dst); !os.IsNotExist(err) {
@@ -110,4 +110,15 @@ func TestExportRefusesUnsupported(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestExportOddGroups: groups that are no MatMulNBits block (24 columns, the last one partial)
+// are refused for MatMulNBits, naming qdq, and exported exactly with qdq.
+func TestExportOddGroups(t *testing.T) {
+	src := convertTiny(t, "int4-g24-asym", "gptq", false)
+	_, err := Export(src, filepath.Join(t.TempDir(), "onnx"), Options{})
+	if err == nil || !strings.Contains(err.Error(), "--onnx-ops qdq") || !strings.Contains(err.Error(), "tensor model.layers.") {
+		t.Fatalf("MatMulNBits export of 24-column groups: %v, want a refusal naming the tensor and --onnx-ops qdq", err)
+	}
+	checkExport(t, src, heldout(t, tinyDir(t), 64), Options{Ops: QDQ})
 }
