@@ -117,7 +117,7 @@ func TestExportRefusesUnsupported(t *testing.T) {
 func TestExportOddGroups(t *testing.T) {
 	src := convertTiny(t, "int4-g24-asym", "gptq", false)
 	_, err := Export(src, filepath.Join(t.TempDir(), "onnx"), Options{})
-	if err == nil || !strings.Contains(err.Error(), "--onnx-ops qdq") || !strings.Contains(err.Error(), "tensor model.layers.") {
+	if err == nil || !strings.Contains(err.Error(), "--onnx-ops qdq") || !strings.Contains(err.Error(), "tensors model.layers.") {
 		t.Fatalf("MatMulNBits export of 24-column groups: %v, want a refusal naming the tensor and --onnx-ops qdq", err)
 	}
 	checkExport(t, src, heldout(t, tinyDir(t), 64), Options{Ops: QDQ})
