@@ -12,6 +12,7 @@ require (
 	golang.org/x/sys v0.49.0
 	golang.org/x/text v0.43.0
 	gonum.org/v1/gonum v0.17.0
+	google.golang.org/protobuf v1.36.12
 	lukechampine.com/blake3 v1.4.1
 )
 
@@ -20,5 +21,4 @@ require (
 	github.com/klauspost/cpuid/v2 v2.0.9 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
 	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )
