@@ -36,6 +36,15 @@ func checkDestination(dst string, overwrite bool) error {
 	return nil
 }
 
+// WriteStaged is writeStaged for other writers of output directories (the ONNX export): dst
+// must not exist unless overwrite is set.
+func WriteStaged(dst string, overwrite bool, write func(dir string) error) error {
+	if err := checkDestination(dst, overwrite); err != nil {
+		return err
+	}
+	return writeStaged(dst, overwrite, write)
+}
+
 // writeStaged builds the output in a temporary sibling directory and renames it to dst only
 // when write succeeded, so a failed or killed run never leaves a directory that looks complete.
 func writeStaged(dst string, overwrite bool, write func(dir string) error) (err error) {

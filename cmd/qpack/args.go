@@ -17,6 +17,11 @@ func flagsFirst(app *cli.App, args []string) []string {
 	if cmd == nil {
 		return args
 	}
+	if sub := cmd.Command(args[2]); sub != nil && len(args) > 3 {
+		// A subcommand (`qpack export onnx SRC -o DIR`): order its own arguments.
+		inner := flagsFirst(&cli.App{Commands: []*cli.Command{sub}}, append([]string{args[0]}, args[2:]...))
+		return append([]string{args[0], args[1]}, inner[1:]...)
+	}
 	takesValue := map[string]bool{}
 	for _, f := range cmd.Flags {
 		_, isBool := f.(*cli.BoolFlag)

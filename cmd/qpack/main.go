@@ -37,6 +37,7 @@ func newApp() *cli.App {
 			dequantizeCommand(),
 			doctorCommand(),
 			evalCommand(),
+			exportCommand(),
 			inspectCommand(),
 			planCommand(),
 			synthCommand(),

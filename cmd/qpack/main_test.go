@@ -155,3 +155,22 @@ func TestTargetBPWImpliesBudget(t *testing.T) {
 		t.Errorf("plan --target-size --strategy uniform: %v, want a refusal", err)
 	}
 }
+
+func TestExportONNXCommand(t *testing.T) {
+	dir := t.TempDir() + "/onnx"
+	out, err := run(t, "export", "onnx", "../../testdata/models/tiny", "-o", dir, "--onnx-ops", "qdq")
+	if err != nil || !strings.Contains(out, "wrote "+dir) {
+		t.Fatalf("export onnx: %v\n%s", err, out)
+	}
+	for _, f := range []string{"model.onnx", "model.onnx.data", "config.json", "tokenizer.json"} {
+		if _, err := os.Stat(dir + "/" + f); err != nil {
+			t.Errorf("export onnx did not write %s: %v", f, err)
+		}
+	}
+	if _, err := run(t, "export", "onnx", "../../testdata/models/tiny", "-o", dir); err == nil || !strings.Contains(err.Error(), "--overwrite") {
+		t.Errorf("export onnx over an existing directory: %v, want a refusal naming --overwrite", err)
+	}
+	if _, err := run(t, "export", "onnx", "../../testdata/models/tiny", "-o", dir, "--overwrite", "--onnx-ops", "tflite"); err == nil {
+		t.Errorf("export onnx --onnx-ops tflite should fail")
+	}
+}
