@@ -42,7 +42,7 @@ type Verify struct {
 }
 
 // Exporter writes another form of a finished checkpoint (an ONNX graph, say) from the checkpoint
-// at dir; it must write to a temporary name and rename when complete, like Convert.
+// at dir, with a line or so to log (never nil); it must write to a temporary name and rename when complete, like Convert.
 type Exporter func(ctx context.Context, dir string, log io.Writer) error
 
 // Exporters are the export kinds a job may name; an exporter package adds itself here
@@ -308,7 +308,7 @@ func runJob(ctx context.Context, j Job, bo Options, calibs *convert.CalibrationC
 		}
 	}
 	for _, kind := range j.Export {
-		if err := Exporters[kind](ctx, j.Output, opt.Log); err != nil {
+		if err := Exporters[kind](ctx, j.Output, log); err != nil { // the batch's log, never nil
 			return fail(fmt.Errorf("export %s: %w", kind, err))
 		}
 		r.Exported = append(r.Exported, kind)

@@ -179,3 +179,20 @@ func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
 }
+
+// A job's export: [onnx] writes OUTPUT.onnx beside the converted checkpoint.
+func TestBatchExportONNX(t *testing.T) {
+	jobs := writeJobs(t, `
+jobs:
+  - {name: int4, source: TINY, output: OUT/int4, device: cpu, export: [onnx]}
+`)
+	dir := filepath.Dir(jobs)
+	if out, err := run(t, "batch", jobs, "-q", "--summary", filepath.Join(dir, "s.json")); err != nil {
+		t.Fatalf("batch with an ONNX export: %v\n%s", err, out)
+	}
+	for _, f := range []string{"int4/model.safetensors", "int4.onnx/model.onnx", "int4.onnx/model.onnx.data"} {
+		if !exists(filepath.Join(dir, f)) {
+			t.Errorf("the batch did not write %s", f)
+		}
+	}
+}

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"path/filepath"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/qpack-dev/qpack/batch"
 	"github.com/qpack-dev/qpack/onnx"
 )
 
@@ -46,5 +50,20 @@ func exportONNXCommand() *cli.Command {
 				r.Dir, onnx.ModelFile, r.ModelBytes, onnx.DataFile, r.DataBytes, r.Opset, r.IRVersion, r.Linears, r.Seconds)
 			return nil
 		},
+	}
+}
+
+// A batch job's `export: [onnx]` writes OUTPUT.onnx/ beside the job's output, MatMulNBits
+// linears, replacing an earlier export.
+func init() {
+	batch.Exporters["onnx"] = func(ctx context.Context, dir string, log io.Writer) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		r, err := onnx.Export(dir, filepath.Clean(dir)+".onnx", onnx.Options{Overwrite: true, Version: version})
+		if err == nil {
+			fmt.Fprintf(log, "exported %s (%d + %d bytes)\n", r.Dir, r.ModelBytes, r.DataBytes)
+		}
+		return err
 	}
 }
