@@ -1,0 +1,240 @@
+package gguf
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/qpack-dev/qpack/fp"
+)
+
+// This file holds ggml's reference quantizers (quantize_row_*_ref in ggml-quants.c) and
+// dequantizers (dequantize_row_*) for the types qpack writes from float weights. Float32
+// arithmetic is kept as in C (explicit float32 conversions stop Go from fusing a multiply
+// and an add), so the bytes equal ggml's.
+
+// Encoders lists the types Encode can produce from float32 weights.
+var Encoders = []Type{F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1}
+
+// Encode appends the encoding of x (one or more whole rows) in type t to dst.
+func Encode(dst []byte, t Type, x []float32) ([]byte, error) {
+	bs := t.BlockSize()
+	if bs == 0 {
+		return nil, fmt.Errorf("unknown ggml type %d", uint32(t))
+	}
+	if len(x)%bs != 0 {
+		return nil, fmt.Errorf("%d values are not whole %s blocks of %d", len(x), t, bs)
+	}
+	for i, v := range x {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return nil, fmt.Errorf("value %d is %v", i, v)
+		}
+	}
+	switch t {
+	case F32:
+		for _, v := range x {
+			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
+		}
+	case F16:
+		for _, v := range x {
+			dst = binary.LittleEndian.AppendUint16(dst, fp.F32ToF16(v))
+		}
+	case BF16:
+		for _, v := range x {
+			dst = binary.LittleEndian.AppendUint16(dst, fp.F32ToBF16(v))
+		}
+	case Q8_0:
+		for b := 0; b < len(x); b += bs {
+			dst = encodeQ8_0(dst, x[b:b+bs])
+		}
+	case Q4_0, Q5_0:
+		for b := 0; b < len(x); b += bs {
+			dst = encodeSym(dst, t, x[b:b+bs])
+		}
+	case Q4_1, Q5_1:
+		for b := 0; b < len(x); b += bs {
+			dst = encodeMin(dst, t, x[b:b+bs])
+		}
+	default:
+		return nil, fmt.Errorf("qpack cannot quantize to %s from float weights", t)
+	}
+	return dst, nil
+}
+
+func appendF16(dst []byte, v float32) []byte {
+	return binary.LittleEndian.AppendUint16(dst, fp.F32ToF16(v))
+}
+
+func inverse(d float32) float32 {
+	if d == 0 {
+		return 0
+	}
+	return 1 / d
+}
+
+// encodeQ8_0 is quantize_row_q8_0_ref: d = amax/127, q = roundf(x/d).
+func encodeQ8_0(dst []byte, x []float32) []byte {
+	var amax float32
+	for _, v := range x {
+		amax = max(amax, abs32(v))
+	}
+	d := amax / 127
+	id := inverse(d)
+	dst = appendF16(dst, d)
+	for _, v := range x {
+		dst = append(dst, byte(int8(math.Round(float64(float32(v*id))))))
+	}
+	return dst
+}
+
+// encodeSym is quantize_row_q4_0_ref and quantize_row_q5_0_ref: d = max/−2^(b−1) with max
+// the value of largest magnitude (sign kept), q = min(2^b−1, trunc(x/d + 2^(b−1) + 0.5)).
+// Element j and j+16 share byte j (low, high nibble); Q5_0's fifth bits go to qh, bit j.
+func encodeSym(dst []byte, t Type, x []float32) []byte {
+	var amax, mx float32
+	for _, v := range x {
+		if abs32(v) > amax {
+			amax, mx = abs32(v), v
+		}
+	}
+	half := float32(8)
+	if t == Q5_0 {
+		half = 16
+	}
+	d := mx / -half
+	id := inverse(d)
+	dst = appendF16(dst, d)
+	q := make([]uint8, len(x))
+	for j, v := range x {
+		q[j] = uint8(min(2*half-1, float32(int8(float32(v*id)+(half+0.5)))))
+	}
+	return appendNibbles(dst, t == Q5_0, q)
+}
+
+// encodeMin is quantize_row_q4_1_ref and quantize_row_q5_1_ref: d = (max−min)/(2^b−1),
+// m = min, q = min(2^b−1, trunc((x−min)/d + 0.5)).
+func encodeMin(dst []byte, t Type, x []float32) []byte {
+	lo, hi := float32(math.MaxFloat32), float32(-math.MaxFloat32)
+	for _, v := range x {
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	top := float32(15)
+	if t == Q5_1 {
+		top = 31
+	}
+	d := (hi - lo) / top
+	id := inverse(d)
+	dst = appendF16(dst, d)
+	dst = appendF16(dst, lo)
+	q := make([]uint8, len(x))
+	for j, v := range x {
+		q[j] = uint8(min(top, float32(int8(float32((v-lo)*id)+0.5))))
+	}
+	return appendNibbles(dst, t == Q5_1, q)
+}
+
+// appendNibbles stores 32 codes: (Q5 only) qh with bit j = code j's bit 4, then 16 bytes
+// whose low nibble is code j and high nibble code j+16.
+func appendNibbles(dst []byte, five bool, q []uint8) []byte {
+	if five {
+		var qh uint32
+		for j, c := range q {
+			qh |= uint32(c>>4&1) << j
+		}
+		dst = binary.LittleEndian.AppendUint32(dst, qh)
+	}
+	for j := range 16 {
+		dst = append(dst, q[j]&15|(q[j+16]&15)<<4)
+	}
+	return dst
+}
+
+func abs32(v float32) float32 { return math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) }
+
+// Decode appends the float32 values of data (whole blocks of type t) to dst.
+func Decode(dst []float32, t Type, data []byte) ([]float32, error) {
+	bs, ts := t.BlockSize(), t.TypeSize()
+	if bs == 0 {
+		return nil, fmt.Errorf("unknown ggml type %d", uint32(t))
+	}
+	if len(data)%ts != 0 {
+		return nil, fmt.Errorf("%d bytes are not whole %s blocks of %d bytes", len(data), t, ts)
+	}
+	f16 := func(b []byte) float32 { return fp.F16ToF32(binary.LittleEndian.Uint16(b)) }
+	for b := 0; b < len(data); b += ts {
+		blk := data[b : b+ts]
+		switch t {
+		case F32:
+			dst = append(dst, math.Float32frombits(binary.LittleEndian.Uint32(blk)))
+		case F16:
+			dst = append(dst, f16(blk))
+		case BF16:
+			dst = append(dst, fp.BF16ToF32(binary.LittleEndian.Uint16(blk)))
+		case Q8_0:
+			d := f16(blk)
+			for _, q := range blk[2:] {
+				dst = append(dst, float32(int8(q))*d)
+			}
+		case Q4_0, Q4_1, Q5_0, Q5_1:
+			dst = decodeSmall(dst, t, blk, f16)
+		case Q4_K:
+			dst = decodeQ4K(dst, blk, f16)
+		default:
+			return nil, fmt.Errorf("qpack cannot decode %s", t)
+		}
+	}
+	return dst, nil
+}
+
+// decodeSmall is dequantize_row_q4_0/q4_1/q5_0/q5_1 for one block.
+func decodeSmall(dst []float32, t Type, blk []byte, f16 func([]byte) float32) []float32 {
+	d := f16(blk)
+	var m, offset float32
+	qs := blk[2:]
+	if t == Q4_1 || t == Q5_1 {
+		m, qs = f16(blk[2:]), blk[4:]
+	}
+	var qh uint32
+	if t == Q5_0 || t == Q5_1 {
+		qh, qs = binary.LittleEndian.Uint32(qs), qs[4:]
+	}
+	switch t {
+	case Q4_0:
+		offset = 8
+	case Q5_0:
+		offset = 16
+	}
+	var out [32]float32
+	for j := range 16 {
+		lo := uint32(qs[j]&15) | (qh>>j&1)<<4
+		hi := uint32(qs[j]>>4) | (qh>>(j+16)&1)<<4
+		out[j] = (float32(lo)-offset)*d + m
+		out[j+16] = (float32(hi)-offset)*d + m
+	}
+	return append(dst, out[:]...)
+}
+
+// decodeQ4K is dequantize_row_q4_K for one block: 8 sub-blocks of 32 with 6-bit scales and
+// mins packed in scales[12] (get_scale_min_k4); qs in 64-element chunks, low nibbles first.
+func decodeQ4K(dst []float32, blk []byte, f16 func([]byte) float32) []float32 {
+	d, dmin := f16(blk), f16(blk[2:])
+	sc, qs := blk[4:16], blk[16:]
+	scaleMin := func(j int) (float32, float32) {
+		if j < 4 {
+			return float32(sc[j] & 63), float32(sc[j+4] & 63)
+		}
+		return float32(sc[j+4]&15 | sc[j-4]>>6<<4), float32(sc[j+4]>>4 | sc[j]>>6<<4)
+	}
+	for c := range 4 {
+		s1, m1 := scaleMin(2 * c)
+		s2, m2 := scaleMin(2*c + 1)
+		q := qs[32*c : 32*c+32]
+		for _, b := range q {
+			dst = append(dst, d*s1*float32(b&15)-dmin*m1)
+		}
+		for _, b := range q {
+			dst = append(dst, d*s2*float32(b>>4)-dmin*m2)
+		}
+	}
+	return dst
+}
