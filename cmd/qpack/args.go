@@ -17,6 +17,12 @@ func flagsFirst(app *cli.App, args []string) []string {
 	if cmd == nil {
 		return args
 	}
+	head := 2 // arguments kept in front: the program and command names
+	for _, sub := range cmd.Subcommands {
+		if sub.HasName(args[2]) { // `qpack export gguf SRC -o FILE`: reorder the subcommand's
+			cmd, head = sub, 3
+		}
+	}
 	takesValue := map[string]bool{}
 	for _, f := range cmd.Flags {
 		_, isBool := f.(*cli.BoolFlag)
@@ -25,7 +31,7 @@ func flagsFirst(app *cli.App, args []string) []string {
 		}
 	}
 	var flags, positional []string
-	rest := args[2:]
+	rest := args[head:]
 	for i := 0; i < len(rest); i++ {
 		a := rest[i]
 		switch {
@@ -43,6 +49,6 @@ func flagsFirst(app *cli.App, args []string) []string {
 			positional = append(positional, a)
 		}
 	}
-	out := append([]string{args[0], args[1]}, flags...)
+	out := append(append([]string{}, args[:head]...), flags...)
 	return append(out, positional...)
 }

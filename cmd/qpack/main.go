@@ -35,6 +35,7 @@ func newApp() *cli.App {
 			dequantizeCommand(),
 			doctorCommand(),
 			evalCommand(),
+			{Name: "export", Usage: "write a checkpoint in another runtime's format", Subcommands: []*cli.Command{exportGGUFCommand()}},
 			inspectCommand(),
 			planCommand(),
 			synthCommand(),
