@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/qpack-dev/qpack/fp"
 )
@@ -30,18 +31,23 @@ func Encode(dst []byte, t Type, x []float32) ([]byte, error) {
 			return nil, fmt.Errorf("value %d is %v", i, v)
 		}
 	}
+	n := len(dst)
+	dst = slices.Grow(dst, t.RowBytes(len(x)))
 	switch t {
 	case F32:
-		for _, v := range x {
-			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
+		dst = dst[:n+4*len(x)]
+		for i, v := range x {
+			binary.LittleEndian.PutUint32(dst[n+4*i:], math.Float32bits(v))
 		}
 	case F16:
-		for _, v := range x {
-			dst = binary.LittleEndian.AppendUint16(dst, fp.F32ToF16(v))
+		dst = dst[:n+2*len(x)]
+		for i, v := range x {
+			binary.LittleEndian.PutUint16(dst[n+2*i:], fp.F32ToF16(v))
 		}
 	case BF16:
-		for _, v := range x {
-			dst = binary.LittleEndian.AppendUint16(dst, fp.F32ToBF16(v))
+		dst = dst[:n+2*len(x)]
+		for i, v := range x {
+			binary.LittleEndian.PutUint16(dst[n+2*i:], fp.F32ToBF16(v))
 		}
 	case Q8_0:
 		for b := 0; b < len(x); b += bs {
@@ -104,11 +110,11 @@ func encodeSym(dst []byte, t Type, x []float32) []byte {
 	d := mx / -half
 	id := inverse(d)
 	dst = appendF16(dst, d)
-	q := make([]uint8, len(x))
+	var q [32]uint8
 	for j, v := range x {
 		q[j] = uint8(min(2*half-1, float32(int8(float32(v*id)+(half+0.5)))))
 	}
-	return appendNibbles(dst, t == Q5_0, q)
+	return appendNibbles(dst, t == Q5_0, &q)
 }
 
 // encodeMin is quantize_row_q4_1_ref and quantize_row_q5_1_ref: d = (max−min)/(2^b−1),
@@ -126,16 +132,16 @@ func encodeMin(dst []byte, t Type, x []float32) []byte {
 	id := inverse(d)
 	dst = appendF16(dst, d)
 	dst = appendF16(dst, lo)
-	q := make([]uint8, len(x))
+	var q [32]uint8
 	for j, v := range x {
 		q[j] = uint8(min(top, float32(int8(float32((v-lo)*id)+0.5))))
 	}
-	return appendNibbles(dst, t == Q5_1, q)
+	return appendNibbles(dst, t == Q5_1, &q)
 }
 
 // appendNibbles stores 32 codes: (Q5 only) qh with bit j = code j's bit 4, then 16 bytes
 // whose low nibble is code j and high nibble code j+16.
-func appendNibbles(dst []byte, five bool, q []uint8) []byte {
+func appendNibbles(dst []byte, five bool, q *[32]uint8) []byte {
 	if five {
 		var qh uint32
 		for j, c := range q {
