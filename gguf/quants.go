@@ -183,8 +183,14 @@ func Decode(dst []float32, t Type, data []byte) ([]float32, error) {
 			}
 		case Q4_0, Q4_1, Q5_0, Q5_1:
 			dst = decodeSmall(dst, t, blk, f16)
-		case Q4_K:
-			dst = decodeQ4K(dst, blk, f16)
+		case Q2_K:
+			dst = decodeQ2K(dst, blk, f16)
+		case Q3_K:
+			dst = decodeQ3K(dst, blk, f16)
+		case Q4_K, Q5_K:
+			dst = decodeQ45K(dst, t == Q5_K, blk, f16)
+		case Q6_K:
+			dst = decodeQ6K(dst, blk, f16)
 		default:
 			return nil, fmt.Errorf("qpack cannot decode %s", t)
 		}
@@ -220,11 +226,73 @@ func decodeSmall(dst []float32, t Type, blk []byte, f16 func([]byte) float32) []
 	return append(dst, out[:]...)
 }
 
-// decodeQ4K is dequantize_row_q4_K for one block: 8 sub-blocks of 32 with 6-bit scales and
-// mins packed in scales[12] (get_scale_min_k4); qs in 64-element chunks, low nibbles first.
-func decodeQ4K(dst []float32, blk []byte, f16 func([]byte) float32) []float32 {
+// decodeQ2K is dequantize_row_q2_K for one block (u8 scales[16]; u8 qs[64]; f16 d, dmin):
+// 16 sub-blocks of 16, scale byte = 4-bit scale | 4-bit min << 4; 2-bit codes, four per
+// byte, in two 128-element halves of 32 bytes, shift 0, 2, 4, 6 taking the next 32 elements.
+func decodeQ2K(dst []float32, blk []byte, f16 func([]byte) float32) []float32 {
+	sc, qs := blk[:16], blk[16:80]
+	d, dmin := f16(blk[80:]), f16(blk[82:])
+	is := 0
+	for n := range 2 {
+		q := qs[32*n : 32*n+32]
+		for shift := 0; shift < 8; shift += 2 {
+			for half := range 2 {
+				dl, ml := d*float32(sc[is]&15), dmin*float32(sc[is]>>4)
+				is++
+				for _, b := range q[16*half : 16*half+16] {
+					dst = append(dst, dl*float32(b>>shift&3)-ml)
+				}
+			}
+		}
+	}
+	return dst
+}
+
+// decodeQ3K is dequantize_row_q3_K for one block (u8 hmask[32]; u8 qs[64]; u8 scales[12];
+// f16 d): 16 sub-blocks of 16 with 6-bit signed scales (low 4 bits in scales[0..7], high 2
+// bits in scales[8..11]); a code is 2 low bits from qs, minus 4 unless its hmask bit is set.
+func decodeQ3K(dst []float32, blk []byte, f16 func([]byte) float32) []float32 {
+	hmask, qs, sc := blk[:32], blk[32:96], blk[96:108]
+	d := f16(blk[108:])
+	scale := func(j int) float32 {
+		lo := sc[j%8] & 15
+		if j >= 8 {
+			lo = sc[j-8] >> 4
+		}
+		hi := sc[8+j%4] >> (2 * (j / 4)) & 3
+		return float32(int(lo|hi<<4) - 32)
+	}
+	is, m := 0, byte(1)
+	for n := range 2 {
+		q := qs[32*n : 32*n+32]
+		for shift := 0; shift < 8; shift += 2 {
+			for half := range 2 {
+				dl := d * scale(is)
+				is++
+				for l := 16 * half; l < 16*half+16; l++ {
+					v := int(q[l] >> shift & 3)
+					if hmask[l]&m == 0 {
+						v -= 4
+					}
+					dst = append(dst, dl*float32(v))
+				}
+			}
+			m <<= 1
+		}
+	}
+	return dst
+}
+
+// decodeQ45K is dequantize_row_q4_K and dequantize_row_q5_K for one block (f16 d, dmin;
+// u8 scales[12]; Q5_K: u8 qh[32]; u8 qs[128]): 8 sub-blocks of 32 with 6-bit scales and
+// mins (get_scale_min_k4); qs in 64-element chunks, low nibbles first; Q5_K's fifth bit of
+// chunk c is bit 2c (low nibbles) or 2c+1 (high) of qh[l].
+func decodeQ45K(dst []float32, five bool, blk []byte, f16 func([]byte) float32) []float32 {
 	d, dmin := f16(blk), f16(blk[2:])
-	sc, qs := blk[4:16], blk[16:]
+	sc, qh, qs := blk[4:16], blk[16:48], blk[16:]
+	if five {
+		qs = blk[48:]
+	}
 	scaleMin := func(j int) (float32, float32) {
 		if j < 4 {
 			return float32(sc[j] & 63), float32(sc[j+4] & 63)
@@ -232,15 +300,42 @@ func decodeQ4K(dst []float32, blk []byte, f16 func([]byte) float32) []float32 {
 		return float32(sc[j+4]&15 | sc[j-4]>>6<<4), float32(sc[j+4]>>4 | sc[j]>>6<<4)
 	}
 	for c := range 4 {
-		s1, m1 := scaleMin(2 * c)
-		s2, m2 := scaleMin(2*c + 1)
 		q := qs[32*c : 32*c+32]
-		for _, b := range q {
-			dst = append(dst, d*s1*float32(b&15)-dmin*m1)
-		}
-		for _, b := range q {
-			dst = append(dst, d*s2*float32(b>>4)-dmin*m2)
+		for nib := range 2 {
+			s, m := scaleMin(2*c + nib)
+			d1, m1 := d*s, dmin*m
+			for l, b := range q {
+				v := b >> (4 * nib) & 15
+				if five && qh[l]>>(2*c+nib)&1 == 1 {
+					v += 16
+				}
+				dst = append(dst, d1*float32(v)-m1)
+			}
 		}
 	}
 	return dst
+}
+
+// decodeQ6K is dequantize_row_q6_K for one block (u8 ql[128]; u8 qh[64]; i8 scales[16];
+// f16 d): per 128-element half, element l + 32k takes the low or high nibble of ql and 2
+// bits of qh[l], minus 32, times d·scale of its 16-element sub-block.
+func decodeQ6K(dst []float32, blk []byte, f16 func([]byte) float32) []float32 {
+	d := f16(blk[208:])
+	var out [256]float32
+	for n := range 2 {
+		ql, qh, sc := blk[64*n:64*n+64], blk[128+32*n:128+32*n+32], blk[192+8*n:192+8*n+8]
+		for l := range 32 {
+			is := l / 16
+			q := [4]int{
+				int(ql[l]&15|(qh[l]>>0&3)<<4) - 32,
+				int(ql[l+32]&15|(qh[l]>>2&3)<<4) - 32,
+				int(ql[l]>>4|(qh[l]>>4&3)<<4) - 32,
+				int(ql[l+32]>>4|(qh[l]>>6&3)<<4) - 32,
+			}
+			for k := range 4 {
+				out[128*n+l+32*k] = d * float32(int8(sc[is+2*k])) * float32(q[k])
+			}
+		}
+	}
+	return append(dst, out[:]...)
 }

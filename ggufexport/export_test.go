@@ -540,3 +540,37 @@ func editTokenizer(t *testing.T, dir string) {
 	b, _ = json.Marshal(c)
 	os.WriteFile(filepath.Join(dir, "tokenizer.json"), b, 0o644)
 }
+
+// qwen2: its own KV prefix, q/k rows not permuted (Qwen2 uses rotate-half in llama.cpp too),
+// and the decoded model still computes the source's perplexity exactly.
+func TestExportQwen2(t *testing.T) {
+	dir := copyModel(t, tinyDir(t))
+	editConfig(t, dir, func(c map[string]any) {
+		c["model_type"], c["architectures"] = "qwen2", []string{"Qwen2ForCausalLM"}
+	})
+	out := filepath.Join(t.TempDir(), "q.gguf")
+	if _, err := Export(dir, out, Options{Type: "f32", EmbedType: "f32"}); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := gguf.Open(out)
+	defer g.Close()
+	if v, _ := g.Get("general.architecture"); v != "qwen2" {
+		t.Fatalf("architecture %v", v)
+	}
+	if v, _ := g.Get("qwen2.attention.head_count_kv"); v != uint32(2) {
+		t.Fatalf("qwen2.attention.head_count_kv = %v", v)
+	}
+	in, _ := safetensors.Open(dir)
+	defer in.Close()
+	hf, _ := in.Float32("model.layers.0.self_attn.q_proj.weight")
+	ti, _ := g.Tensor("blk.0.attn_q.weight")
+	b, _ := g.Bytes(ti)
+	for i, v := range hf {
+		if math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])) != v {
+			t.Fatalf("qwen2 attn_q element %d differs from q_proj: rows must not be permuted", i)
+		}
+	}
+	if got, want := ggufPerplexity(t, out, dir, 1), sourcePerplexity(t, dir, dir, 1); got != want {
+		t.Fatalf("qwen2 export perplexity %v, source %v", got, want)
+	}
+}
