@@ -150,14 +150,19 @@ func TestExportPermutesLlamaQK(t *testing.T) {
 	}
 }
 
-// A qpack checkpoint whose schemes are ggml blocks (int8-g32-sym, int4-g32-sym) exports
-// losslessly: the GGUF model's perplexity is the qpack checkpoint's, exactly.
+// A checkpoint whose schemes are ggml blocks (int8-g32-sym, int4-g32-sym), in qpack's or
+// another layout, exports losslessly: the GGUF model's perplexity is the checkpoint's, exactly.
 func TestExportLosslessRepack(t *testing.T) {
 	src := tinyDir(t)
-	for _, s := range []quant.Scheme{{Bits: 8, GroupSize: 32, Sym: true}, {Bits: 4, GroupSize: 32, Sym: true}} {
+	for _, c := range []struct {
+		s      quant.Scheme
+		format string
+	}{{quant.Scheme{Bits: 8, GroupSize: 32, Sym: true}, "qpack"}, {quant.Scheme{Bits: 4, GroupSize: 32, Sym: true}, "qpack"},
+		{quant.Scheme{Bits: 4, GroupSize: 32, Sym: true}, "gptq"}, {quant.Scheme{Bits: 8, GroupSize: 32, Sym: true}, "compressed-tensors"}} {
+		s := c.s
 		dir := t.TempDir()
 		opt := convert.DefaultOptions()
-		opt.Alloc, opt.Format = convert.Uniform(s), "qpack"
+		opt.Alloc, opt.Format = convert.Uniform(s), c.format
 		if _, err := convert.Convert(src, filepath.Join(dir, "q"), opt); err != nil {
 			t.Fatal(err)
 		}
@@ -177,13 +182,13 @@ func TestExportLosslessRepack(t *testing.T) {
 			}
 		}
 		if repacked != 4*7 {
-			t.Fatalf("%s: %d tensors repacked, want 28", s, repacked)
+			t.Fatalf("%s %s: %d tensors repacked, want 28", c.format, s, repacked)
 		}
 		got, ref := ggufPerplexity(t, out, filepath.Join(dir, "q"), 2), sourcePerplexity(t, filepath.Join(dir, "q"), src, 2)
 		if got != ref {
-			t.Fatalf("%s: perplexity of the GGUF %v, of the qpack checkpoint %v", s, got, ref)
+			t.Fatalf("%s %s: perplexity of the GGUF %v, of the checkpoint %v", c.format, s, got, ref)
 		}
-		t.Logf("%s → %s: perplexity %.4f (the same as the qpack checkpoint)", s, want, got)
+		t.Logf("%s %s → %s: perplexity %.4f (the same as the checkpoint)", c.format, s, want, got)
 	}
 }
 
