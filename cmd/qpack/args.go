@@ -17,10 +17,11 @@ func flagsFirst(app *cli.App, args []string) []string {
 	if cmd == nil {
 		return args
 	}
-	if sub := cmd.Command(args[2]); sub != nil && len(args) > 3 {
-		// A subcommand (`qpack export onnx SRC -o DIR`): order its own arguments.
-		inner := flagsFirst(&cli.App{Commands: []*cli.Command{sub}}, append([]string{args[0]}, args[2:]...))
-		return append([]string{args[0], args[1]}, inner[1:]...)
+	head := 2 // arguments kept in front: the program and command names
+	for _, sub := range cmd.Subcommands {
+		if sub.HasName(args[2]) { // `qpack export gguf SRC -o FILE`: reorder the subcommand's
+			cmd, head = sub, 3
+		}
 	}
 	takesValue := map[string]bool{}
 	for _, f := range cmd.Flags {
@@ -30,7 +31,7 @@ func flagsFirst(app *cli.App, args []string) []string {
 		}
 	}
 	var flags, positional []string
-	rest := args[2:]
+	rest := args[head:]
 	for i := 0; i < len(rest); i++ {
 		a := rest[i]
 		switch {
@@ -48,6 +49,6 @@ func flagsFirst(app *cli.App, args []string) []string {
 			positional = append(positional, a)
 		}
 	}
-	out := append([]string{args[0], args[1]}, flags...)
+	out := append(append([]string{}, args[:head]...), flags...)
 	return append(out, positional...)
 }

@@ -12,12 +12,12 @@ import (
 	"github.com/qpack-dev/qpack/onnx"
 )
 
-// exportCommand is the parent of the export formats (onnx; others may join).
+// exportCommand is the parent of the export formats (onnx, gguf).
 func exportCommand() *cli.Command {
 	return &cli.Command{
 		Name:        "export",
 		Usage:       "export a plain or quantized checkpoint for another runtime",
-		Subcommands: []*cli.Command{exportONNXCommand()},
+		Subcommands: []*cli.Command{exportONNXCommand(), exportGGUFCommand()},
 	}
 }
 

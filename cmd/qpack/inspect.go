@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -19,6 +20,9 @@ func inspectCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return fmt.Errorf("inspect needs exactly one FILE or DIR argument")
+			}
+			if strings.HasSuffix(c.Args().First(), ".gguf") {
+				return inspectGGUF(c.App.Writer, c.Args().First(), c.Bool("json"))
 			}
 			r, err := inspect.Inspect(c.Args().First())
 			if err != nil {
