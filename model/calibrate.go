@@ -30,6 +30,10 @@ type CalibrateOptions struct {
 	// ReleaseBlocks drops each block's weights once the next block's inputs are computed, so
 	// only one block is resident at a time; m is then not the updated model afterwards.
 	ReleaseBlocks bool
+	// Steps, when set, lists the groups observed and updated together, in order, instead of
+	// TrueSequential's choice; a group may appear in several steps (AWQ scales a block with all
+	// four groups observed, then GPTQ quantizes it group by group: awq+gptq).
+	Steps [][]Group
 }
 
 // Calibrate runs m block by block over the calibration sequences, the sequential pipeline of
@@ -81,6 +85,9 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 
 // calibrationSteps lists the groups observed and updated together, in order.
 func calibrationSteps(opt CalibrateOptions) [][]Group {
+	if len(opt.Steps) > 0 {
+		return opt.Steps
+	}
 	if opt.TrueSequential {
 		return [][]Group{{GroupQKV}, {GroupO}, {GroupGateUp}, {GroupDown}}
 	}
