@@ -24,8 +24,8 @@ type GPTQOptions struct {
 type gptqResult struct {
 	t      *quant.Tensor
 	values []float32 // a kept tensor that AWQ's folding changed, instead of t
-	stats gptq.Stats
-	err   error
+	stats  gptq.Stats
+	err    error
 }
 
 // gptqRunner quantizes the planned linears block by block through the model engine and hands
