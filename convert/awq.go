@@ -300,3 +300,27 @@ func changedUnit(r *gptqRunner, it Item, writes *writeTimer) unit {
 		return writes.write(out, it.Info.Name, encodeFloats(v, it.Info.DType))
 	}
 }
+
+// awqPlanAlpha is the exponent of the scale the allocator applies before measuring a weight's
+// sensitivity under AWQ: the middle of the search grid (the searched α depends on each rung's
+// scheme and on the whole block, too costly to search per rung while planning).
+const awqPlanAlpha = 0.5
+
+// awqScaled scales the sample's columns by AWQ's candidate scale from mean |x| (once per sample)
+// and returns the importance of the scaled weight's input channels, mean x²/s²: the activation-
+// weighted error of the weight AWQ will quantize. Without statistics it changes nothing.
+func (ws *weightSample) awqScaled(meanAbs, importance []float32) []float32 {
+	if len(meanAbs) != ws.k || len(importance) != ws.k {
+		return importance
+	}
+	s := awq.Candidate(meanAbs, awqPlanAlpha)
+	if !ws.scaled {
+		awq.ScaleColumns(ws.w, ws.rows, ws.k, s)
+		ws.scaled = true
+	}
+	imp := make([]float32, ws.k)
+	for c, v := range importance {
+		imp[c] = v / (s[c] * s[c])
+	}
+	return imp
+}

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"os"
 
 	"github.com/qpack-dev/qpack/dataset"
@@ -62,6 +63,7 @@ func loadCalibration(src string, o CalibOptions) (*Calibration, error) {
 // each input channel carries.
 type channelEnergy struct {
 	sums    map[string][]float64 // "block/group" → Σ x² per channel
+	abs     map[string][]float64 // "block/group" → Σ |x| per channel (AWQ's statistic)
 	tokens  map[string]int
 	modules map[string]string // module prefix → its "block/group"
 }
@@ -72,7 +74,9 @@ func (e *channelEnergy) Observe(block int, g model.Group, x []float32, rows, col
 	if s == nil {
 		s = make([]float64, cols)
 		e.sums[key] = s
+		e.abs[key] = make([]float64, cols)
 	}
+	a := e.abs[key]
 	for r := range rows {
 		row := x[r*cols : (r+1)*cols]
 		for c, v := range row {
@@ -80,6 +84,7 @@ func (e *channelEnergy) Observe(block int, g model.Group, x []float32, rows, col
 				return fmt.Errorf("block %d: non-finite activation in the input of %s", block, g)
 			}
 			s[c] += float64(v) * float64(v)
+			a[c] += math.Abs(float64(v))
 		}
 	}
 	e.tokens[key] += rows
@@ -97,10 +102,15 @@ func (e *channelEnergy) Update(b *model.Block, groups []model.Group) error {
 }
 
 // importance returns mean x² per input channel for every module, by module prefix.
-func (e *channelEnergy) importance() map[string][]float32 {
+func (e *channelEnergy) importance() map[string][]float32 { return e.means(e.sums) }
+
+// meanAbs returns mean |x| per input channel for every module, by module prefix.
+func (e *channelEnergy) meanAbs() map[string][]float32 { return e.means(e.abs) }
+
+func (e *channelEnergy) means(sums map[string][]float64) map[string][]float32 {
 	out := map[string][]float32{}
 	for module, key := range e.modules {
-		s, n := e.sums[key], e.tokens[key]
+		s, n := sums[key], e.tokens[key]
 		imp := make([]float32, len(s))
 		for i, v := range s {
 			imp[i] = float32(v / float64(max(n, 1)))
@@ -111,16 +121,16 @@ func (e *channelEnergy) importance() map[string][]float32 {
 }
 
 // measureImportance runs the model over the calibration sequences and returns each decoder
-// linear's input-channel energy.
-func measureImportance(src string, c *Calibration) (map[string][]float32, error) {
+// linear's input-channel energy (mean x²) and mean |x|.
+func measureImportance(src string, c *Calibration) (energy, meanAbs map[string][]float32, err error) {
 	m, err := model.Open(src)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer m.Close()
-	e := &channelEnergy{sums: map[string][]float64{}, tokens: map[string]int{}, modules: map[string]string{}}
+	e := &channelEnergy{sums: map[string][]float64{}, abs: map[string][]float64{}, tokens: map[string]int{}, modules: map[string]string{}}
 	if err := model.Calibrate(m, c.seqs, e, model.CalibrateOptions{ReleaseBlocks: true}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return e.importance(), nil
+	return e.importance(), e.meanAbs(), nil
 }

@@ -62,9 +62,9 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	if err := checkUniformScheme(descs, opt.Alloc, f); err != nil {
 		return nil, err
 	}
-	var importance map[string][]float32
+	var importance, meanAbs map[string][]float32
 	if calib != nil && needsMeasurement(opt.Alloc) {
-		if importance, err = measureImportance(ck.Dir, calib); err != nil {
+		if importance, meanAbs, err = measureImportance(ck.Dir, calib); err != nil {
 			return nil, err
 		}
 	}
@@ -76,6 +76,9 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 			}
 		}
 		imp := importance[model.ParseTensorName(t.Name).Module]
+		if isAWQ(opt.Method) {
+			imp = sample.awqScaled(meanAbs[model.ParseTensorName(t.Name).Module], imp)
+		}
 		e, err := sample.relativeError(s, blockwise.Options{Clip: opt.Clip}, imp)
 		return e * e, err
 	}
@@ -130,6 +133,7 @@ type weightSample struct {
 	name    string
 	w       []float32
 	rows, k int
+	scaled  bool // columns scaled by AWQ's planning scale (awqScaled)
 }
 
 // relativeError quantizes the sample with RTN and returns ‖W − Ŵ‖/‖W‖, each input channel k
