@@ -324,3 +324,13 @@ func (ws *weightSample) awqScaled(meanAbs, importance []float32) []float32 {
 	}
 	return imp
 }
+
+// awqPhases are AWQ's parts of the time breakdown. Each is final once the last module's result
+// has been delivered (it is added to before the delivery), so the writer's end may read them.
+func (r *gptqRunner) awqPhases() []Phase {
+	if r == nil || r.awq == nil {
+		return nil
+	}
+	return []Phase{newPhase("awq scale search", r.awq.search.Seconds(), 0),
+		newPhase("awq clipping search", r.awq.clip.Seconds(), 0), newPhase("awq quantization", r.awq.quantize.Seconds(), 0)}
+}

@@ -134,7 +134,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	report.finish(time.Since(start))
-	report.Breakdown = report.breakdown(g.stats())
+	report.Breakdown = append(runner.awqPhases(), report.breakdown(g.stats())...)
 	fmt.Fprintf(opt.Log, "time: %s\n", formatPhases(report.Breakdown))
 	return report, nil
 }
