@@ -283,3 +283,27 @@ func TestInputsStride(t *testing.T) {
 		t.Errorf("mean |x| %v", m)
 	}
 }
+
+// AutoAWQ's w_mean: |w| over its group's absmax, averaged over all rows of the group's linears.
+func TestWeightMeanAndDuoCandidate(t *testing.T) {
+	s := quant.Scheme{Bits: 4, GroupSize: 2}
+	ls := []Linear{
+		{Name: "a", W: []float32{1, -2, 4, 0}, Out: 1, In: 4, Scheme: &s},
+		{Name: "b", W: []float32{-3, 3, 1, 1}, Out: 1, In: 4, Scheme: &s},
+	}
+	got := weightMean(ls, 4)
+	want := []float32{0.75, 1, 1, 0.5}
+	for c := range want {
+		if math.Abs(float64(got[c]-want[c])) > 1e-6 {
+			t.Fatalf("w_mean %v, want %v", got, want)
+		}
+	}
+	x := []float32{1, 4, 9, 16}
+	d := DuoCandidate(x, got, 0.5)
+	c := Candidate([]float32{1 / float32(math.Sqrt(0.75)+1e-4), 2 / (1 + 1e-4), 3 / (1 + 1e-4), 4 / float32(math.Sqrt(0.5)+1e-4)}, 1)
+	for i := range d {
+		if math.Abs(float64(d[i]-c[i])) > 1e-5 {
+			t.Fatalf("duo candidate %v, want %v", d, c)
+		}
+	}
+}

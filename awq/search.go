@@ -16,6 +16,9 @@ type Options struct {
 	ClipGrid   int     // shrink = 1 − i/ClipGrid (default 20)
 	MaxShrink  float64 // shrinks down to 1 − MaxShrink, excluded (default 0.5)
 	ClipTokens int     // tokens of the clipping search (default 512)
+	// Duo divides the candidate by the weights' relative magnitude per input channel, as
+	// AutoAWQ's duo_scaling: s = mean|x|^α / (mean|w|/absmax_group)^(1−α).
+	Duo bool
 }
 
 func (o Options) grid() int {
@@ -81,6 +84,50 @@ func Candidate(xMean []float32, alpha float64) []float32 {
 	return s
 }
 
+// DuoCandidate is AutoAWQ's duo-scaling candidate max(mean|x|^α / (wMean^(1−α) + 1e-4), 1e-4),
+// normalised like Candidate; without wMean it is Candidate.
+func DuoCandidate(xMean, wMean []float32, alpha float64) []float32 {
+	if wMean == nil {
+		return Candidate(xMean, alpha)
+	}
+	x := make([]float32, len(xMean))
+	for c, m := range xMean {
+		x[c] = float32(math.Pow(float64(m), alpha) / (math.Pow(float64(wMean[c]), 1-alpha) + 1e-4))
+	}
+	return Candidate(x, 1)
+}
+
+// weightMean is, per input channel, the mean over all the group's rows of |w| divided by the
+// absmax of its quantization group (AutoAWQ's w_mean).
+func weightMean(ls []Linear, k int) []float32 {
+	gs := k
+	for _, l := range ls {
+		if l.Scheme != nil && l.Scheme.GroupSize > 0 && l.Scheme.GroupSize < k {
+			gs = l.Scheme.GroupSize
+			break
+		}
+	}
+	sum := make([]float64, k)
+	rows := 0
+	for _, l := range ls {
+		am := groupAbsMax(l.W, l.Out, k, gs)
+		groups := (k + gs - 1) / gs
+		for r := range l.Out {
+			for c, v := range l.W[r*k : (r+1)*k] {
+				if m := am[r*groups+c/gs]; m > 0 {
+					sum[c] += math.Abs(float64(v)) / float64(m)
+				}
+			}
+		}
+		rows += l.Out
+	}
+	out := make([]float32, k)
+	for c, v := range sum {
+		out[c] = float32(v / float64(max(rows, 1)))
+	}
+	return out
+}
+
 // SearchScale picks the α whose scale minimises the mean squared error of the group's
 // fake-quantized outputs, X·(Q(W·diag(s))·diag(s)⁻¹)ᵀ against X·Wᵀ, over the sampled input
 // rows x [rows, K]. Ties keep the smaller α.
@@ -102,11 +149,15 @@ func SearchScale(x []float32, rows int, xMean []float32, ls []Linear, opt Option
 		model.MatMulT(ref[i], x, l.W, nil, rows, k, l.Out)
 		count += rows * l.Out
 	}
+	var wMean []float32
+	if opt.Duo {
+		wMean = weightMean(ls, k)
+	}
 	best := ScaleResult{Loss: math.Inf(1)}
 	var y, wq []float32
 	for step := range opt.grid() {
 		alpha := float64(step) / float64(opt.grid())
-		s := Candidate(xMean, alpha)
+		s := DuoCandidate(xMean, wMean, alpha)
 		var sum float64
 		for i, l := range ls {
 			if l.Scheme == nil {

@@ -19,6 +19,8 @@ type AWQOptions struct {
 	SearchTokens int
 	// NoClip skips the clipping search.
 	NoClip bool
+	// Duo uses AutoAWQ's duo-scaling candidates (weights' relative magnitude in the scale).
+	Duo bool
 }
 
 // DefaultAWQSearchTokens keeps the α search's GEMMs small on a CPU: 8192 of the 65,536 tokens
@@ -51,7 +53,7 @@ type awqScaler struct {
 // useAWQ turns the runner into an AWQ runner on the CPU.
 func useAWQ(r *gptqRunner, items []Item, opt Options) error {
 	r.device = DeviceCPU
-	s := &awqScaler{r: r, gptq: opt.Method == "awq+gptq", noClip: opt.AWQ.NoClip, tokens: opt.AWQ.SearchTokens,
+	s := &awqScaler{r: r, opt: awq.Options{Duo: opt.AWQ.Duo}, gptq: opt.Method == "awq+gptq", noClip: opt.AWQ.NoClip, tokens: opt.AWQ.SearchTokens,
 		inputs: map[string]*awq.Inputs{}, scaled: map[int]bool{}, kept: map[string]bool{}}
 	if s.tokens <= 0 {
 		s.tokens = DefaultAWQSearchTokens
