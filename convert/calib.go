@@ -65,6 +65,7 @@ func loadCalibration(src string, o CalibOptions) (*Calibration, error) {
 // each input channel carries.
 type channelEnergy struct {
 	sums    map[string][]float64 // "block/group" → Σ x² per channel
+	abs     map[string][]float64 // "block/group" → Σ |x| per channel (AWQ's statistic)
 	tokens  map[string]int
 	modules map[string]string // module prefix → its "block/group"
 	blocks  int               // blocks in the model, for the progress lines
@@ -73,7 +74,8 @@ type channelEnergy struct {
 }
 
 func newChannelEnergy(ctx context.Context, blocks int, logf func(format string, args ...any)) *channelEnergy {
-	return &channelEnergy{sums: map[string][]float64{}, tokens: map[string]int{}, modules: map[string]string{}, blocks: blocks, logf: logf, ctx: ctx}
+	return &channelEnergy{sums: map[string][]float64{}, abs: map[string][]float64{}, tokens: map[string]int{}, modules: map[string]string{},
+		blocks: blocks, logf: logf, ctx: ctx}
 }
 
 func energyKey(block int, g model.Group) string { return fmt.Sprintf("%d/%s", block, g) }
@@ -84,8 +86,9 @@ func (e *channelEnergy) Observe(block int, g model.Group, x []float32, rows, col
 	if s == nil {
 		s = make([]float64, cols)
 		e.sums[key] = s
+		e.abs[key] = make([]float64, cols)
 	}
-	if err := model.AddChannelStats(s, nil, x, rows, cols); err != nil {
+	if err := model.AddChannelStats(s, e.abs[key], x, rows, cols); err != nil {
 		return fmt.Errorf("block %d, input of %s: %w", block, g, err)
 	}
 	e.tokens[key] += rows
@@ -104,10 +107,15 @@ func (e *channelEnergy) Update(b *model.Block, groups []model.Group) error {
 }
 
 // importance returns mean x² per input channel for every module, by module prefix.
-func (e *channelEnergy) importance() map[string][]float32 {
+func (e *channelEnergy) importance() map[string][]float32 { return e.means(e.sums) }
+
+// meanAbs returns mean |x| per input channel for every module, by module prefix.
+func (e *channelEnergy) meanAbs() map[string][]float32 { return e.means(e.abs) }
+
+func (e *channelEnergy) means(sums map[string][]float64) map[string][]float32 {
 	out := map[string][]float32{}
 	for module, key := range e.modules {
-		s, n := e.sums[key], e.tokens[key]
+		s, n := sums[key], e.tokens[key]
 		imp := make([]float32, len(s))
 		for i, v := range s {
 			imp[i] = float32(v / float64(max(n, 1)))
@@ -122,7 +130,7 @@ func (e *channelEnergy) importance() map[string][]float32 {
 type gpuChannelEnergy struct {
 	*channelEnergy
 	e      *model.GPU
-	device map[string]cuda.DevicePtr // "block/group" → Σ x² per channel, float64
+	device map[string]cuda.DevicePtr // "block/group" → Σ x² then Σ |x| per channel, float64
 }
 
 func (g *gpuChannelEnergy) ObserveGPU(block int, gr model.Group, x cuda.DevicePtr, rows, cols int) error {
@@ -130,17 +138,17 @@ func (g *gpuChannelEnergy) ObserveGPU(block int, gr model.Group, x cuda.DevicePt
 	p, ok := g.device[key]
 	if !ok {
 		var err error
-		if p, err = g.e.Device().Alloc(8 * cols); err != nil {
+		if p, err = g.e.Device().Alloc(16 * cols); err != nil {
 			return err
 		}
 		g.device[key] = p
-		if err := g.e.Device().Fill32(p, 0, 2*cols); err != nil {
+		if err := g.e.Device().Fill32(p, 0, 4*cols); err != nil {
 			return err
 		}
-		g.sums[key] = make([]float64, cols)
+		g.sums[key], g.abs[key] = make([]float64, cols), make([]float64, cols)
 	}
 	g.tokens[key] += rows
-	return g.e.AddChannelStats(p, 0, x, rows, cols)
+	return g.e.AddChannelStats(p, p.Add(8*cols), x, rows, cols)
 }
 
 // Update downloads the block's sums (the engine has finished the block's pass) and refuses
@@ -152,13 +160,17 @@ func (g *gpuChannelEnergy) Update(b *model.Block, groups []model.Group) error {
 		if !ok {
 			continue
 		}
-		err := g.e.Device().CopyFromDevice(cuda.Bytes(g.sums[key]), p)
+		both := make([]float64, 2*len(g.sums[key]))
+		err := g.e.Device().CopyFromDevice(cuda.Bytes(both), p)
 		g.e.Device().Free(p)
+		copy(g.sums[key], both)
+		copy(g.abs[key], both[len(g.sums[key]):])
 		delete(g.device, key)
 		if err != nil {
 			return err
 		}
-		if i := firstNonFinite64(g.sums[key]); i >= 0 {
+		if i := firstNonFinite64(both); i >= 0 {
+			i %= len(g.sums[key])
 			return fmt.Errorf("block %d: non-finite activation in the input of %s (channel %d)", b.Index, gr, i)
 		}
 	}
@@ -182,11 +194,11 @@ func firstNonFinite64(v []float64) int {
 
 // measureImportance runs the model over the calibration sequences — on the GPU when device
 // allows, each block once (observing only) — and returns each decoder linear's input-channel
-// energy, logging a line per block.
-func measureImportance(ctx context.Context, src string, c *Calibration, device string, logf func(format string, args ...any)) (map[string][]float32, error) {
+// energy (mean x²) and mean |x|, logging a line per block.
+func measureImportance(ctx context.Context, src string, c *Calibration, device string, logf func(format string, args ...any)) (energy, meanAbs map[string][]float32, err error) {
 	m, err := model.Open(src)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer m.Close()
 	dev, note, err := cuda.Select(device)
@@ -194,7 +206,7 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device s
 		logf("%s\n", note)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	start, where := time.Now(), "the CPU"
 	e := newChannelEnergy(ctx, m.Config.Layers, logf)
@@ -207,10 +219,10 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device s
 		err = e.calibrateOnGPU(dev, m, c.seqs, opt)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	logf("plan: activation statistics over %d×%d calibration tokens on %s in %.1f s\n", len(c.seqs), c.SeqLen, where, time.Since(start).Seconds())
-	return e.importance(), nil
+	return e.importance(), e.meanAbs(), nil
 }
 
 // calibrateOnGPU runs the observing passes on the GPU with TF32 GEMMs (the statistics only

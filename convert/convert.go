@@ -137,7 +137,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	report.finish(time.Since(start))
-	report.Breakdown = report.breakdown(g.stats())
+	report.Breakdown = append(runner.awqPhases(), report.breakdown(g.stats())...)
 	fmt.Fprintf(opt.Log, "time: %s\n", formatPhases(report.Breakdown))
 	return report, nil
 }
@@ -170,20 +170,27 @@ func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner
 	if opt.Method == "gptq" && opt.Device == DeviceCUDA && opt.Clip {
 		return nil, nil, fmt.Errorf("--method gptq --clip (MSE group parameters) has no GPU path; use --device auto or cpu")
 	}
+	if isAWQ(opt.Method) && opt.Device == DeviceCUDA {
+		return nil, nil, fmt.Errorf("--method %s runs on the CPU only; use --device cpu or auto", opt.Method)
+	}
 	g, err := openGPU(opt.Device, opt.GPUSlots, logf)
 	if err != nil {
 		return nil, nil, err
 	}
-	if opt.Method != "gptq" {
+	if opt.Method != "gptq" && !isAWQ(opt.Method) {
 		if err := checkDevicePlan(g, opt.Device, items, f, opt); err != nil {
 			g.close()
 			return nil, nil, err
 		}
 		return g, nil, nil
 	}
-	runner, err := newGPTQRunner(items, opt.GPTQ, opt.Clip, logf)
+	runner, err := newGPTQRunner(opt.Method, items, opt.GPTQ, opt.Clip, logf)
 	if err == nil {
 		runner.ctx = opt.context()
+	}
+	if err == nil && isAWQ(opt.Method) {
+		err = useAWQ(runner, items, opt)
+	} else if err == nil {
 		err = runner.useGPU(g)
 	}
 	if err != nil {
@@ -221,7 +228,11 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 		*tr = TensorReport{Name: it.Info.Name, Shape: it.Info.Shape, InBytes: it.Info.Size, Scheme: "keep", OutBytes: it.Info.Size}
 		if it.Scheme == nil {
 			out = append(out, outTensor{safetensors.WriterTensor{Name: it.Info.Name, DType: it.Info.DType, Shape: it.Info.Shape}, it.ShardIdx})
-			units = append(units, keptUnit(ck, it.Info.Name, &report.writes))
+			if runner.changes(it.Info.Name) {
+				units = append(units, changedUnit(runner, it, &report.writes))
+			} else {
+				units = append(units, keptUnit(ck, it.Info.Name, &report.writes))
+			}
 			unitShard, unitBytes = append(unitShard, it.ShardIdx), append(unitBytes, it.Info.Size)
 			continue
 		}

@@ -23,9 +23,10 @@ type GPTQOptions struct {
 
 // gptqResult is one module's GPTQ output, delivered to the writer when its block is done.
 type gptqResult struct {
-	t     *quant.Tensor
-	stats gptq.Stats
-	err   error
+	t      *quant.Tensor
+	values []float32 // a kept tensor that AWQ's folding changed, instead of t
+	stats  gptq.Stats
+	err    error
 }
 
 // gptqRunner quantizes the planned linears block by block through the model engine and hands
@@ -39,16 +40,18 @@ type gptqRunner struct {
 	device  string
 	schemes map[string]quant.Scheme // module prefix → planned scheme
 	hess    map[string]*gptq.Hessian
+	method  string // for messages: gptq, awq or awq+gptq
 	logf    func(string, ...any)
 	stopped atomic.Bool
 	ctx     context.Context // the conversion's: result stops waiting when it is done
+	awq     *awqScaler      // set for --method awq and awq+gptq: it drives the calibration
 
 	mu      sync.Mutex
 	results map[string]chan gptqResult
 }
 
-func newGPTQRunner(items []Item, o GPTQOptions, clip bool, logf func(string, ...any)) (*gptqRunner, error) {
-	r := &gptqRunner{schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
+func newGPTQRunner(method string, items []Item, o GPTQOptions, clip bool, logf func(string, ...any)) (*gptqRunner, error) {
+	r := &gptqRunner{method: method, schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
 		results: map[string]chan gptqResult{}, ctx: context.Background(),
 		opt: gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, MSE: clip, BaselineLoss: true}}
 	for _, it := range items {
@@ -56,10 +59,10 @@ func newGPTQRunner(items []Item, o GPTQOptions, clip bool, logf func(string, ...
 			continue
 		}
 		if it.Role == model.RoleEmbedding || it.Role == model.RoleClassifier || it.Info.Shape[0] <= 0 {
-			return nil, fmt.Errorf("tensor %s: GPTQ quantizes decoder linears only; keep it (drop --quantize-embeddings/--quantize-head) or use --method rtn", it.Info.Name)
+			return nil, fmt.Errorf("tensor %s: %s quantizes decoder linears only; keep it (drop --quantize-embeddings/--quantize-head) or use --method rtn", it.Info.Name, method)
 		}
 		if it.Scheme.Grid != quant.Integer {
-			return nil, fmt.Errorf("tensor %s: GPTQ needs an integer scheme, not %s (use --method rtn for nf4, fp8 and bin)", it.Info.Name, it.Scheme)
+			return nil, fmt.Errorf("tensor %s: %s needs an integer scheme, not %s (use --method rtn for nf4, fp8 and bin)", it.Info.Name, method, it.Scheme)
 		}
 		r.schemes[it.Module] = *it.Scheme
 		r.results[it.Module] = make(chan gptqResult, 1)
@@ -78,13 +81,19 @@ func (r *gptqRunner) result(module string) (*quant.Tensor, error) {
 	}
 }
 
+// value waits for a kept tensor that the calibration run changed (AWQ's folded scales).
+func (r *gptqRunner) value(name string) ([]float32, error) {
+	res := <-r.results[name]
+	return res.values, res.err
+}
+
 // fail delivers err to every module still waiting.
 func (r *gptqRunner) fail(err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for m, ch := range r.results {
 		select {
-		case ch <- gptqResult{err: fmt.Errorf("GPTQ did not reach %s: %w", m, err)}:
+		case ch <- gptqResult{err: fmt.Errorf("%s did not reach %s: %w", r.method, m, err)}:
 		default:
 		}
 	}
@@ -96,7 +105,9 @@ func (r *gptqRunner) run(src string, calib *Calibration, trueSequential bool) {
 	if err == nil {
 		defer m.Close()
 		opt := model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true}
-		if r.dev != nil {
+		if r.awq != nil {
+			err = r.awq.calibrate(m, calib.seqs, opt)
+		} else if r.dev != nil {
 			err = r.calibrateOnGPU(m, calib.seqs, opt)
 		} else {
 			err = model.Calibrate(m, calib.seqs, r, opt)

@@ -15,11 +15,13 @@ import (
 
 // Options say how to convert. Start from DefaultOptions.
 type Options struct {
-	Method string // "rtn" or "gptq"
+	Method string // "rtn", "gptq", "awq" or "awq+gptq"
 	Format string // output layout: a packing registry name
 	Clip   bool   // MSE-optimal clipping search per group (rtn; gptq's mse option)
 	// GPTQ tunes --method gptq, which needs Calib.
 	GPTQ GPTQOptions
+	// AWQ tunes --method awq and awq+gptq, which need Calib.
+	AWQ AWQOptions
 	// Alloc says how the allocator chooses each tensor's scheme (strategy, ladder, overrides,
 	// budget, whether embeddings and lm_head are candidates).
 	Alloc alloc.Options
@@ -79,12 +81,12 @@ func Uniform(s quant.Scheme) alloc.Options {
 func (o *Options) validate() (packing.Format, error) {
 	switch o.Method {
 	case "rtn":
-	case "gptq":
+	case "gptq", "awq", "awq+gptq":
 		if o.Calib.File == "" {
-			return nil, fmt.Errorf("--method gptq needs calibration data (--calib FILE)")
+			return nil, fmt.Errorf("--method %s needs calibration data (--calib FILE)", o.Method)
 		}
 	default:
-		return nil, fmt.Errorf("method %q is not available (available: rtn, gptq)", o.Method)
+		return nil, fmt.Errorf("method %q is not available (available: rtn, gptq, awq, awq+gptq)", o.Method)
 	}
 	f, err := packing.Lookup(o.Format)
 	if err != nil {

@@ -62,10 +62,10 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	if err := checkUniformScheme(descs, opt.Alloc, f); err != nil {
 		return nil, err
 	}
-	var importance map[string][]float32
+	var importance, meanAbs map[string][]float32
 	if calib != nil && needsMeasurement(opt.Alloc) {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-		if importance, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, logf); err != nil {
+		if importance, meanAbs, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, logf); err != nil {
 			return nil, err
 		}
 	}
@@ -84,6 +84,9 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 			}
 		}
 		imp := importance[model.ParseTensorName(t.Name).Module]
+		if isAWQ(opt.Method) {
+			imp = sample.awqScaled(meanAbs[model.ParseTensorName(t.Name).Module], imp)
+		}
 		e, err := sample.relativeError(s, blockwise.Options{Clip: opt.Clip}, imp)
 		return e * e, err
 	}
@@ -138,6 +141,7 @@ type weightSample struct {
 	name    string
 	w       []float32
 	rows, k int
+	scaled  bool // columns scaled by AWQ's planning scale (awqScaled)
 }
 
 // relativeError quantizes the sample with RTN and returns ‖W − Ŵ‖/‖W‖, each input channel k

@@ -35,6 +35,10 @@ type CalibrateOptions struct {
 	// the next block's inputs, and Update is called once per block with every group afterwards.
 	// TrueSequential does not apply.
 	ObserveOnly bool
+	// Steps, when set, lists the groups observed and updated together, in order, instead of
+	// TrueSequential's choice; a group may appear in several steps (AWQ scales a block with all
+	// four groups observed, then GPTQ quantizes it group by group: awq+gptq).
+	Steps [][]Group
 }
 
 // Calibrate runs m block by block over the calibration sequences, the sequential pipeline of
@@ -115,6 +119,9 @@ func observeBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator) erro
 
 // calibrationSteps lists the groups observed and updated together, in order.
 func calibrationSteps(opt CalibrateOptions) [][]Group {
+	if len(opt.Steps) > 0 {
+		return opt.Steps
+	}
 	if opt.TrueSequential {
 		return [][]Group{{GroupQKV}, {GroupO}, {GroupGateUp}, {GroupDown}}
 	}

@@ -130,3 +130,7 @@ func dot(a, b []float32) float32 {
 	}
 	return (s0 + s1) + (s2 + s3)
 }
+
+// MatMulT is y[rows, n] = x[rows, k] · w[n, k]ᵀ (+ bias), the engine's product of a linear
+// layer, for the quantizers that measure output errors (awq).
+func MatMulT(y, x, w, bias []float32, rows, k, n int) { matMulT(y, x, w, bias, rows, k, n) }

@@ -19,7 +19,10 @@ import (
 // planFlags are shared by convert and plan: they say what to quantize, and how.
 func planFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "method", Value: "rtn", Usage: "quantization method: rtn (round-to-nearest, no data) or gptq (needs --calib)"},
+		&cli.StringFlag{Name: "method", Value: "rtn", Usage: "quantization method: rtn (round-to-nearest, no data), gptq, awq (activation-aware scales) or awq+gptq (AWQ scales, then GPTQ); all but rtn need --calib"},
+		&cli.IntFlag{Name: "awq-search-tokens", Value: convert.DefaultAWQSearchTokens, Usage: "awq: calibration tokens (evenly spaced) the α search measures its loss on; mean|x| uses all"},
+		&cli.BoolFlag{Name: "awq-no-clip", Usage: "awq: skip the clipping search"},
+		&cli.BoolFlag{Name: "awq-duo", Usage: "awq: AutoAWQ's duo-scaling candidates, mean|x|^α / (mean|w|/absmax)^(1−α)"},
 		&cli.BoolFlag{Name: "act-order", Usage: "gptq: quantize columns by decreasing activation energy (desc_act, writes a non-trivial g_idx)"},
 		&cli.BoolFlag{Name: "static-groups", Usage: "gptq: fit group parameters before any update (trivial g_idx even with --act-order)"},
 		&cli.Float64Flag{Name: "damp", Value: 0.01, Usage: "gptq: damping as a fraction of the mean Hessian diagonal (raised ×10 when the Hessian will not factor)"},
@@ -123,6 +126,7 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	opt.Clip = c.Bool("clip")
 	opt.GPTQ = convert.GPTQOptions{Damp: c.Float64("damp"), ActOrder: c.Bool("act-order"), StaticGroups: c.Bool("static-groups"),
 		TrueSequential: !c.Bool("no-true-sequential")}
+	opt.AWQ = convert.AWQOptions{SearchTokens: c.Int("awq-search-tokens"), NoClip: c.Bool("awq-no-clip"), Duo: c.Bool("awq-duo")}
 	opt.Calib = convert.CalibOptions{File: c.String("calib"), Samples: c.Int("calib-samples"), SeqLen: c.Int("calib-seqlen")}
 	if p := c.String("plan"); p != "" {
 		f, err := os.Open(p)

@@ -1,0 +1,247 @@
+package awq
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// Options tune the searches. The zero value is AutoAWQ's: 20 α points, a clipping search over
+// 10 shrinks from 1.00 to 0.55 on 512 sampled tokens.
+type Options struct {
+	Grid       int     // α = k/Grid for k = 0..Grid-1 (default 20)
+	ClipGrid   int     // shrink = 1 − i/ClipGrid (default 20)
+	MaxShrink  float64 // shrinks down to 1 − MaxShrink, excluded (default 0.5)
+	ClipTokens int     // tokens of the clipping search (default 512)
+	// Duo divides the candidate by the weights' relative magnitude per input channel, as
+	// AutoAWQ's duo_scaling: s = mean|x|^α / (mean|w|/absmax_group)^(1−α).
+	Duo bool
+}
+
+func (o Options) grid() int {
+	if o.Grid <= 0 {
+		return 20
+	}
+	return o.Grid
+}
+
+func (o Options) clipSteps() (grid, steps int) {
+	grid, shrink := o.ClipGrid, o.MaxShrink
+	if grid <= 0 {
+		grid = 20
+	}
+	if shrink <= 0 {
+		shrink = 0.5
+	}
+	return grid, int(shrink * float64(grid))
+}
+
+func (o Options) clipTokens() int {
+	if o.ClipTokens <= 0 {
+		return 512
+	}
+	return o.ClipTokens
+}
+
+// Linear is one linear of a group: W [Out, In] row-major. Scheme is nil for a linear that is
+// scaled with its group but not quantized (it then adds nothing to the loss).
+type Linear struct {
+	Name    string
+	W       []float32
+	Out, In int
+	Scheme  *quant.Scheme
+}
+
+// ScaleResult is the outcome of SearchScale.
+type ScaleResult struct {
+	Scales []float32 // per input channel, normalised by sqrt(max·min)
+	Alpha  float64   // the chosen exponent
+	Loss   float64   // mean squared output error at Alpha
+	Loss0  float64   // at α = 0 (s = 1: plain round-to-nearest)
+}
+
+// Candidate is AWQ's scale for exponent alpha: s = max(mean|x|^α, 1e-4), divided by
+// sqrt(max(s)·min(s)); non-finite entries become 1.
+func Candidate(xMean []float32, alpha float64) []float32 {
+	s := make([]float32, len(xMean))
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for c, m := range xMean {
+		v := math.Max(math.Pow(float64(m), alpha), 1e-4)
+		s[c] = float32(v)
+		lo, hi = math.Min(lo, v), math.Max(hi, v)
+	}
+	norm := float32(math.Sqrt(lo * hi))
+	for c := range s {
+		v := s[c] / norm
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			v = 1
+		}
+		s[c] = v
+	}
+	return s
+}
+
+// DuoCandidate is AutoAWQ's duo-scaling candidate max(mean|x|^α / (wMean^(1−α) + 1e-4), 1e-4),
+// normalised like Candidate; without wMean it is Candidate.
+func DuoCandidate(xMean, wMean []float32, alpha float64) []float32 {
+	if wMean == nil {
+		return Candidate(xMean, alpha)
+	}
+	x := make([]float32, len(xMean))
+	for c, m := range xMean {
+		x[c] = float32(math.Pow(float64(m), alpha) / (math.Pow(float64(wMean[c]), 1-alpha) + 1e-4))
+	}
+	return Candidate(x, 1)
+}
+
+// weightMean is, per input channel, the mean over all the group's rows of |w| divided by the
+// absmax of its quantization group (AutoAWQ's w_mean).
+func weightMean(ls []Linear, k int) []float32 {
+	gs := k
+	for _, l := range ls {
+		if l.Scheme != nil && l.Scheme.GroupSize > 0 && l.Scheme.GroupSize < k {
+			gs = l.Scheme.GroupSize
+			break
+		}
+	}
+	sum := make([]float64, k)
+	rows := 0
+	for _, l := range ls {
+		am := groupAbsMax(l.W, l.Out, k, gs)
+		groups := (k + gs - 1) / gs
+		for r := range l.Out {
+			for c, v := range l.W[r*k : (r+1)*k] {
+				if m := am[r*groups+c/gs]; m > 0 {
+					sum[c] += math.Abs(float64(v)) / float64(m)
+				}
+			}
+		}
+		rows += l.Out
+	}
+	out := make([]float32, k)
+	for c, v := range sum {
+		out[c] = float32(v / float64(max(rows, 1)))
+	}
+	return out
+}
+
+// SearchScale picks the α whose scale minimises the mean squared error of the group's
+// fake-quantized outputs, X·(Q(W·diag(s))·diag(s)⁻¹)ᵀ against X·Wᵀ, over the sampled input
+// rows x [rows, K]. Ties keep the smaller α.
+func SearchScale(x []float32, rows int, xMean []float32, ls []Linear, opt Options) (ScaleResult, error) {
+	k := len(xMean)
+	if rows <= 0 || len(x) < rows*k {
+		return ScaleResult{}, fmt.Errorf("awq: %d input rows of %d channels, have %d values", rows, k, len(x))
+	}
+	ref := make([][]float32, len(ls))
+	count := 0
+	for i, l := range ls {
+		if l.In != k || len(l.W) != l.Out*l.In {
+			return ScaleResult{}, fmt.Errorf("awq: %s is %dx%d with %d weights; the group input has %d channels", l.Name, l.Out, l.In, len(l.W), k)
+		}
+		if l.Scheme == nil {
+			continue
+		}
+		ref[i] = make([]float32, rows*l.Out)
+		model.MatMulT(ref[i], x, l.W, nil, rows, k, l.Out)
+		count += rows * l.Out
+	}
+	var wMean []float32
+	if opt.Duo {
+		wMean = weightMean(ls, k)
+	}
+	best := ScaleResult{Loss: math.Inf(1)}
+	var y, wq []float32
+	for step := range opt.grid() {
+		alpha := float64(step) / float64(opt.grid())
+		s := DuoCandidate(xMean, wMean, alpha)
+		var sum float64
+		for i, l := range ls {
+			if l.Scheme == nil {
+				continue
+			}
+			var err error
+			if wq, err = fakeQuantScaled(wq, l, s); err != nil {
+				return ScaleResult{}, err
+			}
+			y = grow(y, rows*l.Out)
+			model.MatMulT(y, x, wq, nil, rows, k, l.Out)
+			sum += squaredDiff(y, ref[i])
+		}
+		loss := sum / float64(max(count, 1))
+		if step == 0 {
+			best.Loss0 = loss
+		}
+		if loss < best.Loss {
+			best.Loss, best.Alpha, best.Scales = loss, alpha, s
+		}
+	}
+	if best.Scales == nil {
+		return best, fmt.Errorf("awq: no α gave a finite loss (%s)", ls[0].Name)
+	}
+	return best, nil
+}
+
+// fakeQuantScaled returns Q(W·diag(s))·diag(s)⁻¹ in dst.
+func fakeQuantScaled(dst []float32, l Linear, s []float32) ([]float32, error) {
+	dst = grow(dst, len(l.W))
+	copy(dst, l.W)
+	ScaleColumns(dst, l.Out, l.In, s)
+	if err := fakeQuant(dst, l.Out, l.In, *l.Scheme); err != nil {
+		return nil, fmt.Errorf("awq: %s: %w", l.Name, err)
+	}
+	for i := range dst {
+		dst[i] /= s[i%l.In]
+	}
+	return dst, nil
+}
+
+// fakeQuant replaces w by its quantized-then-dequantized value under the real group quantizer.
+func fakeQuant(w []float32, n, k int, s quant.Scheme) error {
+	t, err := blockwise.Quantize(w, n, k, s, blockwise.Options{})
+	if err != nil {
+		return err
+	}
+	t.Dequantize(w)
+	return nil
+}
+
+// ScaleColumns multiplies column c of w [out, in] by s[c]: the linears after a folded scale.
+func ScaleColumns(w []float32, out, in int, s []float32) {
+	for r := range out {
+		row := w[r*in : (r+1)*in]
+		for c := range row {
+			row[c] *= s[c]
+		}
+	}
+}
+
+// DivideRows divides row r of w [out, in] by s[r]: the op before a folded scale (a norm weight
+// or bias is a [out, 1] matrix).
+func DivideRows(w []float32, out, in int, s []float32) {
+	for r := range out {
+		row := w[r*in : (r+1)*in]
+		for c := range row {
+			row[c] /= s[r]
+		}
+	}
+}
+
+func squaredDiff(a, b []float32) float64 {
+	var s float64
+	for i, v := range a {
+		d := float64(v - b[i])
+		s += d * d
+	}
+	return s
+}
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
