@@ -62,8 +62,8 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	if err := checkUniformScheme(descs, opt.Alloc, f); err != nil {
 		return nil, err
 	}
-	var importance map[string][]float32
-	if calib != nil && needsMeasurement(opt.Alloc) {
+	importance := opt.importance
+	if importance == nil && calib != nil && needsMeasurement(opt.Alloc) {
 		if importance, err = measureImportance(ck.Dir, calib); err != nil {
 			return nil, err
 		}
@@ -76,7 +76,11 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 			}
 		}
 		imp := importance[model.ParseTensorName(t.Name).Module]
-		e, err := sample.relativeError(s, blockwise.Options{Clip: opt.Clip}, imp)
+		bopt := blockwise.Options{Clip: opt.Clip, Weighted: opt.Imatrix}
+		if opt.Imatrix {
+			bopt.Importance = imp
+		}
+		e, err := sample.relativeError(s, bopt, imp)
 		return e * e, err
 	}
 	planner, err := alloc.NewPlanner(descs, f.Bytes, f.Supports, measure)

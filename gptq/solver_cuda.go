@@ -361,8 +361,8 @@ type gpuPlan struct {
 
 func (g *GPUSolver) plan(n, k int, diag []float64, s quant.Scheme, opt Options) (gpuPlan, error) {
 	opt = opt.withDefaults()
-	if opt.MSE {
-		return gpuPlan{}, fmt.Errorf("gptq: the GPU path fits groups with min-max only; MSE clipping runs on the CPU (gptq.Quantize)")
+	if opt.MSE || opt.Weighted {
+		return gpuPlan{}, fmt.Errorf("gptq: the GPU path fits groups with min-max only; MSE clipping and the weighted search run on the CPU (gptq.Quantize)")
 	}
 	if opt.BlockSize != gpuBlockSize {
 		return gpuPlan{}, fmt.Errorf("gptq: the GPU path uses blocks of %d columns, not %d", gpuBlockSize, opt.BlockSize)
