@@ -27,14 +27,17 @@ type refitter interface {
 // weightedSearch returns the best parameters for group w of span r; codes (len(w)) is scratch.
 func weightedSearch(q groupQuantizer, w []float32, r span, imp []float32, codes []uint8) params {
 	best := q.fit(w, r, 1)
-	bestErr := groupError(q, w, imp, best, codes, math.Inf(1), 2)
-	try := func(pr params) {
+	bestErr := math.Inf(1)
+	// try evaluates a candidate, leaving its codes in codes; it reports false for a scale the
+	// format cannot hold.
+	try := func(pr params) bool {
 		if !finite(pr.scale) || pr.scale <= 0 {
-			return
+			return false
 		}
 		if err := groupError(q, w, imp, pr, codes, bestErr, 2); err < bestErr {
 			best, bestErr = pr, err
 		}
+		return true
 	}
 	rf, canRefit := q.(refitter)
 	asym := false
@@ -50,13 +53,9 @@ func weightedSearch(q groupQuantizer, w []float32, r span, imp []float32, codes 
 		}
 		for _, s := range spans {
 			pr := q.fit(w, s, 1)
-			if i > 0 || s != r {
-				try(pr)
-			}
-			if !canRefit {
+			if !try(pr) || !canRefit {
 				continue
 			}
-			q.encode(codes, w, pr)
 			if rp, ok := rf.refit(w, imp, codes, pr, r); ok {
 				try(rp)
 			}

@@ -119,3 +119,19 @@ func TestIntGroupParamsWeightedMatchesQuantize(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkWeightedSearch: RTN with the importance-weighted search on a 1024×1024 int3-g128
+// asymmetric weight (bytes: float32 input).
+func BenchmarkWeightedSearch(b *testing.B) {
+	const n, k = 1024, 1024
+	w := randomWeights(n, k, 27)
+	opt := Options{Weighted: true, Importance: skewedImportance(k, 28)}
+	s := quant.Scheme{Bits: 3, GroupSize: 128}
+	b.SetBytes(4 * n * k)
+	dst := new(quant.Tensor)
+	for b.Loop() {
+		if err := QuantizeInto(dst, w, n, k, s, opt); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
