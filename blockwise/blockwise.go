@@ -1,6 +1,6 @@
-// Package blockwise quantizes a weight matrix without calibration data: round-to-nearest per
+// Package blockwise quantizes a weight matrix group by group (no error feedback): round-to-nearest per
 // group on the integer, NF4, FP8 and binary grids, optionally with the GPTQ reference
-// quantizer's MSE-optimal clipping search.
+// quantizer's MSE-optimal clipping search or an importance-weighted scale search.
 //
 // How each code is computed (a GPU kernel must reproduce these bit for bit); w is the float32
 // weight, all arithmetic float32 unless noted, round = round half to even:
@@ -13,7 +13,10 @@
 //	Binary:  offset = F16(mean(group)) (0 when symmetric), scale = F16(p·mean|w − offset|) with the
 //	         means in float64; code = 1 when w − offset ≥ 0, else 0.
 //
-// p = 1 unless Options.Clip chose a smaller one. Groups run along K; the last may be partial.
+// p = 1 unless Options.Clip chose a smaller one. Options.Weighted instead searches the parameters
+// that minimise the importance-weighted squared error (weighted.go): shrunk ranges as above plus
+// weighted least-squares refits of the scale and zero, so its scales need not be a range/maxq.
+// Groups run along K; the last may be partial.
 package blockwise
 
 import (

@@ -30,7 +30,6 @@ func TestImatrixBudgetSmallLlama(t *testing.T) {
 	opt := DefaultOptions()
 	opt.Method, opt.Format, opt.Imatrix, opt.Device = qualityMethod, "qpack", true, DeviceCPU
 	opt.Calib = CalibOptions{File: calib, Samples: 128, SeqLen: 512}
-	opt.GPTQ.TrueSequential = false
 	opt.Alloc = alloc.Options{Strategy: alloc.StrategyBudget, Ladder: ladder, TargetBPW: 3.5}
 	dst := filepath.Join(t.TempDir(), "q")
 	r, err := Convert(src, dst, opt)
