@@ -1,6 +1,6 @@
-// Package blockwise quantizes a weight matrix without calibration data: round-to-nearest per
+// Package blockwise quantizes a weight matrix group by group (no error feedback): round-to-nearest per
 // group on the integer, NF4, FP8 and binary grids, optionally with the GPTQ reference
-// quantizer's MSE-optimal clipping search.
+// quantizer's MSE-optimal clipping search or an importance-weighted scale search.
 //
 // How each code is computed (a GPU kernel must reproduce these bit for bit); w is the float32
 // weight, all arithmetic float32 unless noted, round = round half to even:
@@ -13,7 +13,10 @@
 //	Binary:  offset = F16(mean(group)) (0 when symmetric), scale = F16(p·mean|w − offset|) with the
 //	         means in float64; code = 1 when w − offset ≥ 0, else 0.
 //
-// p = 1 unless Options.Clip chose a smaller one. Groups run along K; the last may be partial.
+// p = 1 unless Options.Clip chose a smaller one. Options.Weighted instead searches the parameters
+// that minimise the importance-weighted squared error (weighted.go): shrunk ranges as above plus
+// weighted least-squares refits of the scale and zero, so its scales need not be a range/maxq.
+// Groups run along K; the last may be partial.
 package blockwise
 
 import (
@@ -31,8 +34,14 @@ type Options struct {
 	// Σ imp_k·|Q(w) − w|^2.4 (GPTQ reference, mse=True). Asymmetric integer grids recompute the
 	// zero point per candidate; symmetric ones keep it.
 	Clip bool
-	// Importance, when set, weights the clip search per input channel (length K, finite, ≥ 0),
-	// e.g. the mean x² of each input channel over calibration data. It needs Clip.
+	// Weighted searches, per group, the parameters minimising Σ imp_k·(w_k − ŵ_k)² (squared
+	// error weighted by Importance, plain squared error without it): shrunk ranges and weighted
+	// least-squares refits of the scale (and zero), see weightedSearch. It replaces Clip's search
+	// when both are set. Every grid takes it; integer and NF4 groups also get the refit.
+	Weighted bool
+	// Importance, when set, weights the clip or weighted search per input channel (length K,
+	// finite, ≥ 0), e.g. the mean x² of each input channel over calibration data (llama.cpp's
+	// imatrix). It needs Clip or Weighted.
 	Importance []float32
 }
 
@@ -129,7 +138,7 @@ func quantizeBlock(dst *quant.Tensor, q groupQuantizer, src rowSource, r0, r1 in
 	}
 	codes = codes[:(r1-r0)*k]
 	for row := r0; row < r1; row++ {
-		if err := quantizeRow(dst, q, src, row, codes[(row-r0)*k:(row-r0+1)*k], buf, opt.Importance, opt.Clip); err != nil {
+		if err := quantizeRow(dst, q, src, row, codes[(row-r0)*k:(row-r0+1)*k], buf, opt); err != nil {
 			return err
 		}
 	}
@@ -157,8 +166,8 @@ func checkArgs(n, k int, s quant.Scheme, opt Options) error {
 	if opt.Importance == nil {
 		return nil
 	}
-	if !opt.Clip {
-		return fmt.Errorf("blockwise: importance weights are only used by the clip search; set Clip")
+	if !opt.Clip && !opt.Weighted {
+		return fmt.Errorf("blockwise: importance weights are only used by the clip or weighted search; set Clip or Weighted")
 	}
 	if len(opt.Importance) != k {
 		return fmt.Errorf("blockwise: %d importance weights for %d input channels", len(opt.Importance), k)
@@ -201,7 +210,8 @@ func grow[T any](s []T, n int) []T {
 // quantizeRow quantizes row `row` of dst group by group into codes (len k) and dst's
 // parameters, each group's weights read from src into buf (len groupLen) so that they stay in
 // the L1 cache from conversion to encoding.
-func quantizeRow(dst *quant.Tensor, q groupQuantizer, src rowSource, row int, codes []uint8, buf, imp []float32, clip bool) error {
+func quantizeRow(dst *quant.Tensor, q groupQuantizer, src rowSource, row int, codes []uint8, buf []float32, opt Options) error {
+	imp := opt.Importance
 	k := dst.K
 	gs := groupLen(dst.Scheme, k)
 	groups := dst.Scheme.Groups(k)
@@ -216,7 +226,7 @@ func quantizeRow(dst *quant.Tensor, q groupQuantizer, src rowSource, row int, co
 		if imp != nil {
 			gimp = imp[lo:hi]
 		}
-		pr := fitGroup(q, w, r, gimp, codes[lo:hi], clip)
+		pr := fitGroup(q, w, r, gimp, codes[lo:hi], opt)
 		if !finite(pr.scale) || !finite(pr.offset) {
 			return rowError(src, row, hi, k, buf, fmt.Errorf("row %d, group %d: scale %g or offset %g is not finite in F16 (weights too large)", row, g, pr.scale, pr.offset))
 		}
@@ -246,8 +256,11 @@ func rowError(src rowSource, row, from, k int, buf []float32, err error) error {
 	return err
 }
 
-func fitGroup(q groupQuantizer, w []float32, r span, imp []float32, codes []uint8, clip bool) params {
-	if clip {
+func fitGroup(q groupQuantizer, w []float32, r span, imp []float32, codes []uint8, opt Options) params {
+	if opt.Weighted {
+		return weightedSearch(q, w, r, imp, codes)
+	}
+	if opt.Clip {
 		return clipSearch(q, w, r, imp, codes)
 	}
 	return q.fit(w, r, 1)

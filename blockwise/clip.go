@@ -19,21 +19,24 @@ func clipSearch(q groupQuantizer, w []float32, r span, imp []float32, codes []ui
 	for i := range clipSteps {
 		p := float32(1 - float64(i)/clipGrid)
 		pr := q.fit(w, r, p)
-		if err := clipError(q, w, imp, pr, codes, bestErr); err < bestErr {
+		if err := groupError(q, w, imp, pr, codes, bestErr, clipNorm); err < bestErr {
 			best, bestErr = pr, err
 		}
 	}
 	return best
 }
 
-// clipError returns Σ imp_k·|Q(w_k) − w_k|^2.4 in float64, or a partial sum ≥ limit as soon as
-// the sum reaches limit (the terms are non-negative, so the candidate cannot win any more).
-func clipError(q groupQuantizer, w, imp []float32, pr params, codes []uint8, limit float64) float64 {
+// groupError returns Σ imp_k·|Q(w_k) − w_k|^norm in float64, or a partial sum ≥ limit as soon
+// as the sum reaches limit (the terms are non-negative, so the candidate cannot win any more).
+func groupError(q groupQuantizer, w, imp []float32, pr params, codes []uint8, limit, norm float64) float64 {
 	q.encode(codes, w, pr)
 	var sum float64
 	for i, v := range w {
 		d := math.Abs(float64(q.decode(codes[i], pr) - v))
-		e := math.Pow(d, clipNorm)
+		e := d * d
+		if norm != 2 {
+			e = math.Pow(d, norm)
+		}
 		if imp != nil {
 			e *= float64(imp[i])
 		}

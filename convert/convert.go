@@ -77,6 +77,12 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opt.Imatrix && opt.Method == "rtn" {
+		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
+		if opt.importance, _, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, logf); err != nil {
+			return nil, err
+		}
+	}
 	plan, err := makePlan(ck, opt, f, calib)
 	if err != nil {
 		return nil, err
@@ -167,8 +173,8 @@ func commitOutput(out *safetensors.CheckpointWriter, hashes *inputHashes, report
 // will feed the writer (solving on the GPU when there is one). Either may be nil.
 func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner, error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-	if opt.Method == "gptq" && opt.Device == DeviceCUDA && opt.Clip {
-		return nil, nil, fmt.Errorf("--method gptq --clip (MSE group parameters) has no GPU path; use --device auto or cpu")
+	if opt.Method == "gptq" && opt.Device == DeviceCUDA && (opt.Clip || opt.Imatrix) {
+		return nil, nil, fmt.Errorf("--method gptq%s (searched group parameters) has no GPU path; use --device auto or cpu", searchFlag(opt))
 	}
 	if isAWQ(opt.Method) && opt.Device == DeviceCUDA {
 		return nil, nil, fmt.Errorf("--method %s runs on the CPU only; use --device cpu or auto", opt.Method)
@@ -184,7 +190,7 @@ func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner
 		}
 		return g, nil, nil
 	}
-	runner, err := newGPTQRunner(opt.Method, items, opt.GPTQ, opt.Clip, logf)
+	runner, err := newGPTQRunner(opt.Method, items, opt.GPTQ, opt.Clip, opt.Imatrix, logf)
 	if err == nil {
 		runner.ctx = opt.context()
 	}

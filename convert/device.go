@@ -61,7 +61,7 @@ func (g *gpu) close() {
 // supports says whether the GPU path can quantize this item into format f exactly as the CPU
 // would; clipping searches run on the CPU.
 func (g *gpu) supports(s quant.Scheme, f packing.Format, opt Options) bool {
-	return g != nil && !opt.Clip && g.q.Supports(s, f.Name())
+	return g != nil && !opt.Clip && !opt.Imatrix && g.q.Supports(s, f.Name())
 }
 
 // checkDevicePlan refuses, with --device cuda, a plan that has a tensor the GPU cannot do:
@@ -73,7 +73,7 @@ func checkDevicePlan(g *gpu, device string, items []Item, f packing.Format, opt 
 	for _, it := range items {
 		if it.Scheme != nil && !g.supports(*it.Scheme, f, opt) {
 			return fmt.Errorf("tensor %s: %s in the %s layout%s has no GPU kernel; use --device auto to run it on the CPU",
-				it.Info.Name, it.Scheme, f.Name(), map[bool]string{true: " with --clip", false: ""}[opt.Clip])
+				it.Info.Name, it.Scheme, f.Name(), searchFlag(opt))
 		}
 	}
 	return nil
@@ -101,4 +101,15 @@ func (g *gpu) stats() blockwise.GPUStats {
 		return blockwise.GPUStats{}
 	}
 	return g.q.Stats()
+}
+
+// searchFlag names the CPU-only group search in use, for errors.
+func searchFlag(opt Options) string {
+	switch {
+	case opt.Imatrix:
+		return " with --imatrix"
+	case opt.Clip:
+		return " with --clip"
+	}
+	return ""
 }

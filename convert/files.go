@@ -246,7 +246,7 @@ func outputMetadata(items []Item, plan *alloc.Plan, calib *Calibration, inputs [
 		meta = quantConfig(f, items).Meta()
 	}
 	prov := Provenance{Tool: "qpack", Version: opt.Version, Method: opt.Method, Format: f.Name(), Plan: plan,
-		Calibration: calib, Options: map[string]any{"clip": opt.Clip}}
+		Calibration: calib, Options: map[string]any{"clip": opt.Clip, "imatrix": opt.Imatrix}}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue

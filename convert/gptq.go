@@ -50,10 +50,10 @@ type gptqRunner struct {
 	results map[string]chan gptqResult
 }
 
-func newGPTQRunner(method string, items []Item, o GPTQOptions, clip bool, logf func(string, ...any)) (*gptqRunner, error) {
+func newGPTQRunner(method string, items []Item, o GPTQOptions, clip, weighted bool, logf func(string, ...any)) (*gptqRunner, error) {
 	r := &gptqRunner{method: method, schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
 		results: map[string]chan gptqResult{}, ctx: context.Background(),
-		opt: gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, MSE: clip, BaselineLoss: true}}
+		opt: gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, MSE: clip, Weighted: weighted, BaselineLoss: true}}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue
@@ -219,7 +219,7 @@ func (r *gptqRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc)
 // (gpuCapture), the column loop and factorisations (gptq.GPUSolver). MSE clipping has no GPU
 // path and keeps everything on the CPU.
 func (r *gptqRunner) useGPU(g *gpu) error {
-	if g == nil || r.opt.MSE {
+	if g == nil || r.opt.MSE || r.opt.Weighted {
 		r.device = DeviceCPU
 		return nil
 	}

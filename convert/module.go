@@ -174,7 +174,7 @@ func (m *packedModule) quantizePackCPU() ([]packing.Raw, *quant.Tensor, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		raws, err := blockwise.QuantizeBF16PackGPTQ(nil, new(quant.Tensor), f, m.item.Module, raw, m.item.N(), m.item.K(), s, blockwise.Options{Clip: m.opt.Clip})
+		raws, err := blockwise.QuantizeBF16PackGPTQ(nil, new(quant.Tensor), f, m.item.Module, raw, m.item.N(), m.item.K(), s, m.opt.blockwise(m.item.Module))
 		return raws, nil, err
 	}
 	t, err := quantizeWeight(m.ck, m.item, m.opt)
@@ -221,7 +221,7 @@ func (m *packedModule) checkLayout(raws []packing.Raw) error {
 
 // quantizeWeight runs the chosen method on one weight, reading BF16 without a float32 copy.
 func quantizeWeight(ck *safetensors.Checkpoint, it Item, opt Options) (*quant.Tensor, error) {
-	bopt := blockwise.Options{Clip: opt.Clip}
+	bopt := opt.blockwise(it.Module)
 	n, k := it.N(), it.K()
 	if it.Info.DType == safetensors.BF16 {
 		raw, err := ck.Bytes(it.Info.Name)

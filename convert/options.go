@@ -9,6 +9,7 @@ import (
 	"io"
 
 	"github.com/qpack-dev/qpack/alloc"
+	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -18,6 +19,13 @@ type Options struct {
 	Method string // "rtn", "gptq", "awq" or "awq+gptq"
 	Format string // output layout: a packing registry name
 	Clip   bool   // MSE-optimal clipping search per group (rtn; gptq's mse option)
+	// Imatrix fits every integer/NF4 group with the importance-weighted scale search
+	// (blockwise.Options.Weighted): the parameters minimising Σ E[x_k²]·(w_k − ŵ_k)², E[x²]
+	// from the calibration data for RTN (which then needs Calib) and diag H inside GPTQ. The
+	// allocator's sensitivity is then measured with the same search. CPU only.
+	Imatrix bool
+	// importance is each module's E[x²] per input channel when Imatrix is used with RTN.
+	importance map[string][]float32
 	// GPTQ tunes --method gptq, which needs Calib.
 	GPTQ GPTQOptions
 	// AWQ tunes --method awq and awq+gptq, which need Calib.
@@ -81,6 +89,9 @@ func Uniform(s quant.Scheme) alloc.Options {
 func (o *Options) validate() (packing.Format, error) {
 	switch o.Method {
 	case "rtn":
+		if o.Imatrix && o.Calib.File == "" {
+			return nil, fmt.Errorf("--imatrix needs calibration data (--calib FILE) for the importance E[x²]")
+		}
 	case "gptq", "awq", "awq+gptq":
 		if o.Calib.File == "" {
 			return nil, fmt.Errorf("--method %s needs calibration data (--calib FILE)", o.Method)
@@ -102,6 +113,15 @@ func (o *Options) validate() (packing.Format, error) {
 		o.Log = io.Discard
 	}
 	return f, nil
+}
+
+// blockwise returns the RTN options for module (its importance when Imatrix).
+func (o *Options) blockwise(module string) blockwise.Options {
+	b := blockwise.Options{Clip: o.Clip, Weighted: o.Imatrix}
+	if o.Imatrix {
+		b.Importance = o.importance[module]
+	}
+	return b
 }
 
 // calibration loads the calibration data when a file was given.

@@ -62,8 +62,9 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	if err := checkUniformScheme(descs, opt.Alloc, f); err != nil {
 		return nil, err
 	}
-	var importance, meanAbs map[string][]float32
-	if calib != nil && needsMeasurement(opt.Alloc) {
+	importance := opt.importance
+	var meanAbs map[string][]float32
+	if importance == nil && calib != nil && needsMeasurement(opt.Alloc) {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
 		if importance, meanAbs, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, logf); err != nil {
 			return nil, err
@@ -87,7 +88,11 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 		if isAWQ(opt.Method) {
 			imp = sample.awqScaled(meanAbs[model.ParseTensorName(t.Name).Module], imp)
 		}
-		e, err := sample.relativeError(s, blockwise.Options{Clip: opt.Clip}, imp)
+		bopt := blockwise.Options{Clip: opt.Clip, Weighted: opt.Imatrix}
+		if opt.Imatrix {
+			bopt.Importance = imp
+		}
+		e, err := sample.relativeError(s, bopt, imp)
 		return e * e, err
 	}
 	planner, err := alloc.NewPlanner(descs, f.Bytes, f.Supports, measure)

@@ -27,8 +27,9 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 	perm := columnOrder(diag, dead, opt.ActOrder)
 	p := &problem{
 		t: newTensor(s, n, k), lay: newLayout(s, k, perm, opt.StaticGroups),
-		k: k, bs: opt.BlockSize, mse: opt.MSE,
+		k: k, bs: opt.BlockSize, opt: opt,
 	}
+	p.impOrig, p.imp = importance(diag, dead, perm)
 	if err := p.loadWeights(opt.Work, w, dead); err != nil {
 		return nil, st, err
 	}
@@ -65,7 +66,10 @@ type problem struct {
 	u   []float32 // K×K upper Cholesky factor of the damped H⁻¹, in quantization order
 	k   int
 	bs  int
-	mse bool
+	opt Options
+	// imp is diag H in quantization order, impOrig in the original order: the Weighted
+	// search's importance.
+	imp, impOrig []float32
 }
 
 // run quantizes all rows; rows are independent given U, so each worker owns a range of rows
@@ -96,7 +100,7 @@ func (p *problem) quantizeRows(lo, hi int) (float64, error) {
 	k, bs := p.k, p.bs
 	errs := make([]float32, (hi-lo)*bs) // Err1: the block's scaled errors, one row per weight row
 	packed := make([]float32, bs*updateTile)
-	f := &fitter{t: p.t, mse: p.mse, codes: make([]uint8, p.lay.size)}
+	f := newFitter(p.t, p.opt, p.lay.size)
 	total := 0.0
 	for i1 := 0; i1 < k; i1 += bs {
 		i2 := min(i1+bs, k)
@@ -122,7 +126,8 @@ func (p *problem) quantizeRows(lo, hi int) (float64, error) {
 func (p *problem) fitGroupsStartingIn(f *fitter, r int, row []float32, i1, i2 int) error {
 	for i := i1; i < i2; i++ {
 		if p.lay.onTheFly(i) {
-			if err := f.fit(r, p.lay.group(i), row[i:min(i+p.lay.size, p.k)]); err != nil {
+			hi := min(i+p.lay.size, p.k)
+			if err := f.fit(r, p.lay.group(i), row[i:hi], p.imp[i:hi]); err != nil {
 				return err
 			}
 		}
@@ -159,10 +164,10 @@ func (p *problem) loadWeights(ws *Workspace, w []float32, dead []bool) error {
 	n, k := p.t.N, p.k
 	ws.w = grow(ws.w, n*k)
 	p.w = ws.w
-	f := &fitter{t: p.t, mse: p.mse, codes: make([]uint8, p.lay.size)}
+	f := newFitter(p.t, p.opt, p.lay.size)
 	row := make([]float32, k)
 	for r := range n {
-		if err := f.fitBeforeUpdates(p.lay, w, r, dead, row); err != nil {
+		if err := f.fitBeforeUpdates(p.lay, w, r, dead, row, p.impOrig); err != nil {
 			return err
 		}
 		dst := p.w[r*k : (r+1)*k]

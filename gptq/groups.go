@@ -103,13 +103,21 @@ func (l layout) gIdx() []int32 {
 // fitter computes one group's parameters and stores them in the tensor.
 type fitter struct {
 	t     *quant.Tensor
-	mse   bool
-	codes []uint8 // scratch for the MSE search, len ≥ group size
+	opt   blockwise.Options // the search: Clip (MSE) or Weighted
+	codes []uint8           // scratch for the searches, len ≥ group size
 }
 
-// fit sets the parameters of row r, group g from the weights w of that group.
-func (f *fitter) fit(r, g int, w []float32) error {
-	scale, zero := blockwise.IntGroupParams(f.t.Scheme, w, nil, f.mse, f.codes)
+func newFitter(t *quant.Tensor, opt Options, size int) *fitter {
+	return &fitter{t: t, opt: blockwise.Options{Clip: opt.MSE, Weighted: opt.Weighted}, codes: make([]uint8, size)}
+}
+
+// fit sets the parameters of row r, group g from the weights w of that group; imp (len(w) or
+// nil) weights the Weighted search.
+func (f *fitter) fit(r, g int, w, imp []float32) error {
+	if !f.opt.Weighted {
+		imp = nil
+	}
+	scale, zero := blockwise.IntGroupParams(f.t.Scheme, w, imp, f.opt, f.codes)
 	if math.IsInf(float64(scale), 0) {
 		return fmt.Errorf("gptq: row %d, group %d: scale overflows F16 (weights up to %g)", r, g, absMax(w))
 	}
@@ -121,18 +129,19 @@ func (f *fitter) fit(r, g int, w []float32) error {
 // fitBeforeUpdates fits the parameters that do not depend on the updates: per-channel ones
 // from the whole row as given (the reference fits the layer's quantizer before it zeroes dead
 // columns), static groups from the row with dead columns zeroed, in the original order. row is
-// scratch of length K.
-func (f *fitter) fitBeforeUpdates(l layout, w []float32, r int, dead []bool, row []float32) error {
+// scratch of length K; imp is diag H in the original order.
+func (f *fitter) fitBeforeUpdates(l layout, w []float32, r int, dead []bool, row, imp []float32) error {
 	k := f.t.K
 	if l.perChannel {
-		return f.fit(r, 0, w[r*k:(r+1)*k])
+		return f.fit(r, 0, w[r*k:(r+1)*k], imp)
 	}
 	if !l.static {
 		return nil
 	}
 	copyZeroingDead(row, w[r*k:(r+1)*k], dead)
 	for g := 0; g*l.size < k; g++ {
-		if err := f.fit(r, g, row[g*l.size:min((g+1)*l.size, k)]); err != nil {
+		lo, hi := g*l.size, min((g+1)*l.size, k)
+		if err := f.fit(r, g, row[lo:hi], imp[lo:hi]); err != nil {
 			return err
 		}
 	}
@@ -146,6 +155,22 @@ func copyZeroingDead(dst, src []float32, dead []bool) {
 		}
 		dst[c] = v
 	}
+}
+
+// importance returns diag H as float32 in the original column order and in quantization
+// order (position i: column perm[i]), the weights of the Weighted search; dead columns get 0.
+func importance(diag []float64, dead []bool, perm []int) (orig, ordered []float32) {
+	orig = make([]float32, len(diag))
+	ordered = make([]float32, len(diag))
+	for c, v := range diag {
+		if !dead[c] {
+			orig[c] = float32(v)
+		}
+	}
+	for i, c := range perm {
+		ordered[i] = orig[c]
+	}
+	return orig, ordered
 }
 
 func absMax(w []float32) float32 {

@@ -27,6 +27,11 @@ type Options struct {
 	// MSE fits group parameters with the reference quantizer's clipping search (mse=True; the
 	// same search as blockwise's Options.Clip) instead of plain min-max.
 	MSE bool
+	// Weighted fits group parameters with blockwise's importance-weighted scale search
+	// (Options.Weighted): the scale and zero minimising Σ_k H_kk·(w_k − ŵ_k)² over the group's
+	// weights as they stand when the group is fitted, H_kk being the Hessian's diagonal
+	// (2·E[x_k²], the imatrix). It takes precedence over MSE. CPU only.
+	Weighted bool
 	// BaselineLoss also computes tr(W H Wᵀ) for Stats.RelativeLoss. It costs as much as
 	// the quantization's own updates (N·K² multiply-adds), so it is off by default.
 	BaselineLoss bool

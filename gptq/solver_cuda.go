@@ -365,8 +365,8 @@ func (g *GPUSolver) plan(n, k int, diag []float64, s quant.Scheme, opt Options) 
 		// A caller passing the whole Hessian here once indexed past the column order.
 		return gpuPlan{}, fmt.Errorf("gptq: %d diagonal entries for %d columns", len(diag), k)
 	}
-	if opt.MSE {
-		return gpuPlan{}, fmt.Errorf("gptq: the GPU path fits groups with min-max only; MSE clipping runs on the CPU (gptq.Quantize)")
+	if opt.MSE || opt.Weighted {
+		return gpuPlan{}, fmt.Errorf("gptq: the GPU path fits groups with min-max only; MSE clipping and the weighted search run on the CPU (gptq.Quantize)")
 	}
 	if opt.BlockSize != gpuBlockSize {
 		return gpuPlan{}, fmt.Errorf("gptq: the GPU path uses blocks of %d columns, not %d", gpuBlockSize, opt.BlockSize)
