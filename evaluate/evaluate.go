@@ -22,6 +22,9 @@ type Options struct {
 	Device    string // auto (default), cpu or cuda
 	TF32      bool   // GPU: TF32 GEMMs (faster, relative errors near 3e-4)
 	Logf      func(format string, args ...any)
+	// Progress, when set, is told of the sequences scored (after each sequence on the CPU, each
+	// pass of several sequences on the GPU).
+	Progress model.Progress
 }
 
 // Report is what `qpack eval` prints.
@@ -45,15 +48,15 @@ type Report struct {
 
 // evaluator is the forward pass an evaluation runs on: the CPU's or a GPU's.
 type evaluator struct {
-	perplexity func(m *model.Model, ids []int, seqLen, maxSeqs int) (model.Result, error)
-	compare    func(ref, test *model.Model, ids []int, seqLen, maxSeqs int) (model.Comparison, error)
+	perplexity func(m *model.Model, ids []int, seqLen, maxSeqs int, p model.Progress) (model.Result, error)
+	compare    func(ref, test *model.Model, ids []int, seqLen, maxSeqs int, p model.Progress) (model.Comparison, error)
 	name       string
 	close      func()
 }
 
 // newEvaluator opens the device opt.Device names for models of architecture cfg.
 func newEvaluator(cfg *model.Config, opt Options) (*evaluator, error) {
-	cpu := &evaluator{perplexity: model.Perplexity, compare: model.Compare, name: "cpu", close: func() {}}
+	cpu := &evaluator{perplexity: model.PerplexityProgress, compare: model.CompareProgress, name: "cpu", close: func() {}}
 	dev, note, err := cuda.Select(opt.Device)
 	if err != nil || dev == nil {
 		if note != "" && opt.Logf != nil {
@@ -66,7 +69,7 @@ func newEvaluator(cfg *model.Config, opt Options) (*evaluator, error) {
 		dev.Close()
 		return nil, err
 	}
-	return &evaluator{perplexity: e.Perplexity, compare: e.Compare, name: dev.Info().Name,
+	return &evaluator{perplexity: e.PerplexityProgress, compare: e.CompareProgress, name: dev.Info().Name,
 		close: func() { e.Close(); dev.Close() }}, nil
 }
 
@@ -92,7 +95,7 @@ func Run(dir string, opt Options) (*Report, error) {
 	defer ev.close()
 	r := &Report{Model: dir, Data: opt.Data, SeqLen: opt.SeqLen, Device: ev.name}
 	if opt.Reference == "" {
-		res, err := ev.perplexity(m, ids, opt.SeqLen, opt.MaxSeqs)
+		res, err := ev.perplexity(m, ids, opt.SeqLen, opt.MaxSeqs, opt.Progress)
 		if err != nil {
 			return nil, err
 		}
@@ -106,7 +109,7 @@ func Run(dir string, opt Options) (*Report, error) {
 		if ref.Config.Vocab != m.Config.Vocab {
 			return nil, fmt.Errorf("%s has a vocabulary of %d, the reference %s of %d", dir, m.Config.Vocab, opt.Reference, ref.Config.Vocab)
 		}
-		c, err := ev.compare(ref, m, ids, opt.SeqLen, opt.MaxSeqs)
+		c, err := ev.compare(ref, m, ids, opt.SeqLen, opt.MaxSeqs, opt.Progress)
 		if err != nil {
 			return nil, err
 		}

@@ -45,9 +45,24 @@ func Sequences(ids []int, seqLen, maxSeqs int) ([][]int, error) {
 	return seqs, nil
 }
 
+// Progress is told how many of the total sequences an evaluation has scored.
+type Progress func(done, total int)
+
+// report calls p when it is set.
+func (p Progress) report(done, total int) {
+	if p != nil {
+		p(done, total)
+	}
+}
+
 // Perplexity evaluates m on ids cut by Sequences(ids, seqLen, maxSeqs), with float32 logits
 // and float64 log-softmax and sums.
 func Perplexity(m *Model, ids []int, seqLen, maxSeqs int) (Result, error) {
+	return PerplexityProgress(m, ids, seqLen, maxSeqs, nil)
+}
+
+// PerplexityProgress is Perplexity telling progress after each sequence.
+func PerplexityProgress(m *Model, ids []int, seqLen, maxSeqs int, progress Progress) (Result, error) {
 	seqs, err := Sequences(ids, seqLen, maxSeqs)
 	if err != nil {
 		return Result{}, err
@@ -55,7 +70,7 @@ func Perplexity(m *Model, ids []int, seqLen, maxSeqs int) (Result, error) {
 	vocab := m.Config.Vocab
 	logp := make([]float64, vocab)
 	var nll float64
-	for _, seq := range seqs {
+	for i, seq := range seqs {
 		logits, err := m.Logits(seq)
 		if err != nil {
 			return Result{}, err
@@ -64,6 +79,7 @@ func Perplexity(m *Model, ids []int, seqLen, maxSeqs int) (Result, error) {
 			logSoftmax(logp, logits[t*vocab:(t+1)*vocab])
 			nll -= logp[seq[t+1]]
 		}
+		progress.report(i+1, len(seqs))
 	}
 	return newResult(nll, len(seqs), seqLen), nil
 }
@@ -71,6 +87,11 @@ func Perplexity(m *Model, ids []int, seqLen, maxSeqs int) (Result, error) {
 // Compare evaluates ref and test on the same sequences and measures how far test's next-token
 // distributions are from ref's.
 func Compare(ref, test *Model, ids []int, seqLen, maxSeqs int) (Comparison, error) {
+	return CompareProgress(ref, test, ids, seqLen, maxSeqs, nil)
+}
+
+// CompareProgress is Compare telling progress after each sequence.
+func CompareProgress(ref, test *Model, ids []int, seqLen, maxSeqs int, progress Progress) (Comparison, error) {
 	vocab := ref.Config.Vocab
 	if test.Config.Vocab != vocab {
 		return Comparison{}, fmt.Errorf("model: compare: vocabularies differ (%d vs %d)", vocab, test.Config.Vocab)
@@ -81,7 +102,7 @@ func Compare(ref, test *Model, ids []int, seqLen, maxSeqs int) (Comparison, erro
 	}
 	lpRef, lpTest := make([]float64, vocab), make([]float64, vocab)
 	var st tokenStats
-	for _, seq := range seqs {
+	for i, seq := range seqs {
 		lr, err := ref.Logits(seq)
 		if err != nil {
 			return Comparison{}, fmt.Errorf("reference model: %w", err)
@@ -95,6 +116,7 @@ func Compare(ref, test *Model, ids []int, seqLen, maxSeqs int) (Comparison, erro
 			logSoftmax(lpTest, lt[t*vocab:(t+1)*vocab])
 			st.add(-lpRef[seq[t+1]], -lpTest[seq[t+1]], klDivergence(lpRef, lpTest), argmax(lpRef) == argmax(lpTest))
 		}
+		progress.report(i+1, len(seqs))
 	}
 	return st.comparison(len(seqs), seqLen), nil
 }

@@ -84,11 +84,17 @@ func (e *GPU) Logits(m *Model, ids []int) ([]float32, error) {
 // Perplexity is Perplexity with the forward pass on the GPU: logits, log-softmax and the
 // negative log-likelihoods are computed there; per-token values are summed on the host.
 func (e *GPU) Perplexity(m *Model, ids []int, seqLen, maxSeqs int) (Result, error) {
+	return e.PerplexityProgress(m, ids, seqLen, maxSeqs, nil)
+}
+
+// PerplexityProgress is Perplexity telling progress after each pass (a batch of sequences).
+func (e *GPU) PerplexityProgress(m *Model, ids []int, seqLen, maxSeqs int, progress Progress) (Result, error) {
 	seqs, err := Sequences(ids, seqLen, maxSeqs)
 	if err != nil {
 		return Result{}, err
 	}
 	var nll float64
+	done := 0
 	for _, part := range e.passes(seqs) {
 		x, err := e.run(m, part)
 		if err != nil {
@@ -107,12 +113,19 @@ func (e *GPU) Perplexity(m *Model, ids []int, seqLen, maxSeqs int) (Result, erro
 		if err != nil {
 			return Result{}, err
 		}
+		done += len(part)
+		progress.report(done, len(seqs))
 	}
 	return newResult(nll, len(seqs), seqLen), nil
 }
 
 // Compare is Compare with both models run on the GPU.
 func (e *GPU) Compare(ref, test *Model, ids []int, seqLen, maxSeqs int) (Comparison, error) {
+	return e.CompareProgress(ref, test, ids, seqLen, maxSeqs, nil)
+}
+
+// CompareProgress is Compare telling progress after each pass (a batch of sequences).
+func (e *GPU) CompareProgress(ref, test *Model, ids []int, seqLen, maxSeqs int, progress Progress) (Comparison, error) {
 	if test.Config.Vocab != ref.Config.Vocab {
 		return Comparison{}, fmt.Errorf("model: compare: vocabularies differ (%d vs %d)", ref.Config.Vocab, test.Config.Vocab)
 	}
@@ -121,10 +134,13 @@ func (e *GPU) Compare(ref, test *Model, ids []int, seqLen, maxSeqs int) (Compari
 		return Comparison{}, err
 	}
 	var st tokenStats
+	done := 0
 	for _, part := range e.passes(seqs) {
 		if err := e.comparePass(ref, test, part, &st); err != nil {
 			return Comparison{}, err
 		}
+		done += len(part)
+		progress.report(done, len(seqs))
 	}
 	return st.comparison(len(seqs), seqLen), nil
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -131,6 +132,44 @@ func TestSequences(t *testing.T) {
 	for _, seqLen := range []int{1, 11} {
 		if _, err := Sequences(ids, seqLen, 0); err == nil {
 			t.Errorf("sequence length %d of 10 ids accepted", seqLen)
+		}
+	}
+}
+
+// Perplexity and Compare tell their progress once per sequence, ending at the total, and the
+// results do not change.
+func TestEvalProgress(t *testing.T) {
+	m := openModel(t, tinyDir)
+	ids := heldoutIDs(t, tinyDir)
+	for _, eval := range []struct {
+		name string
+		run  func(p Progress) (float64, error)
+	}{
+		{"perplexity", func(p Progress) (float64, error) {
+			r, err := PerplexityProgress(m, ids, 64, 5, p)
+			return r.Perplexity, err
+		}},
+		{"compare", func(p Progress) (float64, error) {
+			c, err := CompareProgress(m, m, ids, 64, 5, p)
+			return c.Test.Perplexity, err
+		}},
+	} {
+		var calls []int
+		got, err := eval.run(func(done, total int) {
+			if total != 5 {
+				t.Errorf("%s: progress total %d, want 5", eval.name, total)
+			}
+			calls = append(calls, done)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := eval.run(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want || !slices.Equal(calls, []int{1, 2, 3, 4, 5}) {
+			t.Errorf("%s: perplexity %v (without progress %v), progress calls %v", eval.name, got, want, calls)
 		}
 	}
 }

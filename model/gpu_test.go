@@ -344,3 +344,32 @@ func TestGPUPerplexity(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUEvalProgress: the GPU evaluations tell their progress per pass, ending at the total.
+func TestGPUEvalProgress(t *testing.T) {
+	cfg := mustConfig(t, gpuTestConfigs[0].json)
+	e := openGPU(t, cfg, GPUOptions{}, 0)
+	r := freshRand(t)
+	m := randomModel(t, cfg, false, r)
+	ids := randomIDs(r, 7*16, cfg.Vocab)
+	var last, calls int
+	p := func(done, total int) {
+		if total != 7 || done <= last {
+			t.Errorf("progress %d of %d after %d", done, total, last)
+		}
+		last, calls = done, calls+1
+	}
+	if _, err := e.PerplexityProgress(m, ids, 16, 0, p); err != nil {
+		t.Fatal(err)
+	}
+	if last != 7 || calls == 0 {
+		t.Errorf("perplexity: progress ended at %d after %d calls", last, calls)
+	}
+	last, calls = 0, 0
+	if _, err := e.CompareProgress(m, m, ids, 16, 0, p); err != nil {
+		t.Fatal(err)
+	}
+	if last != 7 || calls == 0 {
+		t.Errorf("compare: progress ended at %d after %d calls", last, calls)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/qpack-dev/qpack/evaluate"
+	"github.com/qpack-dev/qpack/internal/progress"
 )
 
 func evalFlags() []cli.Flag {
@@ -19,6 +20,7 @@ func evalFlags() []cli.Flag {
 		&cli.StringFlag{Name: "device", Value: "auto", Usage: "where the forward pass runs: auto (the GPU when there is one), cpu or cuda"},
 		&cli.BoolFlag{Name: "tf32", Usage: "GPU: TF32 matrix products (several times faster; relative errors near 3e-4 instead of 1e-6)"},
 		&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
+		&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress line while sequences are scored"},
 	}
 }
 
@@ -26,9 +28,15 @@ func runEval(c *cli.Context) (*evaluate.Report, error) {
 	if c.NArg() != 1 {
 		return nil, fmt.Errorf("%s needs exactly one MODEL argument", c.Command.Name)
 	}
-	return evaluate.Run(c.Args().First(), evaluate.Options{Data: c.String("data"), SeqLen: c.Int("seq-len"),
+	o := evaluate.Options{Data: c.String("data"), SeqLen: c.Int("seq-len"),
 		MaxSeqs: c.Int("max-seqs"), Reference: c.String("reference"), Device: c.String("device"), TF32: c.Bool("tf32"),
-		Logf: func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, format, args...) }})
+		Logf: func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, format, args...) }}
+	if !c.Bool("quiet") {
+		bar := progress.New(c.App.ErrWriter, c.Command.Name, "sequences")
+		defer bar.Finish()
+		o.Progress = func(done, total int) { bar.Update(done, total, 0, 0) }
+	}
+	return evaluate.Run(c.Args().First(), o)
 }
 
 func printEval(w io.Writer, r *evaluate.Report, asJSON bool) error {
