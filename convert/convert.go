@@ -173,9 +173,6 @@ func commitOutput(out *safetensors.CheckpointWriter, hashes *inputHashes, report
 // will feed the writer (solving on the GPU when there is one). Either may be nil.
 func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner, error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-	if opt.Method == "gptq" && opt.Device == DeviceCUDA && (opt.Clip || opt.Imatrix) {
-		return nil, nil, fmt.Errorf("--method gptq%s (searched group parameters) has no GPU path; use --device auto or cpu", searchFlag(opt))
-	}
 	if isAWQ(opt.Method) && opt.Device == DeviceCUDA {
 		return nil, nil, fmt.Errorf("--method %s runs on the CPU only; use --device cpu or auto", opt.Method)
 	}

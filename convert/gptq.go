@@ -216,11 +216,16 @@ func (r *gptqRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc)
 }
 
 // useGPU makes the runner calibrate and solve on the GPU: the forward passes and Hessians
-// (gpuCapture), the column loop and factorisations (gptq.GPUSolver). MSE clipping has no GPU
-// path and keeps everything on the CPU.
+// (gpuCapture), the column loop and factorisations (gptq.GPUSolver). The searched group fits
+// (MSE clipping, --imatrix) have no GPU solver: their Hessians are still gathered on the GPU
+// and the CPU solves with them.
 func (r *gptqRunner) useGPU(g *gpu) error {
-	if g == nil || r.opt.MSE || r.opt.Weighted {
+	if g == nil {
 		r.device = DeviceCPU
+		return nil
+	}
+	if r.opt.MSE || r.opt.Weighted {
+		r.dev, r.device = g.dev, "cpu (Hessians on cuda)"
 		return nil
 	}
 	solver, err := gptq.NewGPUSolver(g.dev)

@@ -1,7 +1,9 @@
 package convert
 
 import (
+	"encoding/binary"
 	"errors"
+	"math"
 	"fmt"
 	"time"
 
@@ -87,6 +89,16 @@ func (r *gptqRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), 
 		release()
 		return nil, nil, err
 	}
+	if r.solver == nil { // a searched group fit: the CPU solves
+		h, err := r.hostHessian(gr)
+		release()
+		if err != nil {
+			return nil, nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
+		}
+		return func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
+			return gptq.Quantize(w, n, k, h, s, r.opt)
+		}, func() {}, nil
+	}
 	solve := func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
 		t, st, err := r.solver.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
 		if err != nil {
@@ -95,6 +107,27 @@ func (r *gptqRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), 
 		return t, st, err
 	}
 	return solve, release, nil
+}
+
+// hostHessian brings a Gram matrix gathered on the GPU to the host as the CPU solver's
+// H = 2/n·Σ xᵀx in float64. The GEMM that summed it may round (i, j) and (j, i) differently,
+// so the two are averaged: the solver requires an exactly symmetric H.
+func (r *gptqRunner) hostHessian(gr *deviceGram) ([]float64, error) {
+	k := gr.k
+	buf := make([]byte, 4*k*k)
+	if err := r.dev.CopyFromDevice(buf, gr.sum); err != nil {
+		return nil, err
+	}
+	at := func(i int) float64 { return float64(math.Float32frombits(binary.LittleEndian.Uint32(buf[4*i:]))) }
+	h := make([]float64, k*k)
+	scale := 1 / float64(gr.n) // 2/n · ½(a + b)
+	for i := 0; i < k; i++ {
+		for j := i; j < k; j++ {
+			v := scale * (at(i*k+j) + at(j*k+i))
+			h[i*k+j], h[j*k+i] = v, v
+		}
+	}
+	return h, nil
 }
 
 func hessianKey(block int, g model.Group) string { return fmt.Sprintf("%d/%s", block, g) }

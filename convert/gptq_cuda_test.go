@@ -1,0 +1,81 @@
+package convert
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/qpack-dev/qpack/internal/gputest"
+	"github.com/qpack-dev/qpack/internal/testenv"
+	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/quant"
+	"github.com/qpack-dev/qpack/quantized"
+	"github.com/qpack-dev/qpack/safetensors"
+)
+
+// TestGPUImatrixGPTQ: GPTQ with --imatrix on --device cuda gathers the Hessians on the GPU and
+// solves on the CPU; its output's activation-weighted error matches the all-CPU conversion's
+// (TF32 Hessians, so not bit for bit) within 3% on every linear of tiny.
+func TestGPUImatrixGPTQ(t *testing.T) {
+	gputest.Open(t) // skips without a GPU
+	tiny := testenv.Testdata(t, "models/tiny")
+	dir := t.TempDir()
+	opt := DefaultOptions()
+	opt.Method, opt.Alloc, opt.Format, opt.Imatrix = "gptq", Uniform(quant.Scheme{Bits: 3, GroupSize: 64}), "qpack", true
+	opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
+	var log bytes.Buffer
+	gpu, cpu := opt, opt
+	gpu.Device, gpu.Log = DeviceCUDA, &log
+	cpu.Device = DeviceCPU
+	if _, err := Convert(tiny, filepath.Join(dir, "gpu"), gpu); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), "on cpu (Hessians on cuda)") {
+		t.Errorf("log does not say where GPTQ ran:\n%s", log.String())
+	}
+	if _, err := Convert(tiny, filepath.Join(dir, "cpu"), cpu); err != nil {
+		t.Fatal(err)
+	}
+	calib, err := opt.calibration(tiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	imp, _, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, func(string, ...any) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gc, err := quantized.Open(filepath.Join(dir, "gpu"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Close()
+	cc, _ := quantized.Open(filepath.Join(dir, "cpu"))
+	defer cc.Close()
+	in, _ := safetensors.Open(tiny)
+	defer in.Close()
+	compared := 0
+	for _, name := range in.Names() {
+		v, ok := imp[model.ParseTensorName(name).Module]
+		if !ok || !strings.HasSuffix(name, ".weight") {
+			continue
+		}
+		info, _ := in.Info(name)
+		w, _ := in.Float32(name)
+		gw, err := gc.Float32(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cw, _ := cc.Float32(name)
+		eg := quant.WeightedRelativeError(w, gw, info.Shape[0], info.Shape[1], v)
+		ec := quant.WeightedRelativeError(w, cw, info.Shape[0], info.Shape[1], v)
+		if !(eg <= 1.03*ec && ec <= 1.03*eg) {
+			t.Errorf("%s: weighted error %.4g with GPU Hessians, %.4g on the CPU", name, eg, ec)
+		}
+		compared++
+	}
+	if compared != 28 {
+		t.Errorf("compared %d linears, want 28", compared)
+	}
+}
