@@ -118,7 +118,7 @@ func TestOverrideRefusals(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "tensor model.layers.0.self_attn.o_proj.weight") || !strings.Contains(err.Error(), errFormat.Error()) {
 		t.Errorf("unsupported pin: %v", err)
 	}
-	for _, bad := range []string{"q_proj", "=int4", "q_proj=int5", "(=int4"} {
+	for _, bad := range []string{"q_proj", "=int4", "q_proj=int9", "(=int4"} {
 		if _, err := ParseOverride(bad); err == nil {
 			t.Errorf("ParseOverride(%q) accepted", bad)
 		}

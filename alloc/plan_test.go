@@ -107,7 +107,7 @@ func TestPlanJSONRoundTripAndValidate(t *testing.T) {
 	}{
 		{mutate(func(p *Plan) { p.Entries = p.Entries[1:] }), "missing from the plan"},
 		{mutate(func(p *Plan) { p.Entries = append(p.Entries, Entry{Name: "zz.extra.weight", Scheme: "keep"}) }), "zz.extra.weight, which the checkpoint does not have"},
-		{mutate(func(p *Plan) { p.Entries[3].Scheme = "int5-g128" }), "integer grid needs 2, 3, 4 or 8 bits"},
+		{mutate(func(p *Plan) { p.Entries[3].Scheme = "int9-g128" }), "integer grid needs 2 to 8 bits"},
 		{mutate(func(p *Plan) { p.Entries[normIdx].Scheme = "int4-g128-sym" }), "model.norm.weight: scheme int4-g128-sym on a norm tensor"},
 		{mutate(func(p *Plan) { p.Entries[2].Params++ }), "params"},
 		{mutate(func(p *Plan) { p.Entries[1], p.Entries[2] = p.Entries[2], p.Entries[1] }), "not sorted"},

@@ -77,7 +77,7 @@ func refIntGroup(w []float32, bits int, sym bool) (scale float64, zero int, quot
 func TestIntegerMatchesReferenceFormula(t *testing.T) {
 	const n, k = 16, 300 // 300 = 2 full groups of 128 and a partial one of 44
 	w := randomWeights(n, k, 1)
-	for _, bits := range []int{2, 3, 4, 8} {
+	for _, bits := range []int{2, 3, 4, 5, 6, 7, 8} {
 		for _, sym := range []bool{false, true} {
 			s := quant.Scheme{Bits: bits, GroupSize: 128, Sym: sym}
 			q := mustQuantize(t, w, n, k, s, Options{})
@@ -376,8 +376,8 @@ func TestRejectsBadArguments(t *testing.T) {
 	}{
 		{"63 weights", func() error { _, err := Quantize(w[:63], 2, 32, s, Options{}); return err }()},
 		{"shape 0x64", func() error { _, err := Quantize(nil, 0, 64, s, Options{}); return err }()},
-		{"2, 3, 4 or 8 bits", func() error {
-			_, err := Quantize(w, 2, 32, quant.Scheme{Bits: 5, GroupSize: 32}, Options{})
+		{"2 to 8 bits", func() error {
+			_, err := Quantize(w, 2, 32, quant.Scheme{Bits: 9, GroupSize: 32}, Options{})
 			return err
 		}()},
 		{"set Clip", func() error { _, err := Quantize(w, 2, 32, s, Options{Importance: make([]float32, 32)}); return err }()},

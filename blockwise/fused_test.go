@@ -109,7 +109,7 @@ func TestFusedGPTQErrors(t *testing.T) {
 		{fused(raw, n, k, quant.Scheme{Bits: 4, GroupSize: 32, Grid: quant.NF4, Sym: true}), "integer"},
 		{fused(raw[:2*n*36], n, 36, quant.Scheme{Bits: 3, GroupSize: quant.PerChannel}), "multiple of 32"},
 		{fused(nan, n, k, int4), "row 17, column 5"},
-		{fused(raw, n, k, quant.Scheme{Bits: 5, GroupSize: 32}), "bits"},
+		{fused(raw, n, k, quant.Scheme{Bits: 5, GroupSize: 32}), "2/3/4/8-bit"},
 	}
 	for _, c := range cases {
 		if c.err == nil || !strings.Contains(c.err.Error(), c.want) {

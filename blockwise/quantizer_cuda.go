@@ -246,9 +246,10 @@ func (sl *gpuSlot) release(dev *cuda.Device) error {
 
 // Supports reports whether the GPU path handles scheme s in format ("gptq", "gptq_v2" or
 // "qpack"): integer 2/3/4/8-bit grids in all three, NF4 and binary in qpack; any group size.
-// FP8 and the other formats stay on the CPU. Tensor shapes are checked by QuantizePack.
+// FP8, 5- to 7-bit integers and the other formats stay on the CPU. Tensor shapes are checked
+// by QuantizePack.
 func (q *GPUQuantizer) Supports(s quant.Scheme, format string) bool {
-	if s.Validate() != nil {
+	if s.Validate() != nil || (s.Grid == quant.Integer && s.Bits > 4 && s.Bits < 8) {
 		return false
 	}
 	switch format {

@@ -51,6 +51,8 @@ func TestExportTinyQuantized(t *testing.T) {
 		{"int2-g64-asym", "gptq", false},
 		{"int2-g32-sym", "qpack", false},
 		{"int3-g128-asym", "gptq", false},
+		{"int6-g64-asym", "qpack", false}, // 8-bit containers
+		{"int5-g128-sym", "qpack", false},
 		{"int4-pc-asym", "gptq", false},
 		{"int4-g32-asym", "gptq", true},
 		{"int4-g64-sym", "gptq", true},

@@ -22,10 +22,13 @@ const (
 )
 
 // containerBits is the code width the ONNX ops store a scheme's codes in: 3-bit codes fit
-// 4-bit containers exactly (their zero points are stored too).
+// 4-bit containers and 5- to 7-bit codes 8-bit ones, exactly (their zero points are stored too).
 func containerBits(s quant.Scheme) int {
-	if s.Bits == 3 {
+	switch {
+	case s.Bits == 3:
 		return 4
+	case s.Bits > 4 && s.Bits < 8:
+		return 8
 	}
 	return s.Bits
 }

@@ -24,13 +24,13 @@ func PackedLen[W Word](count, bits int) int {
 	return (count*bits + wb - 1) / wb
 }
 
-// checkBits accepts the code widths every layout here uses.
+// checkBits accepts the code widths the bitstreams hold: 1 to 8 bits (the layouts say which
+// of them they take).
 func checkBits(bits int) error {
-	switch bits {
-	case 1, 2, 3, 4, 8:
-		return nil
+	if bits < 1 || bits > 8 {
+		return fmt.Errorf("packing: %d-bit codes are not supported (want 1 to 8)", bits)
 	}
-	return fmt.Errorf("packing: %d-bit codes are not supported (want 1, 2, 3, 4 or 8)", bits)
+	return nil
 }
 
 // PackStream writes count b-bit codes, read from src[0], src[srcStride], src[2·srcStride], …,

@@ -32,7 +32,7 @@ func randomCodes(rng *rand.Rand, n, bits int) []uint8 {
 
 func TestPackStreamMatchesSpec(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, bits := range []int{1, 2, 3, 4, 8} {
+	for _, bits := range []int{1, 2, 3, 4, 5, 6, 7, 8} {
 		for _, count := range []int{1, 7, 31, 32, 33, 96, 100, 257} {
 			codes := randomCodes(rng, count, bits)
 			want := specWords(codes, bits)
@@ -99,7 +99,7 @@ func TestPack3BitMatchesAutoGPTQLoop(t *testing.T) {
 
 func TestPackStreamStridesAndBytes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
-	for _, bits := range []int{1, 2, 3, 4, 8} {
+	for _, bits := range []int{1, 2, 3, 4, 5, 6, 7, 8} {
 		const count, srcStride, dstStride = 45, 3, 2
 		src := randomCodes(rng, count*srcStride, bits)
 		codes := make([]uint8, count)
@@ -149,8 +149,8 @@ func TestPackStreamRejectsBadInput(t *testing.T) {
 	if err := PackStream(dst, 1, long, 1, 16, 4); err == nil || !strings.Contains(err.Error(), "index 13") {
 		t.Fatalf("a 5-bit code in the fast path: %v", err)
 	}
-	if err := PackStream(dst, 1, []uint8{1}, 1, 1, 5); err == nil {
-		t.Fatal("5-bit packing accepted")
+	if err := PackStream(dst, 1, []uint8{1}, 1, 1, 9); err == nil {
+		t.Fatal("9-bit packing accepted")
 	}
 }
 

@@ -30,6 +30,9 @@ func (CompressedTensors) Supports(s quant.Scheme) error {
 	if s.Grid != quant.Integer {
 		return fmt.Errorf("format compressed-tensors (pack-quantized) holds integer schemes, not %s: use format qpack", s)
 	}
+	if s.Bits > 4 && s.Bits < 8 {
+		return fmt.Errorf("format compressed-tensors: loaders take 2-, 3-, 4- and 8-bit codes, not %s: use format qpack", s)
+	}
 	if s.Bits == 3 {
 		// formats.md §3.1/§8.2: 3-bit packing changed in 2026 (wasted bits → dense stream).
 		return fmt.Errorf("format compressed-tensors packs 3-bit codes differently across versions, so %s would not load everywhere: use format gptq or qpack", s)

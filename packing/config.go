@@ -238,6 +238,9 @@ func parseGPTQ(q map[string]any) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
+	if !gptqWidth(s.Bits) {
+		return Config{}, fmt.Errorf("bits %d: GPTQ checkpoints hold 2, 3, 4 or 8 bits", s.Bits)
+	}
 	if marlin, _ := jsonBool(q, "is_marlin_format", false); marlin {
 		return Config{}, fmt.Errorf("the old Marlin-packed GPTQ format is not supported")
 	}

@@ -50,7 +50,7 @@ func casesFor(f Format) []roundTripCase {
 		add(intSchemes([]int{2, 4, 8}, []int{8, 32, 128, quant.PerChannel}), [][2]int{{5, 37}, {33, 160}, {1, 3}, {17, 129}}, false)
 		add(intSchemes([]int{2, 4, 8}, []int{32}), [][2]int{{9, 100}}, true)
 	case QPack:
-		schemes := intSchemes([]int{2, 3, 4, 8}, []int{8, 32, quant.PerChannel})
+		schemes := intSchemes([]int{2, 3, 4, 5, 6, 7, 8}, []int{8, 32, quant.PerChannel})
 		schemes = append(schemes,
 			quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true},
 			quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: quant.PerChannel, Sym: true},
@@ -127,6 +127,8 @@ func TestSupportsNamesAnAlternative(t *testing.T) {
 		{"awq", "int8-g128-asym", "gptq"},
 		{"compressed-tensors", "int3-g128-sym", "gptq"},
 		{"compressed-tensors", "nf4-g64", "qpack"},
+		{"gptq", "int6-g128-asym", "qpack"},
+		{"compressed-tensors", "int5-g128-sym", "qpack"},
 	}
 	for _, c := range cases {
 		f, _ := Lookup(c.format)

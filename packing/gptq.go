@@ -37,11 +37,14 @@ func (f GPTQ) Supports(s quant.Scheme) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	if s.Grid != quant.Integer {
+	if s.Grid != quant.Integer || !gptqWidth(s.Bits) {
 		return fmt.Errorf("format %s holds integer 2/3/4/8-bit schemes, not %s: use format qpack", f.Name(), s)
 	}
 	return nil
 }
+
+// gptqWidth reports whether GPTQ's loaders (AutoGPTQ, GPTQModel, vLLM) take b-bit codes.
+func gptqWidth(b int) bool { return b == 2 || b == 3 || b == 4 || b == 8 }
 
 // zeroShift is what the stored zero point is below the true one.
 func (f GPTQ) zeroShift() int {

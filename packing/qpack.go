@@ -14,7 +14,7 @@ import (
 // Scheme. The safetensors __metadata__ entry "qpack.scheme.<P>" (P the module prefix, e.g.
 // "model.layers.0.mlp.up_proj") holds the scheme name as quant.Scheme.String writes it:
 //
-//	int<b>-g<G>-sym|asym   integer grid, b ∈ {2,3,4,8}:  w = scale·(q − z)
+//	int<b>-g<G>-sym|asym   integer grid, b ∈ 2…8:  w = scale·(q − z)
 //	int<b>-pc-sym|asym     the same with one group per output row
 //	nf4-g<G> / nf4-pc      w = scale·NF4[q] (the bitsandbytes NF4 table, formats.md §4.2)
 //	fp8                    q is an FP8 E4M3FN byte: w = scale·e4m3(q), one scale per row

@@ -40,7 +40,7 @@ const PerChannel = 0
 // Scheme says how one weight tensor is quantized. The zero value is not valid; use a
 // constructor-literal such as Scheme{Bits: 4, GroupSize: 128}.
 type Scheme struct {
-	Bits      int  // code width: 1, 2, 3, 4 or 8
+	Bits      int  // code width: 1 (binary), 2 … 8 (integer), 4 (NF4) or 8 (FP8)
 	GroupSize int  // input channels (K) per scale; PerChannel for one group per row
 	Sym       bool // symmetric: fixed zero point 2^(bits−1) (integer), no offset (binary)
 	Grid      Grid
@@ -50,8 +50,8 @@ type Scheme struct {
 func (s Scheme) Validate() error {
 	switch s.Grid {
 	case Integer:
-		if s.Bits != 2 && s.Bits != 3 && s.Bits != 4 && s.Bits != 8 {
-			return fmt.Errorf("scheme %s: integer grid needs 2, 3, 4 or 8 bits", s)
+		if s.Bits < 2 || s.Bits > 8 {
+			return fmt.Errorf("scheme %s: integer grid needs 2 to 8 bits", s)
 		}
 	case NF4:
 		if s.Bits != 4 {
@@ -120,7 +120,7 @@ func ParseScheme(name string) (Scheme, error) {
 		}
 		s.Grid, s.Bits = Integer, bits
 	default:
-		return Scheme{}, fmt.Errorf("scheme %q: unknown grid %q (want int2/int3/int4/int8, nf4, fp8 or bin)", name, head)
+		return Scheme{}, fmt.Errorf("scheme %q: unknown grid %q (want int2 … int8, nf4, fp8 or bin)", name, head)
 	}
 	for _, p := range parts[1:] {
 		switch {
