@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/qpack-dev/qpack/quant"
 )
 
 // bruteForce returns the least total error of any feasible pick, and whether one exists.
@@ -140,5 +142,23 @@ func TestLagrangianFill(t *testing.T) {
 	sol := solveLagrangian(items, 10)
 	if fmt.Sprint(sol.picks) != "[1 1]" || sol.lambda != 0.1 {
 		t.Errorf("picks %v λ %v, want [1 1] and λ 0.1 (A's rejected step)", sol.picks, sol.lambda)
+	}
+}
+
+// QPackLadder: valid, NF4 rungs only when asked for, every integer width from 2 to 8 but 7.
+func TestQPackLadder(t *testing.T) {
+	for _, nf4 := range []bool{true, false} {
+		l := QPackLadder(nf4)
+		if err := checkLadder(l); err != nil {
+			t.Fatal(err)
+		}
+		bits, hasNF4 := map[int]bool{}, false
+		for _, c := range l {
+			bits[c.Scheme.Bits] = bits[c.Scheme.Bits] || c.Scheme.Grid == quant.Integer
+			hasNF4 = hasNF4 || c.Scheme.Grid == quant.NF4
+		}
+		if hasNF4 != nf4 || !bits[2] || !bits[3] || !bits[4] || !bits[5] || !bits[6] || !bits[8] {
+			t.Errorf("QPackLadder(%v) = %v", nf4, l)
+		}
 	}
 }

@@ -100,8 +100,8 @@ func TestImportanceBeatsUnweightedSearch(t *testing.T) {
 	}
 }
 
-// IntGroupParams with Weighted gives the parameters Quantize chose for that group.
-func TestIntGroupParamsWeightedMatchesQuantize(t *testing.T) {
+// GroupParams with Weighted gives the parameters Quantize chose for that group.
+func TestGroupParamsWeightedMatchesQuantize(t *testing.T) {
 	const n, k = 4, 256
 	w := randomWeights(n, k, 25)
 	imp := skewedImportance(k, 26)
@@ -112,9 +112,9 @@ func TestIntGroupParamsWeightedMatchesQuantize(t *testing.T) {
 	for row := range n {
 		for g := range 2 {
 			lo := g * 128
-			scale, zero := IntGroupParams(s, w[row*k+lo:row*k+lo+128], imp[lo:lo+128], opt, codes)
+			scale, zero := GroupParams(s, w[row*k+lo:row*k+lo+128], imp[lo:lo+128], opt, codes)
 			if i := row*2 + g; scale != q.Scales[i] || zero != q.Zeros[i] {
-				t.Fatalf("row %d group %d: IntGroupParams (%g, %d), Quantize (%g, %d)", row, g, scale, zero, q.Scales[i], q.Zeros[i])
+				t.Fatalf("row %d group %d: GroupParams (%g, %d), Quantize (%g, %d)", row, g, scale, zero, q.Scales[i], q.Zeros[i])
 			}
 		}
 	}

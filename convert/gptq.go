@@ -61,13 +61,21 @@ func newGPTQRunner(method string, items []Item, o GPTQOptions, clip, weighted bo
 		if it.Role == model.RoleEmbedding || it.Role == model.RoleClassifier || it.Info.Shape[0] <= 0 {
 			return nil, fmt.Errorf("tensor %s: %s quantizes decoder linears only; keep it (drop --quantize-embeddings/--quantize-head) or use --method rtn", it.Info.Name, method)
 		}
-		if it.Scheme.Grid != quant.Integer {
-			return nil, fmt.Errorf("tensor %s: %s needs an integer scheme, not %s (use --method rtn for nf4, fp8 and bin)", it.Info.Name, method, it.Scheme)
+		if g := it.Scheme.Grid; g != quant.Integer && (g != quant.NF4 || method != "gptq") {
+			return nil, fmt.Errorf("tensor %s: %s needs %s scheme, not %s (use --method rtn for it)", it.Info.Name, method, gridsOf(method), it.Scheme)
 		}
 		r.schemes[it.Module] = *it.Scheme
 		r.results[it.Module] = make(chan gptqResult, 1)
 	}
 	return r, nil
+}
+
+// gridsOf names the grids a method quantizes to, for errors.
+func gridsOf(method string) string {
+	if method == "gptq" {
+		return "an integer or NF4"
+	}
+	return "an integer"
 }
 
 // result waits for a module's quantized tensor, or until the conversion is stopped (a unit
@@ -209,7 +217,7 @@ func (r *gptqRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc)
 			return err
 		}
 		r.logf("gptq %s %s on %s: relative loss %.5f, damping %g (%d retries), %s\n",
-			l.Name, s, r.device, st.RelativeLoss, st.Damp, st.Retries, solveTimes(st))
+			l.Name, s, r.deviceFor(s), st.RelativeLoss, st.Damp, st.Retries, solveTimes(st))
 		r.results[l.Name] <- gptqResult{t: t, stats: st}
 	}
 	return nil
@@ -236,8 +244,16 @@ func (r *gptqRunner) useGPU(g *gpu) error {
 	return nil
 }
 
+// deviceFor names where GPTQ solves a tensor of scheme s.
+func (r *gptqRunner) deviceFor(s quant.Scheme) string {
+	if r.solver != nil && !r.solver.Supports(s) {
+		return "cpu (Hessians on cuda)"
+	}
+	return r.device
+}
+
 func (r *gptqRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
-	if r.solver != nil {
+	if r.solver != nil && r.solver.Supports(s) {
 		return r.solver.Quantize(w, n, k, h, s, r.opt)
 	}
 	return gptq.Quantize(w, n, k, h, s, r.opt)

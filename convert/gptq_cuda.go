@@ -89,22 +89,22 @@ func (r *gptqRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), 
 		release()
 		return nil, nil, err
 	}
-	if r.solver == nil { // a searched group fit: the CPU solves
-		h, err := r.hostHessian(gr)
-		release()
-		if err != nil {
-			return nil, nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
-		}
-		return func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
-			return gptq.Quantize(w, n, k, h, s, r.opt)
-		}, func() {}, nil
-	}
+	var host []float64 // H on the host, fetched for the first linear the CPU solves
 	solve := func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
-		t, st, err := r.solver.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
-		if err != nil {
-			err = fmt.Errorf("block %d, input of %s: %w", block, g, err)
+		if r.solver != nil && r.solver.Supports(s) {
+			t, st, err := r.solver.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			if err != nil {
+				err = fmt.Errorf("block %d, input of %s: %w", block, g, err)
+			}
+			return t, st, err
 		}
-		return t, st, err
+		if host == nil { // a searched group fit or NF4: the CPU solves
+			var err error
+			if host, err = r.hostHessian(gr); err != nil {
+				return nil, gptq.Stats{}, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
+			}
+		}
+		return gptq.Quantize(w, n, k, host, s, r.opt)
 	}
 	return solve, release, nil
 }

@@ -15,15 +15,27 @@ import (
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
-// TestGPUImatrixGPTQ: GPTQ with --imatrix on --device cuda gathers the Hessians on the GPU and
-// solves on the CPU; its output's activation-weighted error matches the all-CPU conversion's
-// (TF32 Hessians, so not bit for bit) within 3% on every linear of tiny.
-func TestGPUImatrixGPTQ(t *testing.T) {
+// TestGPUCPUSolvedGPTQ: GPTQ with --imatrix, and GPTQ on NF4, on --device cuda gather the
+// Hessians on the GPU and solve on the CPU; the output's activation-weighted error matches the
+// all-CPU conversion's (TF32 Hessians, so not bit for bit) within 3% on every linear of tiny.
+func TestGPUCPUSolvedGPTQ(t *testing.T) {
 	gputest.Open(t) // skips without a GPU
+	for _, c := range []struct {
+		s       quant.Scheme
+		imatrix bool
+	}{
+		{quant.Scheme{Bits: 3, GroupSize: 64}, true},
+		{quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true}, false},
+	} {
+		t.Run(c.s.String(), func(t *testing.T) { checkCPUSolvedGPTQ(t, c.s, c.imatrix) })
+	}
+}
+
+func checkCPUSolvedGPTQ(t *testing.T, s quant.Scheme, imatrix bool) {
 	tiny := testenv.Testdata(t, "models/tiny")
 	dir := t.TempDir()
 	opt := DefaultOptions()
-	opt.Method, opt.Alloc, opt.Format, opt.Imatrix = "gptq", Uniform(quant.Scheme{Bits: 3, GroupSize: 64}), "qpack", true
+	opt.Method, opt.Alloc, opt.Format, opt.Imatrix = "gptq", Uniform(s), "qpack", imatrix
 	opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
 	var log bytes.Buffer
 	gpu, cpu := opt, opt

@@ -13,7 +13,6 @@ import (
 	"github.com/qpack-dev/qpack/internal/testenv"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/quantized"
-	"github.com/qpack-dev/qpack/safetensors"
 )
 
 func gptqOptions(t *testing.T, s quant.Scheme) Options {
@@ -24,13 +23,26 @@ func gptqOptions(t *testing.T, s quant.Scheme) Options {
 	return opt
 }
 
-// GPTQ through the whole pipeline: every linear is quantized, its weight error in the
-// activation-weighted sense is lower than RTN's, and the provenance records the calibration.
+// GPTQ through the whole pipeline, on the integer grid and on NF4: every linear is quantized,
+// the provenance records the calibration, and the weights differ from RTN's.
 func TestGPTQConvert(t *testing.T) {
+	for _, c := range []struct {
+		s      quant.Scheme
+		format string
+	}{
+		{quant.Scheme{Bits: 3, GroupSize: 128}, "gptq"},
+		{quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true}, "qpack"},
+	} {
+		t.Run(c.s.String(), func(t *testing.T) { checkGPTQConvert(t, c.s, c.format) })
+	}
+}
+
+func checkGPTQConvert(t *testing.T, s quant.Scheme, format string) {
 	tiny := testenv.Testdata(t, "models/tiny")
 	dir := t.TempDir()
-	s := quant.Scheme{Bits: 3, GroupSize: 128}
-	r, err := Convert(tiny, filepath.Join(dir, "g"), gptqOptions(t, s))
+	gopt := gptqOptions(t, s)
+	gopt.Format = format
+	r, err := Convert(tiny, filepath.Join(dir, "g"), gopt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,12 +57,10 @@ func TestGPTQConvert(t *testing.T) {
 	if !strings.Contains(c.Metadata()[ProvenanceKey], `"calibration"`) {
 		t.Errorf("provenance lacks the calibration")
 	}
-	in, _ := safetensors.Open(tiny)
-	defer in.Close()
 	// GPTQ moves weights away from their nearest grid point to cancel output error: the
 	// dequantized weights must differ from RTN's on a good share of entries.
 	opt := DefaultOptions()
-	opt.Alloc = Uniform(s)
+	opt.Alloc, opt.Format = Uniform(s), format
 	if _, err := Convert(tiny, filepath.Join(dir, "r"), opt); err != nil {
 		t.Fatal(err)
 	}
@@ -78,10 +88,15 @@ func TestGPTQRefusals(t *testing.T) {
 	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "--calib") {
 		t.Errorf("gptq without calibration: %v", err)
 	}
-	opt = gptqOptions(t, quant.Scheme{Bits: 4, GroupSize: 64, Grid: quant.NF4, Sym: true})
+	opt = gptqOptions(t, quant.Scheme{Grid: quant.FP8E4M3, Bits: 8, GroupSize: quant.PerChannel, Sym: true})
 	opt.Format = "qpack"
-	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "integer scheme") {
-		t.Errorf("gptq with nf4: %v", err)
+	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "needs an integer or NF4 scheme, not fp8") {
+		t.Errorf("gptq with fp8: %v", err)
+	}
+	opt = gptqOptions(t, quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true})
+	opt.Method, opt.Format = "awq", "qpack"
+	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "needs an integer scheme, not nf4-g64") {
+		t.Errorf("awq with nf4: %v", err)
 	}
 	opt = gptqOptions(t, quant.Scheme{Bits: 4, GroupSize: 128})
 	opt.Calib.Samples = 100000

@@ -31,8 +31,8 @@ func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("gptq: %w", err)
 	}
-	if s.Grid != quant.Integer {
-		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to a uniform integer grid; %s is not one (use blockwise)", s, s.Grid)
+	if s.Grid != quant.Integer && s.Grid != quant.NF4 {
+		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer and NF4 grids, not %s (use blockwise)", s, s.Grid)
 	}
 	if opt.Damp < 0 || opt.MaxDamp < 0 || opt.BlockSize < 0 || math.IsNaN(opt.Damp) || math.IsNaN(opt.MaxDamp) {
 		return fmt.Errorf("gptq: damping %g, max damping %g and block size %d must not be negative", opt.Damp, opt.MaxDamp, opt.BlockSize)

@@ -142,10 +142,7 @@ func (p *problem) quantizeBlock(r int, row []float32, i1, i2 int, errs []float32
 	t, k, groups := p.t, p.k, p.t.Scheme.Groups(p.k)
 	sum := 0.0
 	for i := i1; i < i2; i++ {
-		g := r*groups + p.lay.group(i)
-		scale, zero := t.Scales[g], t.Zeros[g]
-		code := t.Scheme.QuantizeInt(row[i], scale, zero)
-		q := quant.DequantizeInt(code, scale, zero)
+		code, q := roundOne(t, row[i], r*groups+p.lay.group(i))
 		urow := p.u[i*k : i*k+i2]
 		e := (row[i] - q) / urow[i]
 		for j := i + 1; j < i2; j++ {
@@ -156,6 +153,18 @@ func (p *problem) quantizeBlock(r int, row []float32, i1, i2 int, errs []float32
 		sum += float64(e) * float64(e)
 	}
 	return sum
+}
+
+// roundOne rounds one weight to the nearest value of t's grid with the parameters of group i
+// (index into Scales): its code and the value the code stands for.
+func roundOne(t *quant.Tensor, w float32, i int) (uint8, float32) {
+	scale := t.Scales[i]
+	if t.Scheme.Grid == quant.NF4 {
+		code := quant.NF4Code(w / scale)
+		return code, quant.DequantizeNF4(code, scale)
+	}
+	code := t.Scheme.QuantizeInt(w, scale, t.Zeros[i])
+	return code, quant.DequantizeInt(code, scale, t.Zeros[i])
 }
 
 // loadWeights fits the parameters that precede all updates (per-channel, static groups) and
@@ -182,9 +191,12 @@ func (p *problem) loadWeights(ws *Workspace, w []float32, dead []bool) error {
 	return nil
 }
 
-// newTensor allocates an n×k integer-grid tensor of scheme s.
+// newTensor allocates an n×k tensor of scheme s (integer or NF4 grid).
 func newTensor(s quant.Scheme, n, k int) *quant.Tensor {
 	ng := n * s.Groups(k)
-	return &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k),
-		Scales: make([]float32, ng), Zeros: make([]uint8, ng)}
+	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, ng)}
+	if s.Grid == quant.Integer {
+		t.Zeros = make([]uint8, ng)
+	}
+	return t
 }

@@ -117,12 +117,15 @@ func (f *fitter) fit(r, g int, w, imp []float32) error {
 	if !f.opt.Weighted {
 		imp = nil
 	}
-	scale, zero := blockwise.IntGroupParams(f.t.Scheme, w, imp, f.opt, f.codes)
+	scale, zero := blockwise.GroupParams(f.t.Scheme, w, imp, f.opt, f.codes)
 	if math.IsInf(float64(scale), 0) {
 		return fmt.Errorf("gptq: row %d, group %d: scale overflows F16 (weights up to %g)", r, g, absMax(w))
 	}
 	i := r*f.t.Scheme.Groups(f.t.K) + g
-	f.t.Scales[i], f.t.Zeros[i] = scale, zero
+	f.t.Scales[i] = scale
+	if f.t.Zeros != nil { // integer grid
+		f.t.Zeros[i] = zero
+	}
 	return nil
 }
 

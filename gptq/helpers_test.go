@@ -106,6 +106,13 @@ func variants() []variant {
 			}
 		}
 	}
+	for _, s := range []quant.Scheme{{Bits: 5, GroupSize: 32, Sym: true}, {Bits: 6, GroupSize: 128}, {Bits: 7, GroupSize: quant.PerChannel}} {
+		vs = append(vs, variant{s.String(), s, Options{}}) // the widths only format qpack holds
+	}
+	for _, gs := range []int{64, quant.PerChannel} {
+		s := quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: gs, Sym: true}
+		vs = append(vs, variant{s.String(), s, Options{}}, variant{s.String() + "-act", s, Options{ActOrder: true}})
+	}
 	s := quant.Scheme{Bits: 4, GroupSize: 128}
 	vs = append(vs, variant{s.String() + "-mse", s, Options{MSE: true}})
 	s = quant.Scheme{Bits: 3, GroupSize: 32, Sym: true}

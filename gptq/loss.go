@@ -9,19 +9,14 @@ import (
 
 // squaredError returns ‖W − Q‖²_F in float64, with dead columns of W counted as zero.
 func squaredError(t *quant.Tensor, w []float32, dead []bool) float64 {
-	groups := t.Scheme.Groups(t.K)
+	q := t.Dequantize(nil)
 	sum := 0.0
-	for r := range t.N {
-		for c := range t.K {
-			i := r*groups + t.Group(c)
-			q := quant.DequantizeInt(t.Codes[r*t.K+c], t.Scales[i], t.Zeros[i])
-			v := w[r*t.K+c]
-			if dead[c] {
-				v = 0
-			}
-			d := float64(v) - float64(q)
-			sum += d * d
+	for i, v := range w {
+		if dead[i%t.K] {
+			v = 0
 		}
+		d := float64(v) - float64(q[i])
+		sum += d * d
 	}
 	return sum
 }

@@ -56,7 +56,7 @@ func slowGPTQ(w []float32, n, k int, h []float64, s quant.Scheme, opt Options, f
 		})
 	}
 	fit := func(x []float32) (float32, uint8) {
-		return blockwise.IntGroupParams(s, x, nil, blockwise.Options{Clip: opt.MSE}, make([]uint8, len(x)))
+		return blockwise.GroupParams(s, x, nil, blockwise.Options{Clip: opt.MSE}, make([]uint8, len(x)))
 	}
 	// H⁻¹ of the damped, permuted Hessian by Gauss-Jordan elimination.
 	mean := 0.0
@@ -108,12 +108,12 @@ func slowGPTQ(w []float32, n, k int, h []float64, s quant.Scheme, opt Options, f
 			case i%gs == 0:
 				scale[r], zero[r] = fit(snapshot[r*k+i : r*k+min(i+gs, k)])
 			}
-			code := s.QuantizeInt(float32(row[i]), scale[r], zero[r])
-			if follow != nil && follow[r*k+perm[i]] != code && nearTie(row[i], scale[r], code, follow[r*k+perm[i]]) {
+			code := roundRef(s, row[i], scale[r], zero[r])
+			if follow != nil && follow[r*k+perm[i]] != code && nearTie(s, row[i], scale[r], zero[r], code, follow[r*k+perm[i]]) {
 				code = follow[r*k+perm[i]]
 				ties++
 			}
-			qi := float64(quant.DequantizeInt(code, scale[r], zero[r]))
+			qi := valueRef(s, code, scale[r], zero[r])
 			c := r*k + perm[i]
 			codes[c], q[c] = code, float32(qi)
 			e := (row[i] - qi) / d
@@ -135,14 +135,29 @@ func slowGPTQ(w []float32, n, k int, h []float64, s quant.Scheme, opt Options, f
 // for float rounding to decide between them.
 const tieTol = 1e-3
 
-// nearTie reports whether codes a and b are neighbours and x/scale lies within tieTol of the
-// midpoint between them.
-func nearTie(x float64, scale float32, a, b uint8) bool {
+// roundRef and valueRef are the grid's round-to-nearest and dequantization of one weight.
+func roundRef(s quant.Scheme, x float64, scale float32, zero uint8) uint8 {
+	if s.Grid == quant.NF4 {
+		return quant.NF4Code(float32(x) / scale)
+	}
+	return s.QuantizeInt(float32(x), scale, zero)
+}
+
+func valueRef(s quant.Scheme, code uint8, scale float32, zero uint8) float64 {
+	if s.Grid == quant.NF4 {
+		return float64(quant.DequantizeNF4(code, scale))
+	}
+	return float64(quant.DequantizeInt(code, scale, zero))
+}
+
+// nearTie reports whether codes a and b are neighbours and x lies within tieTol·scale of the
+// midpoint between their values.
+func nearTie(s quant.Scheme, x float64, scale float32, zero, a, b uint8) bool {
 	if int(a)-int(b) != 1 && int(b)-int(a) != 1 {
 		return false
 	}
-	frac := x/float64(scale) - math.Floor(x/float64(scale))
-	return math.Abs(frac-0.5) < tieTol
+	mid := (valueRef(s, a, scale, zero) + valueRef(s, b, scale, zero)) / 2
+	return math.Abs(x-mid) < tieTol*float64(scale)
 }
 
 // invert returns a⁻¹ by Gauss-Jordan elimination with partial pivoting (a is overwritten).

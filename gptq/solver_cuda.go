@@ -209,10 +209,24 @@ func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme,
 	if err := checkInputs(w, n, k, h, s, opt); err != nil {
 		return nil, Stats{}, err
 	}
+	if err := g.supports(s); err != nil {
+		return nil, Stats{}, err
+	}
 	if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
 		return nil, Stats{}, err
 	}
 	return g.quantizeLoaded(w, n, k, diagonal(h, k), s, opt, start)
+}
+
+// Supports reports whether the GPU solver handles scheme s: the integer grids. GPTQ on NF4
+// runs on the CPU (Quantize).
+func (g *GPUSolver) Supports(s quant.Scheme) bool { return s.Grid == quant.Integer }
+
+func (g *GPUSolver) supports(s quant.Scheme) error {
+	if !g.Supports(s) {
+		return fmt.Errorf("gptq: the GPU solver handles integer grids, not %s (use gptq.Quantize)", s)
+	}
+	return nil
 }
 
 // QuantizeGram is Quantize with the Hessian on the device, as the calibration gathers it: H =
@@ -222,6 +236,9 @@ func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme,
 func (g *GPUSolver) QuantizeGram(w []float32, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
 	start := time.Now()
 	if err := checkWeights(w, n, k, s, opt); err != nil {
+		return nil, Stats{}, err
+	}
+	if err := g.supports(s); err != nil {
 		return nil, Stats{}, err
 	}
 	diag, err := g.loadGram(gram, k, scale)

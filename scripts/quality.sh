@@ -4,7 +4,8 @@
 # Usage: scripts/quality.sh QPACK_BINARY MODELS_DIR OUT_DIR [SET...]
 #   MODELS_DIR holds small-llama/ and calib.txt; SETs: rtn, budget, gptq, gptq-budget, frontier
 #   (default: rtn budget). frontier: GPTQ --imatrix budget plans at 2.7, 3.5, 4.2, 4.5 and 5.0 bits/weight
-#   over the ladder $FRONTIER_LADDER (default: integer rungs), all at once (one CPU solver each).
+#   over the ladder $FRONTIER_LADDER (default: integer rungs), all at once (one CPU solver each);
+#   $FRONTIER_FLAGS are added to each conversion, $FRONTIER_TAG to each row's name.
 #   ONLY=REGEX runs only the rows whose names match (and skips the reference evaluation).
 set -euo pipefail
 qpack=$1 models=$2 out=$3
@@ -48,9 +49,9 @@ for set in $sets; do
     row gptq-int2-g64-asym --scheme int2-g64-asym "${gptq[@]}" ;;
   frontier)
     fl=${FRONTIER_LADDER:-int2-g64-asym,int2-g32-asym,int3-g128-asym,int3-g64-asym,int3-g32-asym,int4-g128-asym,int4-g64-asym,int4-g32-asym,int8-g128-asym}
-    for bpw in 2.7 3.5 4.2 4.5 5.0; do
+    for bpw in ${FRONTIER_BPW:-2.7 3.5 4.2 4.5 5.0}; do
       row "gptq-imatrix-budget-$bpw${FRONTIER_TAG:-}" --method gptq --calib "$models/calib.txt" --calib-samples 128 --calib-seqlen 512 \
-        --imatrix --strategy budget --target-bpw "$bpw" --format qpack --ladder "$fl" &
+        --imatrix --strategy budget --target-bpw "$bpw" --format qpack --ladder "$fl" ${FRONTIER_FLAGS:-} &
     done
     wait ;;
   gptq-budget)

@@ -27,7 +27,7 @@ func planFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "static-groups", Usage: "gptq: fit group parameters before any update (trivial g_idx even with --act-order)"},
 		&cli.Float64Flag{Name: "damp", Value: 0.01, Usage: "gptq: damping as a fraction of the mean Hessian diagonal (raised ×10 when the Hessian will not factor)"},
 		&cli.BoolFlag{Name: "no-true-sequential", Usage: "gptq: quantize a block's linears all at once instead of q/k/v, o, gate/up, down in turn"},
-		&cli.IntFlag{Name: "bits", Value: 4, Usage: "code width of the integer grid: 2, 3, 4 or 8"},
+		&cli.IntFlag{Name: "bits", Value: 4, Usage: "code width of the integer grid: 2 to 8 (5–7 in format qpack only)"},
 		&cli.IntFlag{Name: "group-size", Value: 128, Usage: "input channels per scale; -1 or 0 for one group per output channel"},
 		&cli.BoolFlag{Name: "sym", Usage: "symmetric grid (the default)"},
 		&cli.BoolFlag{Name: "asym", Usage: "asymmetric grid with a zero point per group"},
@@ -188,7 +188,8 @@ func strategyFromFlags(c *cli.Context) (string, error) {
 }
 
 // ladderFromFlags: --ladder when given; otherwise uniform uses the scheme, evolved the scheme
-// and its 8-bit version, and budget the allocator's default ladder.
+// and its 8-bit version, and budget alloc.QPackLadder in format qpack (the only one a mixed
+// plan can be written in; NF4 rungs unless the method is AWQ's) or the allocator's default.
 func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.Choice, error) {
 	if l := c.String("ladder"); l != "" {
 		return alloc.ParseLadder(l)
@@ -201,6 +202,9 @@ func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.C
 		high.Bits, high.Grid = 8, quant.Integer
 		return []alloc.Choice{alloc.SchemeChoice(s), alloc.SchemeChoice(high)}, nil
 	case alloc.StrategyBudget:
+		if c.String("format") == "qpack" {
+			return alloc.QPackLadder(!strings.HasPrefix(c.String("method"), "awq")), nil
+		}
 		return nil, nil
 	}
 	return nil, fmt.Errorf("--strategy %q: want uniform, evolved or budget", strategy)

@@ -156,6 +156,21 @@ func TestTargetBPWImpliesBudget(t *testing.T) {
 	}
 }
 
+// A budget plan in format qpack defaults to alloc.QPackLadder (NF4 rungs included); in format
+// gptq to the allocator's default.
+func TestBudgetDefaultLadder(t *testing.T) {
+	tiny := "../../testdata/models/tiny"
+	for format, want := range map[string]string{"qpack": `"nf4-g128"`, "gptq": `"int3-g128-sym"`} {
+		out, err := run(t, "plan", tiny, "--target-bpw", "4", "--format", format, "--json", "-q")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out, want) {
+			t.Errorf("--format %s budget plan does not list %s:\n%.400s", format, want, out)
+		}
+	}
+}
+
 func TestExportONNXCommand(t *testing.T) {
 	dir := t.TempDir() + "/onnx"
 	out, err := run(t, "export", "onnx", "../../testdata/models/tiny", "-o", dir, "--onnx-ops", "qdq")
