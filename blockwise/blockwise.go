@@ -43,6 +43,16 @@ type Options struct {
 	// finite, ≥ 0), e.g. the mean x² of each input channel over calibration data (llama.cpp's
 	// imatrix). It needs Clip or Weighted.
 	Importance []float32
+	// Params, when set, are every group's parameters, found beforehand (GPUWeighted runs the
+	// Weighted search on a GPU); the groups are then only encoded with them. Integer grids.
+	Params *FittedGroups
+}
+
+// FittedGroups are the scale and zero point of every group of an integer-grid tensor, row by
+// row (N × groups, the layout of quant.Tensor's Scales and Zeros).
+type FittedGroups struct {
+	Scales []float32
+	Zeros  []uint8
 }
 
 // Quantize quantizes W[n, k] (float32, row-major) under scheme s. Errors name the row and
@@ -163,6 +173,11 @@ func checkArgs(n, k int, s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("blockwise: %w", err)
 	}
+	if p := opt.Params; p != nil {
+		if ng := n * s.Groups(k); s.Grid != quant.Integer || len(p.Scales) != ng || len(p.Zeros) != ng {
+			return fmt.Errorf("blockwise: %d scales and %d zero points given for %s with %d groups (integer grids only)", len(p.Scales), len(p.Zeros), s, ng)
+		}
+	}
 	if opt.Importance == nil {
 		return nil
 	}
@@ -226,7 +241,13 @@ func quantizeRow(dst *quant.Tensor, q groupQuantizer, src rowSource, row int, co
 		if imp != nil {
 			gimp = imp[lo:hi]
 		}
-		pr := fitGroup(q, w, r, gimp, codes[lo:hi], opt)
+		var pr params
+		if p := opt.Params; p != nil {
+			i := row*groups + g
+			pr = params{scale: p.Scales[i], zero: p.Zeros[i], small: r.absMax() < p.Scales[i]*(1<<20)}
+		} else {
+			pr = fitGroup(q, w, r, gimp, codes[lo:hi], opt)
+		}
 		if !finite(pr.scale) || !finite(pr.offset) {
 			return rowError(src, row, hi, k, buf, fmt.Errorf("row %d, group %d: scale %g or offset %g is not finite in F16 (weights too large)", row, g, pr.scale, pr.offset))
 		}

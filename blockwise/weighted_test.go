@@ -2,6 +2,8 @@ package blockwise
 
 import (
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/qpack-dev/qpack/quant"
@@ -133,5 +135,23 @@ func BenchmarkWeightedSearch(b *testing.B) {
 		if err := QuantizeInto(dst, w, n, k, s, opt); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// Options.Params: encoding with the parameters a search found reproduces its tensor; wrong
+// lengths and non-integer grids are refused.
+func TestQuantizeWithFittedParams(t *testing.T) {
+	const n, k = 9, 200
+	w := randomWeights(n, k, 41)
+	for _, s := range []quant.Scheme{{Bits: 3, GroupSize: 64}, {Bits: 6, GroupSize: quant.PerChannel, Sym: true}} {
+		want := mustQuantize(t, w, n, k, s, Options{Weighted: true, Importance: skewedImportance(k, 42)})
+		got := mustQuantize(t, w, n, k, s, Options{Params: &FittedGroups{Scales: want.Scales, Zeros: want.Zeros}})
+		if !slices.Equal(got.Codes, want.Codes) || !slices.Equal(got.Scales, want.Scales) || !slices.Equal(got.Zeros, want.Zeros) {
+			t.Errorf("%s: encoding with the searched parameters differs from the search's tensor", s)
+		}
+	}
+	bad := &FittedGroups{Scales: make([]float32, n), Zeros: make([]uint8, n)}
+	if _, err := Quantize(w, n, k, quant.Scheme{Bits: 4, GroupSize: 128}, Options{Params: bad}); err == nil || !strings.Contains(err.Error(), "18 groups") {
+		t.Errorf("too few parameters: %v", err)
 	}
 }

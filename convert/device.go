@@ -25,8 +25,9 @@ const DefaultGPUSlots = 4
 
 // gpu is the GPU side of a conversion: nil means everything runs on the CPU.
 type gpu struct {
-	dev *cuda.Device
-	q   *blockwise.GPUQuantizer
+	dev      *cuda.Device
+	q        *blockwise.GPUQuantizer
+	weighted *blockwise.GPUWeighted // --imatrix's search
 }
 
 // openGPU opens the first GPU as the device option asks. With "auto" a missing driver or
@@ -47,12 +48,19 @@ func openGPU(device string, slots int, logf func(format string, args ...any)) (*
 		dev.Close()
 		return nil, err
 	}
+	weighted, err := blockwise.NewGPUWeighted(dev)
+	if err != nil {
+		q.Close()
+		dev.Close()
+		return nil, err
+	}
 	logf("quantizing on %s\n", dev.Info().Name)
-	return &gpu{dev: dev, q: q}, nil
+	return &gpu{dev: dev, q: q, weighted: weighted}, nil
 }
 
 func (g *gpu) close() {
 	if g != nil {
+		g.weighted.Close()
 		g.q.Close()
 		g.dev.Close()
 	}
@@ -64,6 +72,12 @@ func (g *gpu) supports(s quant.Scheme, f packing.Format, opt Options) bool {
 	return g != nil && !opt.Clip && !opt.Imatrix && g.q.Supports(s, f.Name())
 }
 
+// searches says whether the GPU runs the --imatrix search of this item's groups (the CPU then
+// encodes with the parameters found): integer grids.
+func (g *gpu) searches(s quant.Scheme, opt Options) bool {
+	return g != nil && opt.Imatrix && g.weighted.Supports(s)
+}
+
 // checkDevicePlan refuses, with --device cuda, a plan that has a tensor the GPU cannot do:
 // the exit code promises the plan was carried out exactly as asked.
 func checkDevicePlan(g *gpu, device string, items []Item, f packing.Format, opt Options) error {
@@ -71,7 +85,7 @@ func checkDevicePlan(g *gpu, device string, items []Item, f packing.Format, opt 
 		return nil
 	}
 	for _, it := range items {
-		if it.Scheme != nil && !g.supports(*it.Scheme, f, opt) {
+		if it.Scheme != nil && !g.supports(*it.Scheme, f, opt) && !g.searches(*it.Scheme, opt) {
 			return fmt.Errorf("tensor %s: %s in the %s layout%s has no GPU kernel; use --device auto to run it on the CPU",
 				it.Info.Name, it.Scheme, f.Name(), searchFlag(opt))
 		}

@@ -16,26 +16,30 @@ import (
 )
 
 // TestGPUCPUSolvedGPTQ: GPTQ with --imatrix, and GPTQ on NF4, on --device cuda gather the
-// Hessians on the GPU and solve on the CPU; the output's activation-weighted error matches the
-// all-CPU conversion's (TF32 Hessians, so not bit for bit) within 3% on every linear of tiny.
+// Hessians on the GPU and solve on the CPU; RTN with --imatrix searches on the GPU and encodes on
+// the CPU. Each output's activation-weighted error matches the all-CPU conversion's (TF32
+// activations, so not bit for bit) within 3% on every linear of tiny.
 func TestGPUCPUSolvedGPTQ(t *testing.T) {
 	gputest.Open(t) // skips without a GPU
 	for _, c := range []struct {
+		method  string
 		s       quant.Scheme
 		imatrix bool
+		where   string
 	}{
-		{quant.Scheme{Bits: 3, GroupSize: 64}, true},
-		{quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true}, false},
+		{"gptq", quant.Scheme{Bits: 3, GroupSize: 64}, true, "on cpu (Hessians on cuda)"},
+		{"gptq", quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true}, false, "on cpu (Hessians on cuda)"},
+		{"rtn", quant.Scheme{Bits: 3, GroupSize: 64}, true, "on cuda (search) and cpu"},
 	} {
-		t.Run(c.s.String(), func(t *testing.T) { checkCPUSolvedGPTQ(t, c.s, c.imatrix) })
+		t.Run(c.method+"/"+c.s.String(), func(t *testing.T) { checkAgainstCPU(t, c.method, c.s, c.imatrix, c.where) })
 	}
 }
 
-func checkCPUSolvedGPTQ(t *testing.T, s quant.Scheme, imatrix bool) {
+func checkAgainstCPU(t *testing.T, method string, s quant.Scheme, imatrix bool, where string) {
 	tiny := testenv.Testdata(t, "models/tiny")
 	dir := t.TempDir()
 	opt := DefaultOptions()
-	opt.Method, opt.Alloc, opt.Format, opt.Imatrix = "gptq", Uniform(s), "qpack", imatrix
+	opt.Method, opt.Alloc, opt.Format, opt.Imatrix = method, Uniform(s), "qpack", imatrix
 	opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
 	var log bytes.Buffer
 	gpu, cpu := opt, opt
@@ -44,8 +48,8 @@ func checkCPUSolvedGPTQ(t *testing.T, s quant.Scheme, imatrix bool) {
 	if _, err := Convert(tiny, filepath.Join(dir, "gpu"), gpu); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(log.String(), "on cpu (Hessians on cuda)") {
-		t.Errorf("log does not say where GPTQ ran:\n%s", log.String())
+	if n := strings.Count(log.String(), where); n < 28 { // one per linear, two for GPTQ's
+		t.Errorf("%d log lines say %q, want one per linear (28):\n%s", n, where, log.String())
 	}
 	if _, err := Convert(tiny, filepath.Join(dir, "cpu"), cpu); err != nil {
 		t.Fatal(err)

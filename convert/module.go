@@ -149,7 +149,7 @@ func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error
 		if err != nil {
 			return "", err
 		}
-		return m.gptq.device, use(raws, t)
+		return m.gptq.deviceFor(s), use(raws, t)
 	}
 	if m.gpu.supports(s, m.format, m.opt) {
 		name := m.item.Info.Name
@@ -158,11 +158,37 @@ func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error
 			func(raws []packing.Raw) error { return use(raws, nil) })
 		return DeviceCUDA, err
 	}
+	if m.gpu.searches(s, m.opt) {
+		t, err := m.quantizeSearchedOnGPU()
+		if err != nil {
+			return "", err
+		}
+		raws, err := m.format.Pack(m.item.Module, t)
+		if err != nil {
+			return "", err
+		}
+		return DeviceCUDA + " (search) and cpu", use(raws, t)
+	}
 	raws, t, err := m.quantizePackCPU()
 	if err != nil {
 		return "", err
 	}
 	return DeviceCPU, use(raws, t)
+}
+
+// quantizeSearchedOnGPU runs the --imatrix search of every group on the GPU and encodes the
+// groups with the parameters found on the CPU: the tensor the CPU alone would make.
+func (m *packedModule) quantizeSearchedOnGPU() (*quant.Tensor, error) {
+	w, err := m.ck.Float32(m.item.Info.Name)
+	if err != nil {
+		return nil, err
+	}
+	n, k, s := m.item.N(), m.item.K(), *m.item.Scheme
+	bopt := m.opt.blockwise(m.item.Module)
+	if bopt.Params, err = m.gpu.weighted.Params(w, n, k, s, bopt.Importance); err != nil {
+		return nil, err
+	}
+	return blockwise.Quantize(w, n, k, s, bopt)
 }
 
 // quantizePackCPU quantizes and packs on the CPU; t is nil when the fused path packed directly.
