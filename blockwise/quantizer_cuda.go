@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,6 +34,13 @@ const (
 	gpuThreads  = 256 // THREADS
 	gpuWarps    = 8   // WARPS
 	gptq4Rows   = 16  // G128_ROWS: rows per warp of bw_gptq4_g128
+	pieceRows   = 16  // PIECE_ROWS: rows per warp of bw_piece_*
+	pieceCols   = 128 // PIECE_COLS: columns per warp of bw_piece_*
+	rowpcRows   = 8   // RPC_ROWS: rows per block of bw_rowpc_*
+	// rowpcMaxCols is the longest row bw_rowpc_* holds in registers (its CPL 24), and
+	// rowpcMaxStage the most shared memory its GPTQ stage may take (the default limit).
+	rowpcMaxCols  = 6144
+	rowpcMaxStage = 48 << 10
 	// gpuBlocksPerSM is the minimum resident blocks per SM in the encode kernels'
 	// __launch_bounds__.
 	gpuBlocksPerSM = 3
@@ -45,6 +53,16 @@ const (
 	gridInt     = 0
 	gridNF4     = 1
 )
+
+// kernelSuffixes name each kernel's variants by dtype code.
+var kernelSuffixes = [3]string{"_bf16", "_f16", "_f32"}
+
+// rowpcChunksPerLane are the row capacities of bw_rowpc_* (CPL: 8-column chunks per lane), in
+// increasing order; the last one times 256 is rowpcMaxCols.
+var rowpcChunksPerLane = []int{16, 24}
+
+// pieceGroupSizes are the group sizes bw_piece_* handles.
+var pieceGroupSizes = []int{32, 64, 128}
 
 var gpuDTypes = map[string]struct {
 	code int32
@@ -66,7 +84,8 @@ type GPUQuantizer struct {
 		// encode kernels by dtype code: fused (parameters fitted in the kernel) or reading
 		// the parameters of bw_params / bw_params_bin
 		fusedInt, fusedNF4, encodeInt, encodeNF4, encodeBin [3]cuda.Function
-		gptq4g128                                           [3]cuda.Function // see gpuJob.gptq4g128
+		gptq4g128                                           [3]cuda.Function         // see gpuJob.gptq4g128
+		piece                                               map[string]cuda.Function // by name: see gpuJob.pieceKernel, rowpcKernel
 		params, paramsBin, packZeros                        cuda.Function
 	}
 	tileBlocks int            // blocks of the persistent encode kernels: gpuBlocksPerSM per SM
@@ -140,7 +159,27 @@ func newGPUQuantizer(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) 
 	}{
 		{&k.params, "bw_params"}, {&k.paramsBin, "bw_params_bin"}, {&k.packZeros, "bw_pack_zeros"},
 	}
-	for code, suffix := range []string{"_bf16", "_f16", "_f32"} {
+	k.piece = map[string]cuda.Function{}
+	for _, family := range []string{"int4", "int8", "nf4"} {
+		var variants []string
+		for _, gs := range pieceGroupSizes {
+			variants = append(variants, fmt.Sprintf("bw_piece_%s_g%d", family, gs))
+		}
+		for _, cpl := range rowpcChunksPerLane {
+			variants = append(variants, fmt.Sprintf("bw_rowpc_%s_c%d", family, cpl))
+		}
+		for _, v := range variants {
+			for _, suffix := range kernelSuffixes[:2] {
+				f, err := m.Function(v + suffix)
+				if err != nil {
+					m.Unload()
+					return nil, err
+				}
+				k.piece[v+suffix] = f
+			}
+		}
+	}
+	for code, suffix := range kernelSuffixes {
 		for _, e := range []struct {
 			dst  *[3]cuda.Function
 			name string
@@ -326,6 +365,50 @@ func (j gpuJob) gptq4g128() bool {
 		j.k%128 == 0 && (j.n+gptq4Rows-1)/gptq4Rows <= 65535
 }
 
+// pieceKernel names the one-launch kernel bw_piece_* that runs the job, or is "" when none does:
+// it takes 16-bit inputs with K a multiple of 128, integer 4- or 8-bit or NF4 groups of 32, 64
+// or 128 columns, and at most 65535 bands of 16 rows. GPTQ int4 g128 keeps bw_gptq4_g128.
+func (j gpuJob) pieceKernel() string {
+	if j.gptq4g128() || j.dtype == gpuDTypes["F32"].code || j.k%pieceCols != 0 || (j.n+pieceRows-1)/pieceRows > 65535 ||
+		!slices.Contains(pieceGroupSizes, j.gsize) {
+		return ""
+	}
+	switch {
+	case j.s.Grid == quant.Integer && (j.s.Bits == 4 || j.s.Bits == 8):
+		return fmt.Sprintf("bw_piece_int%d_g%d%s", j.s.Bits, j.gsize, kernelSuffixes[j.dtype])
+	case j.s.Grid == quant.NF4:
+		return fmt.Sprintf("bw_piece_nf4_g%d%s", j.gsize, kernelSuffixes[j.dtype])
+	}
+	return ""
+}
+
+// rowpcKernel names the one-launch per-channel kernel bw_rowpc_* that runs the job, or is ""
+// when none does: it takes 16-bit inputs with one group per row of K ≤ 6144 columns, K a multiple
+// of 8, integer 4- or 8-bit or NF4, and for GPTQ a stage of 8 rows' qweight words that fits
+// rowpcMaxStage (8-bit K = 6144 fills it exactly).
+func (j gpuJob) rowpcKernel() string {
+	if j.pieceKernel() != "" || j.gptq4g128() || j.dtype == gpuDTypes["F32"].code || j.groups != 1 || j.k%8 != 0 ||
+		j.k > rowpcMaxCols || (j.layout == layoutGPTQ && j.rowpcStageBytes() > rowpcMaxStage) {
+		return ""
+	}
+	// the fewest registers that hold the row: a warp's lane takes 8·cpl columns
+	cpl := rowpcChunksPerLane[slices.IndexFunc(rowpcChunksPerLane, func(c int) bool { return j.k <= 256*c })]
+	switch {
+	case j.s.Grid == quant.Integer && (j.s.Bits == 4 || j.s.Bits == 8):
+		return fmt.Sprintf("bw_rowpc_int%d_c%d%s", j.s.Bits, cpl, kernelSuffixes[j.dtype])
+	case j.s.Grid == quant.NF4:
+		return fmt.Sprintf("bw_rowpc_nf4_c%d%s", cpl, kernelSuffixes[j.dtype])
+	}
+	return ""
+}
+
+// rowpcStageBytes is the dynamic shared memory of bw_rowpc_* in the GPTQ layout: 8 rows of
+// K·b/32 words, each rounded up to a multiple of 8.
+func (j gpuJob) rowpcStageBytes() int {
+	words := j.k * j.s.Bits / 32
+	return rowpcRows * ((words + 7) / 8 * 8) * 4
+}
+
 // outputSizes are the byte sizes of the packed tensors the kernels write.
 func (j gpuJob) outputSizes() (codes, scales, zeros, offsets int) {
 	b, n, k, ng := j.s.Bits, j.n, j.k, j.groups
@@ -349,7 +432,7 @@ func (j gpuJob) deviceBytes() [numBufs]int {
 	sz[bufInput] = j.n * j.k * [3]int{2, 2, 4}[j.dtype]
 	sz[bufCodes], sz[bufScales], sz[bufZeros], sz[bufOffsets] = j.outputSizes()
 	ng := j.n * j.groups
-	if j.s.Grid == quant.Integer && !j.gptq4g128() {
+	if j.s.Grid == quant.Integer && !j.gptq4g128() && j.pieceKernel() == "" && j.rowpcKernel() == "" {
 		sz[bufZeroBytes] = ng
 	}
 	if !j.fused() {
@@ -407,6 +490,20 @@ func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.S
 		grid := cuda.Dim3{X: (j.groups + gpuWarps - 1) / gpuWarps, Y: (j.n + gptq4Rows - 1) / gptq4Rows, Z: 1}
 		return k.gptq4g128[j.dtype].Launch(grid, block, 0, st, ptrs[bufInput], n, kk, groups, sym, j.zeroShift,
 			ptrs[bufCodes], ptrs[bufScales], ptrs[bufZeros], ptrs[bufStatus])
+	}
+	if name := j.pieceKernel(); name != "" {
+		grid := cuda.Dim3{X: (j.k/pieceCols + gpuWarps - 1) / gpuWarps, Y: (j.n + pieceRows - 1) / pieceRows, Z: 1}
+		return k.piece[name].Launch(grid, block, 0, st, ptrs[bufInput], n, kk, sym, j.zeroShift, j.layout,
+			ptrs[bufCodes], ptrs[bufScales], ptrs[bufZeros], q.nf4, ptrs[bufStatus])
+	}
+	if name := j.rowpcKernel(); name != "" {
+		shared := 0
+		if j.layout == layoutGPTQ {
+			shared = j.rowpcStageBytes()
+		}
+		grid := cuda.Dim3{X: (j.n + rowpcRows - 1) / rowpcRows, Y: 1, Z: 1}
+		return k.piece[name].Launch(grid, block, shared, st, ptrs[bufInput], n, kk, sym, j.zeroShift, j.layout,
+			ptrs[bufCodes], ptrs[bufScales], ptrs[bufZeros], q.nf4, ptrs[bufStatus])
 	}
 	var encode cuda.Function
 	switch {

@@ -31,25 +31,38 @@ func BenchmarkGPUQuantize(b *testing.B) {
 		b.Fatal(err)
 	}
 	fmt.Printf("TABLE %s: D2D copy 1 GiB: %.2f TB/s\n", dev.Info().Name, big.BytesPerSecond()/1e12)
-	int4 := quant.Scheme{Bits: 4, GroupSize: 128, Grid: quant.Integer}
-	for _, c := range []struct {
+	type benchCase struct {
 		label  string
 		n, k   int
 		s      quant.Scheme
 		format string
-	}{
+	}
+	int4 := quant.Scheme{Bits: 4, GroupSize: 128, Grid: quant.Integer}
+	cases := []benchCase{
 		{"0.5M", 512, 1024, int4, "gptq"},
 		{"1M", 1024, 1024, int4, "gptq"},
 		{"5M", 2048, 2560, int4, "gptq"},
 		{"10M", 4096, 2560, int4, "gptq"},
-		{"50M", 8192, 6144, int4, "gptq"},
-		{"180M", 4 * 11008, 4096, int4, "gptq"},
-		{"50M", 8192, 6144, int4, "qpack"},
-		{"50M", 8192, 6144, quant.Scheme{Bits: 8, GroupSize: 128, Grid: quant.Integer}, "gptq"},
-		{"50M", 8192, 6144, quant.Scheme{Bits: 4, GroupSize: 128, Grid: quant.NF4, Sym: true}, "qpack"},
-		{"50M", 8192, 6144, quant.Scheme{Bits: 4, GroupSize: 64, Grid: quant.NF4, Sym: true}, "qpack"},
-		{"50M", 8192, 6144, quant.Scheme{Bits: 4, GroupSize: quant.PerChannel, Grid: quant.Integer}, "gptq"},
-	} {
+	}
+	// Every scheme family × layout of issue 16 that the GPU quantizer does, at 50M and 180M.
+	for _, size := range []struct {
+		label string
+		n, k  int
+	}{{"50M", 8192, 6144}, {"180M", 4 * 11008, 4096}} {
+		for _, c := range []struct{ scheme, format string }{
+			{"int4-g128-asym", "gptq"}, {"int4-g128-asym", "qpack"}, {"int8-g128-asym", "gptq"},
+			{"int8-g128-asym", "qpack"}, {"nf4-g64", "qpack"}, {"nf4-g128", "qpack"}, {"int4-pc-asym", "gptq"},
+			{"int8-pc-asym", "gptq"}, {"int4-pc-asym", "qpack"}, {"int4-g32-asym", "qpack"}, {"int2-g64-asym", "qpack"},
+			{"int3-g128-asym", "gptq"}, {"bin-g128-asym", "qpack"},
+		} {
+			s, err := quant.ParseScheme(c.scheme)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cases = append(cases, benchCase{size.label, size.n, size.k, s, c.format})
+		}
+	}
+	for _, c := range cases {
 		b.Run(fmt.Sprintf("%s/%s/%s", c.label, c.s, c.format), func(b *testing.B) {
 			benchGPUQuantize(b, dev, q, c.label, c.n, c.k, c.s, c.format)
 		})

@@ -294,33 +294,155 @@ func TestGPUQuantizerGPTQ4G128(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, format := range []string{"gptq", "gptq_v2"} {
-				j, err := newGPUJob("BF16", n, k, s, format, "m")
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !j.gptq4g128() {
-					t.Fatalf("%s %s %dx%d does not take bw_gptq4_g128", format, name, n, k)
-				}
 				for _, dtype := range []string{"BF16", "F16", "F32"} {
-					raw, held := encodeWeights(gpuTestWeights(r, n, k), dtype)
-					want, err := cpuQuantizePack(held, n, k, s, format, "m")
-					if err != nil {
-						t.Fatal(err)
-					}
-					got, err := q.QuantizePack(raw, dtype, n, k, s, format, "m")
-					if err != nil {
-						t.Fatalf("%s %s %s %dx%d: %v", format, name, dtype, n, k, err)
-					}
-					compareRaws(t, fmt.Sprintf("%s %s %s %dx%d", format, name, dtype, n, k), got, want)
+					checkGPUAgainstCPU(t, q, r, dtype, n, k, s, format, gpuJob.gptq4g128, true)
 				}
 			}
 		}
 	}
 }
 
+// gpuFormats are the formats the GPU quantizer packs scheme s in.
+func gpuFormats(s quant.Scheme) []string {
+	if s.Grid == quant.Integer {
+		return []string{"gptq", "gptq_v2", "qpack"}
+	}
+	return []string{"qpack"}
+}
+
+// checkGPUAgainstCPU checks that takes(job) is want (whether a given kernel runs the job), then
+// quantizes fresh weights on the GPU and compares the result with the CPU reference.
+func checkGPUAgainstCPU(t *testing.T, q *GPUQuantizer, r *rand.Rand, dtype string, n, k int, s quant.Scheme, format string,
+	takes func(gpuJob) bool, want bool) {
+	t.Helper()
+	what := fmt.Sprintf("%s %s %s %dx%d", format, s, dtype, n, k)
+	j, err := newGPUJob(dtype, n, k, s, format, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := takes(j); got != want {
+		t.Fatalf("%s: takes the kernel under test: %v, want %v", what, got, want)
+	}
+	raw, held := encodeWeights(gpuTestWeights(r, n, k), dtype)
+	wantRaws, err := cpuQuantizePack(held, n, k, s, format, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := q.QuantizePack(raw, dtype, n, k, s, format, "m")
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	compareRaws(t, what, got, wantRaws)
+}
+
+// TestGPUQuantizerPieces covers the one-launch kernels bw_piece_* (integer 4/8-bit and NF4 groups
+// of 32, 64, 128) in every format they serve, on both 16-bit dtypes and both zero-point modes:
+// N not a multiple of 16 (partial row bands and qzeros words), K of one piece, and K of 9 pieces
+// (an odd number: blocks with idle warps, a half-filled qpack zero byte for 4-bit g128).
+func TestGPUQuantizerPieces(t *testing.T) {
+	_, q := openGPUQuantizer(t)
+	q.poison = true
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 13))
+	var names []string
+	for _, gs := range pieceGroupSizes {
+		for _, b := range []int{4, 8} {
+			names = append(names, fmt.Sprintf("int%d-g%d-asym", b, gs), fmt.Sprintf("int%d-g%d-sym", b, gs))
+		}
+		names = append(names, fmt.Sprintf("nf4-g%d", gs))
+	}
+	for _, shape := range [][2]int{{45, 1152}, {16, 128}, {203, 384}} {
+		n, k := shape[0], shape[1]
+		for _, name := range names {
+			s, err := quant.ParseScheme(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, format := range gpuFormats(s) {
+				for _, dtype := range []string{"BF16", "F16"} {
+					takes := func(j gpuJob) bool { return j.pieceKernel() != "" || j.gptq4g128() }
+					checkGPUAgainstCPU(t, q, r, dtype, n, k, s, format, takes, true)
+				}
+			}
+		}
+	}
+}
+
+// TestGPUQuantizerRowPC covers the per-channel kernels bw_rowpc_* in every format they serve, on
+// both 16-bit dtypes and both zero-point modes: N not a multiple of 8 (a partial block of rows
+// and partial qzeros words), K not a multiple of the 256 columns a warp loads at once, K at
+// both register capacities (4096: CPL 16; 4104, 6144: CPL 24). GPTQ 8-bit with K = 6144 fills
+// the 48 KiB shared-memory stage exactly. K = 6152 and 8192 are too long and keep the two-kernel
+// path (checked too).
+func TestGPUQuantizerRowPC(t *testing.T) {
+	_, q := openGPUQuantizer(t)
+	q.poison = true
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 17))
+	for _, shape := range [][2]int{{13, 1000}, {45, 4096}, {8, 4104}, {11, 6144}, {5, 6152}, {21, 8192}, {3, 136}} {
+		n, k := shape[0], shape[1]
+		for _, name := range []string{"int4-pc-asym", "int4-pc-sym", "int8-pc-asym", "int8-pc-sym", "nf4-pc"} {
+			s, err := quant.ParseScheme(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, format := range gpuFormats(s) {
+				dtype := []string{"BF16", "F16"}[r.IntN(2)]
+				takes := func(j gpuJob) bool { return j.rowpcKernel() != "" }
+				checkGPUAgainstCPU(t, q, r, dtype, n, k, s, format, takes, k <= rowpcMaxCols)
+			}
+		}
+	}
+}
+
+// TestGPUQuantizerPiecesReportBadInput checks the status reports of bw_piece_* and bw_rowpc_*: the lowest
+// non-finite weight (NaN or Inf, in either lane of a row and in any group of a piece, two bad
+// weights so that the lower one must win) and a scale that overflows F16.
+func TestGPUQuantizerPiecesReportBadInput(t *testing.T) {
+	_, q := openGPUQuantizer(t)
+	const n, k = 40, 512
+	good, _ := encodeWeights(gpuTestWeights(rand.New(rand.NewPCG(3, 4)), n, k), "BF16")
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	for _, c := range []struct {
+		scheme, format string
+		bad            [][3]float32 // row, column, value
+		want           string
+	}{
+		{"int4-g128-asym", "qpack", [][3]float32{{21, 300, nan}, {30, 2, nan}}, "row 21, column 300"},
+		{"int8-g32-sym", "gptq", [][3]float32{{33, 9, -inf}}, "row 33, column 9"},
+		{"int8-g64-asym", "qpack", [][3]float32{{2, 511, inf}, {2, 509, nan}}, "row 2, column 509"},
+		{"nf4-g64", "qpack", [][3]float32{{17, 200, inf}}, "row 17, column 200"},
+		{"nf4-g32", "qpack", [][3]float32{{38, 511, nan}}, "row 38, column 511"},
+		{"int4-g64-asym", "qpack", [][3]float32{{5, 70, 3e38}}, "row 5, group 1"},
+		{"nf4-g128", "qpack", [][3]float32{{9, 130, -3e38}}, "row 9, group 1"},
+		{"int4-pc-asym", "gptq", [][3]float32{{12, 400, nan}, {12, 401, inf}}, "row 12, column 400"},
+		{"nf4-pc", "qpack", [][3]float32{{39, 3, -inf}}, "row 39, column 3"},
+		{"int8-pc-sym", "qpack", [][3]float32{{5, 70, 3e38}}, "row 5, group 0"},
+	} {
+		s, err := quant.ParseScheme(c.scheme)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j, err := newGPUJob("BF16", n, k, s, c.format, "w"); err != nil || j.pieceKernel()+j.rowpcKernel() == "" {
+			t.Fatalf("%s %s: no bw_piece or bw_rowpc kernel (%v)", c.format, c.scheme, err)
+		}
+		raw := slices.Clone(good)
+		for _, b := range c.bad {
+			at, h := 2*(int(b[0])*k+int(b[1])), fp.F32ToBF16(b[2])
+			raw[at], raw[at+1] = byte(h), byte(h>>8)
+		}
+		if _, err := q.QuantizePack(raw, "BF16", n, k, s, c.format, "w"); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %s: got %v, want an error naming %q", c.format, c.scheme, err, c.want)
+		}
+	}
+}
+
 // TestGPURoundExactExhaustive checks int_round_exact, the division-free rounding the kernels use
-// for BF16 and F16 weights, against rintf of the true division on every finite 16-bit weight
-// and every finite positive F16 scale (2^16 × 31,743 pairs per dtype) where the kernels use it.
+// for BF16 and F16 weights, against rintf of the true division, and the NF4 code of
+// quotient_exact against that of the true division, on every finite 16-bit weight and every
+// finite positive F16 scale (2^16 × 31,743 pairs per dtype) where the kernels use them.
 func TestGPURoundExactExhaustive(t *testing.T) {
 	dev, q := openGPUQuantizer(t)
 	check, err := q.module.Function("bw_check_round_exact")
@@ -332,13 +454,18 @@ func TestGPURoundExactExhaustive(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dev.Free(buf)
-	for dtype, name := range []string{"BF16", "F16"} {
+	for _, c := range []struct {
+		dtype int32
+		name  string
+		nf4   cuda.DevicePtr // the NF4 thresholds, or 0: integer rounding
+	}{{0, "BF16", 0}, {1, "F16", 0}, {0, "BF16 NF4", q.nf4}, {1, "F16 NF4", q.nf4}} {
+		name := c.name
 		init := make([]byte, 24)
 		binary.LittleEndian.PutUint32(init[16:], math.MaxUint32)
 		if err := dev.CopyToDevice(buf, init); err != nil {
 			t.Fatal(err)
 		}
-		if err := check.Launch(cuda.Dim3{X: 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, 0, int32(dtype), buf, buf.Add(16)); err != nil {
+		if err := check.Launch(cuda.Dim3{X: 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, 0, c.dtype, c.nf4, buf, buf.Add(16)); err != nil {
 			t.Fatal(err)
 		}
 		out := make([]byte, 24)
@@ -352,7 +479,7 @@ func TestGPURoundExactExhaustive(t *testing.T) {
 			t.Errorf("%s: only %d pairs compared", name, checked)
 		}
 		if bad > 0 {
-			t.Errorf("%s: %d pairs round differently from the division, first weight bits %#04x, scale bits %#04x",
+			t.Errorf("%s: %d pairs code differently from the division, first weight bits %#04x, scale bits %#04x",
 				name, bad, first>>16, first&0xffff)
 		}
 	}

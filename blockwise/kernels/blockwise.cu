@@ -19,7 +19,11 @@
 // Scales go straight to their layout; integer zero points go to a byte per (row, group) that
 // bw_pack_zeros packs into GPTQ's qzeros or qpack's zeros afterwards.
 // The hottest case, GPTQ int4 with groups of 128 and K a multiple of 128, has its own
-// one-launch kernel (bw_gptq4_g128_*, at the end).
+// one-launch kernel (bw_gptq4_g128_*, at the end). For 16-bit inputs, integer 4/8-bit and NF4
+// groups of 32, 64 and 128 (K a multiple of 128) run on bw_piece_* (the same work split, both
+// layouts), and per-channel groups of rows up to 6144 columns on bw_rowpc_* (a row per warp, in
+// registers); these read the input once, where the tile kernels above are what remains for
+// F32, 2/3-bit, binary and the other group sizes.
 // Integer codes are computed without a division per weight: int_round_exact for 16-bit inputs,
 // int_code_fast with a division fallback near rounding ties for F32 (see recip_int).
 // Machine code for the H100 and H200 ships beside the PTX, so that they skip the JIT (≈ 4 s):
@@ -164,17 +168,21 @@ __device__ __forceinline__ unsigned int int_code_fast(float w, const RecipInt& p
     return __float_as_uint(__fadd_rn(int_round_fast(w, p, ok), p.magic_zero)) - __float_as_uint(ROUND_MAGIC);
 }
 
-// Weights of 16-bit inputs (BF16, F16) need no check and no slow path: int_round_exact returns
-// round(fl(w/scale)) exactly. x = fl(w·r) is a faithful quotient, so its remainder w − x·scale is
-// exact in one FMA, and x + remainder·r rounded once is the correctly rounded quotient fl(w/scale)
-// (Markstein's theorem; r is the correctly rounded reciprocal), which ROUND_MAGIC then rounds to
-// an integer, ties to even, as rintf does. The GPU test TestGPURoundExactExhaustive checks every
-// finite BF16 and F16 weight against every finite F16 scale with |w·r| < RECIP_LIMIT (the group's
+// Weights of 16-bit inputs (BF16, F16) need no check and no slow path: quotient_exact returns
+// fl(w/scale) without a division. x = fl(w·r) is a faithful quotient, so its remainder w − x·scale
+// is exact in one FMA, and x + remainder·r rounded once is the correctly rounded quotient
+// (Markstein's theorem; r is the correctly rounded reciprocal). int_round_exact then rounds it to
+// an integer, ties to even, as rintf does; the NF4 kernels compare it with the thresholds. The GPU
+// test TestGPURoundExactExhaustive checks both (the integer and the NF4 code) on every finite BF16
+// and F16 weight against every finite F16 scale with |w·r| < RECIP_LIMIT (the group's
 // RecipInt.safe; other groups take the division).
-__device__ __forceinline__ float int_round_exact(float w, const RecipInt& p) {
+__device__ __forceinline__ float quotient_exact(float w, const RecipInt& p) {
     const float x = __fmul_rn(w, p.r);
-    const float q = __fmaf_rn(__fmaf_rn(-x, p.scale, w), p.r, x);
-    return __fsub_rn(__fadd_rn(q, ROUND_MAGIC), ROUND_MAGIC);
+    return __fmaf_rn(__fmaf_rn(-x, p.scale, w), p.r, x);
+}
+
+__device__ __forceinline__ float int_round_exact(float w, const RecipInt& p) {
+    return __fsub_rn(__fadd_rn(quotient_exact(w, p), ROUND_MAGIC), ROUND_MAGIC);
 }
 
 // int_code_exact is the code of a 16-bit input's weight: clamp(round(w/scale) + zero, 0, maxq).
@@ -555,24 +563,48 @@ __device__ __forceinline__ unsigned int max2(unsigned int a, unsigned int b) {
     return d;
 }
 
-// g128_words packs this lane's 64 codes of a 16-bit input into 8 qweight words. Four codes
-// c_e = n_e + zero pack exactly in a float: 2^23 + Σ c_e·16^e stays in [2^23, 2^24), where the
-// float's low 16 bits are the packed codes (all products and sums are exact). CLAMP false skips
-// the clamp to [0, 15], for warps whose groups' extremes already round inside it.
-template <int DT, bool CLAMP>
-__device__ __forceinline__ void g128_words(const Raw<DT> (&x)[8], const RecipInt& p, float zero, unsigned int (&word)[8]) {
-    const float pack0 = __fadd_rn(8388608.0f, __fmul_rn(zero, 4369.0f));  // 2^23 + zero·0x1111
+// range16 is the range of chunks x[j0, j0 + jn) of a 16-bit input (both ends including 0), from
+// packed min/max, and whether all those weights are finite.
+template <int DT, int N>
+__device__ __forceinline__ void range16(const Raw<DT> (&x)[N], int j0, int jn, float& lo, float& hi, bool& finite) {
+    unsigned int mn = 0, mx = 0;  // two +0s: the range includes 0
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        float pk[2] = {pack0, pack0};
+    for (int j = j0; j < j0 + jn; j++) {
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            float n = int_round_exact(raw_at<DT>(x[j], e), p);
-            if (CLAMP) n = fminf(fmaxf(n, p.nlo), p.nhi);
-            pk[e >> 2] = __fmaf_rn(n, (float)(1 << (4 * (e & 3))), pk[e >> 2]);
+        for (int q = 0; q < 4; q++) {
+            mn = min2<DT>(mn, x[j].u[q]);
+            mx = max2<DT>(mx, x[j].u[q]);
         }
-        word[j] = __byte_perm(__float_as_uint(pk[0]), __float_as_uint(pk[1]), 0x5410);
     }
+    Raw<DT> m;
+    m.u[0] = mn;
+    m.u[1] = mx;
+    const float lo0 = raw_at<DT>(m, 0), lo1 = raw_at<DT>(m, 1), hi0 = raw_at<DT>(m, 2), hi1 = raw_at<DT>(m, 3);
+    finite = !(non_finite(lo0) || non_finite(lo1) || non_finite(hi0) || non_finite(hi1));  // before fminf drops a NaN
+    lo = fminf(lo0, lo1);
+    hi = fmaxf(hi0, hi1);
+}
+
+// int_chunk_words packs the 8 codes of chunk xj (16-bit input) of b = BITS ∈ {4, 8} bits into
+// BITS/4 words. 16/b codes c_e = n_e + zero pack exactly in a float: 2^23 + Σ c_e·2^(b·e) stays
+// in [2^23, 2^24), where the float's low 16 bits are the packed codes (all products and sums are
+// exact). CLAMP false skips the clamp to [0, maxq], for warps whose groups' extremes already
+// round inside it.
+template <int DT, int BITS, bool CLAMP>
+__device__ __forceinline__ void int_chunk_words(const Raw<DT>& xj, const RecipInt& p, float zero, unsigned int (&word)[BITS / 4]) {
+    constexpr int per_half = 16 / BITS;  // codes per 16 bits
+    const float pack0 = __fadd_rn(8388608.0f, __fmul_rn(zero, BITS == 4 ? 4369.0f : 257.0f));  // 2^23 + zero·Σ 2^(b·e)
+    float pk[BITS / 2];
+#pragma unroll
+    for (int i = 0; i < BITS / 2; i++) pk[i] = pack0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float n = int_round_exact(raw_at<DT>(xj, e), p);
+        if (CLAMP) n = fminf(fmaxf(n, p.nlo), p.nhi);
+        pk[e / per_half] = __fmaf_rn(n, (float)(1 << (BITS * (e % per_half))), pk[e / per_half]);
+    }
+#pragma unroll
+    for (int m = 0; m < BITS / 4; m++) word[m] = __byte_perm(__float_as_uint(pk[2 * m]), __float_as_uint(pk[2 * m + 1]), 0x5410);
 }
 
 template <int DT>
@@ -602,22 +634,7 @@ __device__ __forceinline__ void gptq4_g128(const void* w, int n_rows, int k, int
             }
         }
     } else {
-        unsigned int mn = 0, mx = 0;  // two +0s: the range includes 0
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                mn = min2<DT>(mn, x[j].u[q]);
-                mx = max2<DT>(mx, x[j].u[q]);
-            }
-        }
-        Raw<DT> m;
-        m.u[0] = mn;
-        m.u[1] = mx;
-        const float lo0 = raw_at<DT>(m, 0), lo1 = raw_at<DT>(m, 1), hi0 = raw_at<DT>(m, 2), hi1 = raw_at<DT>(m, 3);
-        finite = !(non_finite(lo0) || non_finite(lo1) || non_finite(hi0) || non_finite(hi1));  // before fminf drops a NaN
-        lo = fminf(lo0, lo1);
-        hi = fmaxf(hi0, hi1);
+        range16<DT, 8>(x, 0, 8, lo, hi, finite);
     }
     lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
     hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
@@ -630,7 +647,7 @@ __device__ __forceinline__ void gptq4_g128(const void* w, int n_rows, int k, int
     unsigned int word[8];
     bool ok = true;
     if constexpr (DT == IN_F32) {
-        // Four codes c_e = n_e + zero pack exactly in a float (see g128_words).
+        // Four codes c_e = n_e + zero pack exactly in a float (see int_chunk_words).
         const float pack0 = __fadd_rn(8388608.0f, __fmul_rn(zero, 4369.0f));
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -645,8 +662,16 @@ __device__ __forceinline__ void gptq4_g128(const void* w, int n_rows, int k, int
         // every weight does.
         ok = p.safe && finite;
         const bool inside = ok && int_round_exact(lo, p) >= p.nlo && int_round_exact(hi, p) <= p.nhi;
-        if (__all_sync(0xffffffffu, inside)) g128_words<DT, false>(x, p, zero, word);
-        else g128_words<DT, true>(x, p, zero, word);
+        unsigned int wj[8][1];
+        if (__all_sync(0xffffffffu, inside)) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) int_chunk_words<DT, 4, false>(x[j], p, zero, wj[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) int_chunk_words<DT, 4, true>(x[j], p, zero, wj[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) word[j] = wj[j][0];
     }
     if (!ok) {  // F32: a weight near a rounding tie; any input: not finite, or an unsafe group. Divide.
 #pragma unroll
@@ -688,22 +713,409 @@ GPTQ4_ENTRY(_bf16, IN_BF16, 3)
 GPTQ4_ENTRY(_f16, IN_F16, 3)
 GPTQ4_ENTRY(_f32, IN_F32, 2)
 
+// bw_piece_*: integer 4- and 8-bit and NF4 groups of 32, 64 or 128 columns of a 16-bit input
+// (BF16, F16) with K a multiple of 128, in one launch, in both layouts. The work split is
+// bw_gptq4_g128's: a warp takes 16 rows × one piece of 128 columns; lanes 2i and 2i+1 hold row
+// r0 + i, lane half h holding chunks 2j + h (j = 0..7), so that each 16-byte load instruction
+// reads 16 rows × 32 contiguous bytes, and each lane quantizes 64 weights. A piece holds
+// 128/GS groups; group q is chunks j ∈ [q·GS/16, (q+1)·GS/16) of both lanes of a row, so the
+// group parameters cost one pair shuffle per group and are amortized over GS/2 weights.
+// Codes go straight to their layout (GPTQ qweight: chunk c is words c·b/4 .. of row r; qpack:
+// bytes c·b .. of row r), zero points too: GPTQ's qzeros words gathered with shuffles, qpack's
+// bytes per row (for 4-bit groups of 128, two pieces share a byte: the odd warp hands its nibble
+// to the even one through shared memory).
+#define PIECE_ROWS 16
+#define PIECE_COLS 128
+
+#define PIECE_PARAMS                                                                                   \
+    const void *w, int n_rows, int k, int sym, int zero_shift, int layout, unsigned char *codes,       \
+        unsigned short *scales, unsigned char *zeros, const float *nf4t, u64 *status
+#define PIECE_ARGS w, n_rows, k, sym, zero_shift, layout, codes, scales, zeros, nf4t, status
+
+// chunk_codes_div loads the chunk at flat index at and codes it with the true division (the
+// reference formula; for groups that are not finite or not safe), into BITS/4 words. It returns
+// the chunk's non-finite weights as a bit mask.
+template <int DT, int GRID, int BITS>
+__device__ __forceinline__ unsigned int chunk_codes_div(const void* w, u64 at, float scale, float zero, const float (&t)[15],
+                                                     unsigned int (&word)[BITS / 4]) {
+    Raw<DT> x;
+    load_raw<DT>(w, at, 8, true, x);
+    u64 wd = 0;
+    unsigned int bad = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        const float v = raw_at<DT>(x, e);
+        bad |= (non_finite(v) ? 1u : 0u) << e;
+        const unsigned int code = GRID == GRID_INT ? int_code(v, scale, zero, (1 << BITS) - 1) : nf4_code(__fdiv_rn(v, scale), t);
+        wd |= (u64)code << (BITS * e);
+    }
+#pragma unroll
+    for (int m = 0; m < BITS / 4; m++) word[m] = (unsigned int)(wd >> (32 * m));
+    return bad;
+}
+
+// chunk_store writes chunk c's BITS/4 code words of row r, alone (the rare division path).
+template <int BITS>
+__device__ __forceinline__ void chunk_store(unsigned char* codes, int layout, int n_rows, int k, int r, u64 c,
+                                            const unsigned int (&word)[BITS / 4]) {
+    if (layout == LAYOUT_GPTQ) {
+#pragma unroll
+        for (int m = 0; m < BITS / 4; m++) ((unsigned int*)codes)[(c * (BITS / 4) + m) * n_rows + r] = word[m];
+    } else {
+        unsigned char* dst = codes + (u64)r * ((u64)k / 8 * BITS) + c * BITS;
+        if constexpr (BITS == 4) *(unsigned int*)dst = word[0];
+        else *(uint2*)dst = make_uint2(word[0], word[1]);
+    }
+}
+
+// piece_store writes a lane's 8 chunks of codes (chunk 2j + h of the piece in word[j], BITS/4
+// words each) of row r. GPTQ: chunk c is qweight words c·b/4 .. of column r, so that each store
+// instruction writes two runs of 16 consecutive words. qpack: the row's 16 chunks are 16·b
+// contiguous bytes; the two lanes of the row first swap chunks (d = 8/b apart in j) so that each
+// holds runs of 16 contiguous bytes, and each 16-byte store instruction writes whole 32-byte
+// sectors of 16 rows (storing chunk by chunk wrote 4 or 8 bytes per row and instruction, and ran
+// at half the speed).
+template <int BITS>
+__device__ __forceinline__ void piece_store(unsigned char* codes, int layout, int n_rows, int k, int r, int pc, bool live,
+                                            unsigned int (&word)[8][BITS / 4]) {
+    constexpr int wpc = BITS / 4, d = 8 / BITS;
+    const int h = threadIdx.x & 1;
+    if (layout == LAYOUT_GPTQ) {
+        if (!live) return;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+#pragma unroll
+            for (int m = 0; m < wpc; m++)
+                ((unsigned int*)codes)[((u64)pc * 16 + 2 * j + h) * wpc * n_rows + (u64)m * n_rows + r] = word[j][m];
+        }
+        return;
+    }
+    // Swap: afterwards both lanes hold, for run u and t < d, chunks 2(2du + dh + t) and its
+    // successor in word[2du + t] and word[2du + t + d]: bytes 32u + 16h .. of the piece's row.
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if ((j / d) % 2 != 0) continue;
+#pragma unroll
+        for (int m = 0; m < wpc; m++) {
+            const unsigned int a = word[j][m], b = word[j + d][m];
+            const unsigned int got = __shfl_xor_sync(0xffffffffu, h ? a : b, 1);
+            word[j][m] = h ? got : a;
+            word[j + d][m] = h ? b : got;
+        }
+    }
+    if (!live) return;
+    unsigned char* row = codes + (u64)r * ((u64)k / 8 * BITS) + (u64)pc * 16 * BITS;
+#pragma unroll
+    for (int u = 0; u < 8 / (2 * d); u++) {
+        unsigned int v[4];
+#pragma unroll
+        for (int t = 0; t < d; t++) {
+#pragma unroll
+            for (int m = 0; m < wpc; m++) {
+                v[2 * wpc * t + m] = word[2 * d * u + t][m];
+                v[2 * wpc * t + wpc + m] = word[2 * d * u + t + d][m];
+            }
+        }
+        *(uint4*)(row + 32 * u + 16 * h) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+}
+
+template <int DT, int GRID, int BITS, int GS>
+__device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
+    constexpr int NG = PIECE_COLS / GS;  // groups per piece
+    constexpr int JG = GS / 16;          // chunks of a lane per group
+    constexpr int maxq = (1 << BITS) - 1;
+    __shared__ unsigned char zpair[WARPS][PIECE_ROWS];  // see the comment above
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int pieces = k / PIECE_COLS, groups = k / GS;
+    const int pc = blockIdx.x * WARPS + warp;
+    const bool active = pc < pieces;  // whole warps: no shuffle misses a lane
+    const int r0 = blockIdx.y * PIECE_ROWS;
+    const int r = r0 + (lane >> 1), h = lane & 1;
+    const bool live = active && r < n_rows;
+    float zero[NG];
+    if (active) {
+        const u64 base = (u64)min(r, n_rows - 1) * k + (u64)pc * PIECE_COLS;  // rows past N reload the last
+        Raw<DT> x[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) load_raw<DT>(w, base + 8 * (2 * j + h), 8, true, x[j]);
+        float t[15];
+        if (GRID == GRID_NF4) {
+#pragma unroll
+            for (int i = 0; i < 15; i++) t[i] = __ldg(nf4t + i);
+        }
+        __half scale_h[NG];
+        float scale[NG];
+        RecipInt p[NG];
+        bool ok = true, inside = true;
+#pragma unroll
+        for (int q = 0; q < NG; q++) {
+            float lo, hi;
+            bool finite;
+            range16<DT, 8>(x, q * JG, JG, lo, hi, finite);
+            lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
+            hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
+            finite = __shfl_xor_sync(0xffffffffu, (int)finite, 1) && finite;  // the row's two lanes
+            zero[q] = 0.0f;
+            if (GRID == GRID_INT) int_params(lo, hi, sym, maxq, &scale_h[q], &scale[q], &zero[q]);
+            else nf4_params(fmaxf(-lo, hi), &scale_h[q], &scale[q]);
+            p[q] = recip_int(scale[q], zero[q], maxq, fmaxf(-lo, hi));
+            ok = ok && p[q].safe && finite;
+            // Rounding is monotone in w: when the extremes round inside the code range, all do.
+            if (GRID == GRID_INT) inside = inside && int_round_exact(lo, p[q]) >= p[q].nlo && int_round_exact(hi, p[q]) <= p[q].nhi;
+        }
+        const bool skip_clamp = GRID == GRID_INT && __all_sync(0xffffffffu, ok && inside);
+        unsigned int word[8][BITS / 4];  // chunk 2j + h's codes (garbage where !ok: redone below)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int q = j / JG;
+            if (GRID == GRID_NF4) {
+                word[j][0] = 0;
+#pragma unroll
+                for (int e = 0; e < 8; e++) word[j][0] |= nf4_code(quotient_exact(raw_at<DT>(x[j], e), p[q]), t) << (4 * e);
+            } else if (skip_clamp) {
+                int_chunk_words<DT, BITS, false>(x[j], p[q], zero[q], word[j]);
+            } else {
+                int_chunk_words<DT, BITS, true>(x[j], p[q], zero[q], word[j]);
+            }
+        }
+        piece_store<BITS>(codes, layout, n_rows, k, r, pc, live && ok, word);  // converged: it shuffles
+        if (!ok) {  // not finite, or an unsafe group (rare): the true division, and the status report
+#pragma unroll 1
+            for (int j = 0; j < 8; j++) {
+                float sc = scale[0], zq = zero[0];  // group j / JG's, without indexing the arrays at run time
+#pragma unroll
+                for (int q = 1; q < NG; q++) {
+                    if (j / JG == q) {
+                        sc = scale[q];
+                        zq = zero[q];
+                    }
+                }
+                const u64 at = base + 8 * (2 * j + h);
+                unsigned int wd[BITS / 4];
+                const unsigned int bad = chunk_codes_div<DT, GRID, BITS>(w, at, sc, zq, t, wd);
+                if (bad) atomicMin(status, at + __ffs(bad) - 1);
+                if (live) chunk_store<BITS>(codes, layout, n_rows, k, r, (u64)pc * 16 + 2 * j + h, wd);
+            }
+        }
+        if (live && h == 0) {
+#pragma unroll
+            for (int q = 0; q < NG; q++) {
+                const int g = pc * NG + q;
+                store_scale(scales, layout, r, g, n_rows, groups, scale_h[q]);
+                if (non_finite(scale[q])) atomicMin(status + 1, (u64)r * groups + g);
+            }
+        }
+        if (GRID == GRID_INT && layout == LAYOUT_GPTQ) {
+            // qzeros [groups, ceil(N·b/32)]: word (g, r/rpw) holds rows r..r+rpw−1, (z − zero_shift) mod 2^b each.
+            constexpr int rpw = 32 / BITS, lpw = 2 * rpw;  // rows and lanes per word
+#pragma unroll
+            for (int q = 0; q < NG; q++) {
+                unsigned int zw = live && h == 0 ? ((unsigned int)((int)zero[q] - zero_shift) & maxq) << (BITS * ((lane >> 1) & (rpw - 1))) : 0u;
+#pragma unroll
+                for (int off = 1; off < lpw; off <<= 1) zw |= __shfl_xor_sync(0xffffffffu, zw, off);
+                const int zr = r0 + rpw * (lane / lpw);
+                if ((lane & (lpw - 1)) == 0 && zr < n_rows)
+                    ((unsigned int*)zeros)[(u64)(pc * NG + q) * ((n_rows + rpw - 1) / rpw) + zr / rpw] = zw;
+            }
+        }
+        if (GRID == GRID_INT && layout == LAYOUT_QPACK && !sym && live && h == 0) {
+            // qpack zeros U8 [N, ceil(groups·b/8)], each row a bitstream over groups.
+            if constexpr (BITS == 8) {
+#pragma unroll
+                for (int q = 0; q < NG; q++) zeros[(u64)r * groups + pc * NG + q] = (unsigned char)zero[q];
+            } else if constexpr (NG > 1) {
+#pragma unroll
+                for (int q = 0; q < NG; q += 2)
+                    zeros[(u64)r * (groups / 2) + (pc * NG + q) / 2] = (unsigned char)((int)zero[q] | (int)zero[q + 1] << 4);
+            }
+        }
+    }
+    if constexpr (GRID == GRID_INT && BITS == 4 && NG == 1) {
+        if (layout == LAYOUT_QPACK && !sym) {  // block-uniform: every thread reaches the barrier
+            if (live && h == 0 && (warp & 1)) zpair[warp][lane >> 1] = (unsigned char)zero[0];
+            __syncthreads();
+            if (live && h == 0 && !(warp & 1)) {
+                const int high = pc + 1 < pieces ? zpair[warp + 1][lane >> 1] : 0;
+                zeros[(u64)r * ((groups + 1) / 2) + pc / 2] = (unsigned char)((int)zero[0] | high << 4);
+            }
+        }
+    }
+}
+
+#define PIECE_ENTRY(name, GRIDV, BITSV, GSV)                                                           \
+    extern "C" __global__ void __launch_bounds__(THREADS, 3) name##_bf16(PIECE_PARAMS) {              \
+        piece_kernel<IN_BF16, GRIDV, BITSV, GSV>(PIECE_ARGS);                                          \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS, 3) name##_f16(PIECE_PARAMS) {               \
+        piece_kernel<IN_F16, GRIDV, BITSV, GSV>(PIECE_ARGS);                                           \
+    }
+PIECE_ENTRY(bw_piece_int4_g32, GRID_INT, 4, 32)
+PIECE_ENTRY(bw_piece_int4_g64, GRID_INT, 4, 64)
+PIECE_ENTRY(bw_piece_int4_g128, GRID_INT, 4, 128)
+PIECE_ENTRY(bw_piece_int8_g32, GRID_INT, 8, 32)
+PIECE_ENTRY(bw_piece_int8_g64, GRID_INT, 8, 64)
+PIECE_ENTRY(bw_piece_int8_g128, GRID_INT, 8, 128)
+PIECE_ENTRY(bw_piece_nf4_g32, GRID_NF4, 4, 32)
+PIECE_ENTRY(bw_piece_nf4_g64, GRID_NF4, 4, 64)
+PIECE_ENTRY(bw_piece_nf4_g128, GRID_NF4, 4, 128)
+
+// bw_rowpc_*: per-channel integer 4- and 8-bit and NF4 groups (one group per row) of a 16-bit
+// input with K a multiple of 8 and K ≤ 256·CPL (CPL 16 or 24), in one launch that reads the input once: a warp
+// holds one whole row in registers (lane l: chunks l + 32i, i < CPL, so that each load instruction
+// reads 512 contiguous bytes), reduces its range with shuffles, fits the row's parameters once
+// and quantizes. A block is 8 consecutive rows. qpack codes are stored straight from the
+// registers (each store instruction: 128 or 256 contiguous bytes); GPTQ's qweight [K·b/32, N] is
+// staged in shared memory (dynamic, 8·S words with S = K·b/32 rounded up to a multiple of 8; word
+// index xor the row, against bank conflicts) and written as runs of 8 consecutive words.
+#define RPC_ROWS WARPS
+
+template <int DT, int GRID, int BITS, int CPL>
+__device__ __forceinline__ void rowpc_kernel(PIECE_PARAMS) {
+    extern __shared__ unsigned int rstage[];
+    constexpr int wpc = BITS / 4, maxq = (1 << BITS) - 1;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * RPC_ROWS, r = r0 + warp;
+    const bool live = r < n_rows;
+    const int nchunks = k / 8;
+    const u64 base = (u64)min(r, n_rows - 1) * k;  // rows past N reload the last
+    Raw<DT> x[CPL];
+#pragma unroll
+    for (int i = 0; i < CPL; i++) {
+        const int c = lane + 32 * i;
+        if (c < nchunks) load_raw<DT>(w, base + 8 * c, 8, true, x[i]);
+        else x[i].u[0] = x[i].u[1] = x[i].u[2] = x[i].u[3] = 0u;  // +0s: the range includes 0 anyway
+    }
+    float lo, hi;
+    bool finite;
+    range16<DT, CPL>(x, 0, CPL, lo, hi, finite);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
+        hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, off));
+    }
+    finite = __all_sync(0xffffffffu, finite);
+    __half scale_h;
+    float scale, zero = 0.0f;
+    if (GRID == GRID_INT) int_params(lo, hi, sym, maxq, &scale_h, &scale, &zero);
+    else nf4_params(fmaxf(-lo, hi), &scale_h, &scale);
+    const RecipInt p = recip_int(scale, zero, maxq, fmaxf(-lo, hi));
+    const bool ok = p.safe && finite;  // warp-uniform, as is everything that depends on the row
+    float t[15];
+    if (GRID == GRID_NF4) {
+#pragma unroll
+        for (int i = 0; i < 15; i++) t[i] = __ldg(nf4t + i);
+    }
+    // emit stores chunk i's words: qpack codes straight to the row, GPTQ's to the stage.
+    const int words = nchunks * wpc, stride = (words + 7) & ~7;
+    unsigned char* row = codes + (u64)r * ((u64)nchunks * BITS);
+    auto emit = [&](int i, const unsigned int (&word)[wpc]) {
+        const int c = lane + 32 * i;
+        if (c >= nchunks) return;
+        if (layout == LAYOUT_GPTQ) {
+#pragma unroll
+            for (int m = 0; m < wpc; m++) rstage[warp * stride + ((c * wpc + m) ^ warp)] = word[m];
+        } else if (live) {
+            if constexpr (BITS == 4) *(unsigned int*)(row + 4 * c) = word[0];
+            else *(uint2*)(row + 8 * c) = make_uint2(word[0], word[1]);
+        }
+    };
+    if (ok) {  // warp-uniform
+#pragma unroll
+        for (int i = 0; i < CPL; i++) {
+            unsigned int word[wpc];
+            if (GRID == GRID_NF4) {
+                word[0] = 0;
+#pragma unroll
+                for (int e = 0; e < 8; e++) word[0] |= nf4_code(quotient_exact(raw_at<DT>(x[i], e), p), t) << (4 * e);
+            } else {
+                int_chunk_words<DT, BITS, true>(x[i], p, zero, word);
+            }
+            emit(i, word);
+        }
+    } else {  // not finite, or an unsafe row (rare): the true division, and the status report
+#pragma unroll 1
+        for (int i = 0; i < CPL; i++) {
+            const int c = lane + 32 * i;
+            if (c >= nchunks) break;
+            unsigned int word[wpc];
+            const unsigned int bad = chunk_codes_div<DT, GRID, BITS>(w, base + 8 * c, scale, zero, t, word);
+            if (bad) atomicMin(status, base + 8 * c + __ffs(bad) - 1);
+            emit(i, word);
+        }
+    }
+    if (live && lane == 0) {
+        scales[r] = __half_as_ushort(scale_h);  // [1, N] and [N, 1] alike
+        if (non_finite(scale)) atomicMin(status + 1, (u64)r);
+        if (GRID == GRID_INT && layout == LAYOUT_QPACK && !sym) zeros[r] = (unsigned char)zero;
+    }
+    if (layout == LAYOUT_QPACK) return;
+    // GPTQ (block-uniform from here on): qweight from the stage, and qzeros.
+    __syncthreads();
+    const int rows = min(RPC_ROWS, n_rows - r0);
+    unsigned int* qweight = (unsigned int*)codes;
+    for (int idx = threadIdx.x; idx < words * RPC_ROWS; idx += THREADS) {
+        const int rr = idx % RPC_ROWS, wi = idx / RPC_ROWS;
+        if (rr < rows) qweight[(u64)wi * n_rows + r0 + rr] = rstage[rr * stride + (wi ^ rr)];
+    }
+    // qzeros [1, ceil(N·b/32)]: word r/rpw holds rows r..r+rpw−1, (z − zero_shift) mod 2^b each.
+    // The rows' zero points pass through the stage once it is read (a static array beside it
+    // would not fit when the stage takes the whole default 48 KiB).
+    if (GRID != GRID_INT) return;
+    constexpr int rpw = 32 / BITS;
+    __syncthreads();
+    if (lane == 0) rstage[warp] = (unsigned int)zero;
+    __syncthreads();
+    if (threadIdx.x < RPC_ROWS / rpw && threadIdx.x * rpw < rows) {
+        unsigned int zw = 0;
+        for (int i = 0; i < rpw && threadIdx.x * rpw + i < rows; i++)
+            zw |= ((rstage[threadIdx.x * rpw + i] - zero_shift) & maxq) << (BITS * i);
+        ((unsigned int*)zeros)[r0 / rpw + threadIdx.x] = zw;
+    }
+}
+
+// CPL 16 (K ≤ 4096) and 24 (K ≤ 6144) fit 128 registers (2 blocks per SM). A CPL 32 variant
+// (K ≤ 8192, 156 registers, 1 block per SM) ran at 36% of the copy and was dropped; longer rows
+// keep the two-kernel path. Every weight is clamped (no warp-uniform skip as in bw_piece_*), and
+// the division path is a loop, to keep the unrolled code (and the PTX) smaller.
+#define ROWPC_ENTRY(name, GRIDV, BITSV, CPLV, MIN_BLOCKS)                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) name##_bf16(PIECE_PARAMS) {     \
+        rowpc_kernel<IN_BF16, GRIDV, BITSV, CPLV>(PIECE_ARGS);                                         \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) name##_f16(PIECE_PARAMS) {      \
+        rowpc_kernel<IN_F16, GRIDV, BITSV, CPLV>(PIECE_ARGS);                                          \
+    }
+ROWPC_ENTRY(bw_rowpc_int4_c16, GRID_INT, 4, 16, 2)
+ROWPC_ENTRY(bw_rowpc_int4_c24, GRID_INT, 4, 24, 2)
+ROWPC_ENTRY(bw_rowpc_int8_c16, GRID_INT, 8, 16, 2)
+ROWPC_ENTRY(bw_rowpc_int8_c24, GRID_INT, 8, 24, 2)
+ROWPC_ENTRY(bw_rowpc_nf4_c16, GRID_NF4, 4, 16, 2)
+ROWPC_ENTRY(bw_rowpc_nf4_c24, GRID_NF4, 4, 24, 2)
+
 // bw_check_round_exact is TestGPURoundExactExhaustive: thread t takes the 16-bit weight pattern t
 // (BF16 or F16 by dtype) and every finite positive F16 scale, and compares int_round_exact with
-// rintf of the true division wherever RecipInt.safe holds. counts[0] gets the mismatches,
+// rintf of the true division (nf4t null), or the NF4 code of quotient_exact with that of the true
+// division (nf4t the thresholds), wherever RecipInt.safe holds. counts[0] gets the mismatches,
 // counts[1] the pairs compared; first gets the lowest mismatching weight << 16 | scale bits.
-extern "C" __global__ void bw_check_round_exact(int dtype, u64* counts, unsigned int* first) {
+extern "C" __global__ void bw_check_round_exact(int dtype, const float* nf4t, u64* counts, unsigned int* first) {
     const unsigned int bits = blockIdx.x * blockDim.x + threadIdx.x;
     if (bits > 0xffffu) return;
     const float w = dtype == IN_BF16 ? __uint_as_float(bits << 16) : __half2float(__ushort_as_half((unsigned short)bits));
     if (non_finite(w)) return;
+    float t[15];
+    if (nf4t) {
+#pragma unroll
+        for (int i = 0; i < 15; i++) t[i] = nf4t[i];
+    }
     u64 bad = 0, checked = 0;
     for (unsigned int sb = 1; sb < 0x7c00u; sb++) {
         const float scale = __half2float(__ushort_as_half((unsigned short)sb));
         const RecipInt p = recip_int(scale, 0.0f, 15, fabsf(w));
         if (!p.safe) continue;
         checked++;
-        if (int_round_exact(w, p) != rintf(__fdiv_rn(w, scale))) {
+        const bool same = nf4t ? nf4_code(quotient_exact(w, p), t) == nf4_code(__fdiv_rn(w, scale), t)
+                               : int_round_exact(w, p) == rintf(__fdiv_rn(w, scale));
+        if (!same) {
             bad++;
             atomicMin(first, bits << 16 | sb);
         }
