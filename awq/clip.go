@@ -103,13 +103,15 @@ func groupAbsMax(w []float32, n, k, gs int) []float32 {
 // clampGroups clamps each row's group to ±limit·shrink.
 func clampGroups(w []float32, n, k, gs int, limit []float32, shrink float32) {
 	groups := (k + gs - 1) / gs
-	for r := range n {
-		row := w[r*k : (r+1)*k]
-		for c := range row {
-			m := limit[r*groups+c/gs] * shrink
-			row[c] = min(max(row[c], -m), m)
+	parallelRows(n, k, func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			row := w[r*k : (r+1)*k]
+			for c := range row {
+				m := limit[r*groups+c/gs] * shrink
+				row[c] = min(max(row[c], -m), m)
+			}
 		}
-	}
+	})
 }
 
 // groupErrors sets errs[r, g] = mean over the t tokens of (Σ_{c∈g} x[t,c]·d[r,c])², one GEMM

@@ -3,8 +3,11 @@ package awq
 import (
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 
 	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -53,6 +56,9 @@ type Linear struct {
 	W       []float32
 	Out, In int
 	Scheme  *quant.Scheme
+	// OnGPU, when not zero, holds the same W on the GPU (the model engine's copy), which
+	// GPUSearch.SearchScale reads instead of uploading W.
+	OnGPU cuda.DevicePtr
 }
 
 // ScaleResult is the outcome of SearchScale.
@@ -61,6 +67,7 @@ type ScaleResult struct {
 	Alpha  float64   // the chosen exponent
 	Loss   float64   // mean squared output error at Alpha
 	Loss0  float64   // at α = 0 (s = 1: plain round-to-nearest)
+	Losses []float64 // every candidate's loss, in α order
 }
 
 // Candidate is AWQ's scale for exponent alpha: s = max(mean|x|^α, 1e-4), divided by
@@ -153,7 +160,7 @@ func SearchScale(x []float32, rows int, xMean []float32, ls []Linear, opt Option
 	if opt.Duo {
 		wMean = weightMean(ls, k)
 	}
-	best := ScaleResult{Loss: math.Inf(1)}
+	best := ScaleResult{Loss: math.Inf(1), Losses: make([]float64, opt.grid())}
 	var y, wq []float32
 	for step := range opt.grid() {
 		alpha := float64(step) / float64(opt.grid())
@@ -172,6 +179,7 @@ func SearchScale(x []float32, rows int, xMean []float32, ls []Linear, opt Option
 			sum += squaredDiff(y, ref[i])
 		}
 		loss := sum / float64(max(count, 1))
+		best.Losses[step] = loss
 		if step == 0 {
 			best.Loss0 = loss
 		}
@@ -211,23 +219,44 @@ func fakeQuant(w []float32, n, k int, s quant.Scheme) error {
 
 // ScaleColumns multiplies column c of w [out, in] by s[c]: the linears after a folded scale.
 func ScaleColumns(w []float32, out, in int, s []float32) {
-	for r := range out {
-		row := w[r*in : (r+1)*in]
-		for c := range row {
-			row[c] *= s[c]
+	parallelRows(out, in, func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			row := w[r*in : (r+1)*in]
+			for c := range row {
+				row[c] *= s[c]
+			}
 		}
-	}
+	})
 }
 
 // DivideRows divides row r of w [out, in] by s[r]: the op before a folded scale (a norm weight
 // or bias is a [out, 1] matrix).
 func DivideRows(w []float32, out, in int, s []float32) {
-	for r := range out {
-		row := w[r*in : (r+1)*in]
-		for c := range row {
-			row[c] /= s[r]
+	parallelRows(out, in, func(r0, r1 int) {
+		for r := r0; r < r1; r++ {
+			row := w[r*in : (r+1)*in]
+			for c := range row {
+				row[c] /= s[r]
+			}
 		}
+	})
+}
+
+// parallelRows runs f over ranges of the n rows (of k values) on the machine's cores: folding
+// and clamping touch every weight of a block, 200 M values in a 7B model.
+func parallelRows(n, k int, f func(r0, r1 int)) {
+	const perWorker = 1 << 18
+	workers := min(runtime.GOMAXPROCS(0), max(1, n*k/perWorker), max(n, 1))
+	if workers == 1 {
+		f(0, n)
+		return
 	}
+	step := (n + workers - 1) / workers
+	var wg sync.WaitGroup
+	for r0 := 0; r0 < n; r0 += step {
+		wg.Go(func() { f(r0, min(r0+step, n)) })
+	}
+	wg.Wait()
 }
 
 func squaredDiff(a, b []float32) float64 {

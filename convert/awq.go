@@ -8,6 +8,7 @@ import (
 
 	"github.com/qpack-dev/qpack/awq"
 	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/safetensors"
 )
@@ -43,18 +44,22 @@ type awqScaler struct {
 	noClip bool
 	tokens int // search tokens
 	stride int // every stride-th calibration token is kept for the searches
-	inputs map[string]*awq.Inputs
+	total  int // calibration tokens
+	inputs map[string]groupInputs
 	scaled map[int]bool    // awq+gptq: blocks already scaled, now in GPTQ's steps
 	kept   map[string]bool // unquantized block tensors the folding may change, delivered by name
+
+	gpu      *awq.GPUSearch                    // nil: the searches run on the CPU
+	gpuInput map[model.Group]*awq.DeviceInputs // the GPU's inputs of each group, reused block after block
 
 	search, clip, quantize time.Duration
 }
 
-// useAWQ turns the runner into an AWQ runner on the CPU.
-func useAWQ(r *gptqRunner, items []Item, opt Options) error {
-	r.device = DeviceCPU
+// useAWQ turns the runner into an AWQ runner: on the GPU when g is not nil (the forward passes
+// and both searches; under awq+gptq also GPTQ's Hessians and solver), else on the CPU.
+func useAWQ(r *gptqRunner, items []Item, opt Options, g *gpu) error {
 	s := &awqScaler{r: r, opt: awq.Options{Duo: opt.AWQ.Duo}, gptq: opt.Method == "awq+gptq", noClip: opt.AWQ.NoClip, tokens: opt.AWQ.SearchTokens,
-		inputs: map[string]*awq.Inputs{}, scaled: map[int]bool{}, kept: map[string]bool{}}
+		inputs: map[string]groupInputs{}, scaled: map[int]bool{}, kept: map[string]bool{}, gpuInput: map[model.Group]*awq.DeviceInputs{}}
 	if s.tokens <= 0 {
 		s.tokens = DefaultAWQSearchTokens
 	}
@@ -65,7 +70,38 @@ func useAWQ(r *gptqRunner, items []Item, opt Options) error {
 		}
 	}
 	r.awq = s
-	return nil
+	if g == nil {
+		r.device = DeviceCPU
+		return nil
+	}
+	if s.gptq {
+		if err := r.useGPU(g); err != nil {
+			return err
+		}
+	} else {
+		r.dev, r.device = g.dev, DeviceCUDA
+	}
+	var err error
+	s.gpu, err = awq.NewGPUSearch(g.dev)
+	return err
+}
+
+// peakNote reports the GPU memory a GPU run peaked at.
+func (s *awqScaler) peakNote() string {
+	if s.gpu == nil {
+		return ""
+	}
+	return fmt.Sprintf("; peak GPU memory in use %.2f GB", float64(s.r.gpuPeak)/1e9)
+}
+
+// close releases the GPU search and its inputs.
+func (s *awqScaler) close() {
+	for _, in := range s.gpuInput {
+		in.Free()
+	}
+	if s.gpu != nil {
+		s.gpu.Close()
+	}
 }
 
 // foldable says whether a block tensor is one that folding scales can change: the two norms and
@@ -96,6 +132,7 @@ func (s *awqScaler) calibrate(m *model.Model, seqs [][]int, opt model.CalibrateO
 		total += len(q)
 	}
 	stride := max(total/s.tokens, 1)
+	s.total = total
 	opt.Steps = [][]model.Group{model.Groups}
 	if s.gptq {
 		gsteps := [][]model.Group{model.Groups}
@@ -106,13 +143,19 @@ func (s *awqScaler) calibrate(m *model.Model, seqs [][]int, opt model.CalibrateO
 	}
 	s.stride = stride
 	start := time.Now()
-	if err := model.Calibrate(m, seqs, s, opt); err != nil {
+	var err error
+	if s.gpu != nil {
+		err = s.r.calibrateOnGPU(m, seqs, s, opt)
+	} else {
+		err = model.Calibrate(m, seqs, s, opt)
+	}
+	if err != nil {
 		return err
 	}
 	all := time.Since(start)
-	s.r.logf("awq: %d×%d calibration tokens (%d in the α search), %.1f s: scale search %.1f s, clipping search %.1f s, quantization %.1f s, forward passes and the rest %.1f s\n",
-		len(seqs), len(seqs[0]), (total+stride-1)/stride, all.Seconds(), s.search.Seconds(), s.clip.Seconds(), s.quantize.Seconds(),
-		(all - s.search - s.clip - s.quantize).Seconds())
+	s.r.logf("awq on %s: %d×%d calibration tokens (%d in the α search), %.1f s: scale search %.1f s, clipping search %.1f s, quantization %.1f s, forward passes and the rest %.1f s%s\n",
+		s.r.device, len(seqs), len(seqs[0]), (total+stride-1)/stride, all.Seconds(), s.search.Seconds(), s.clip.Seconds(), s.quantize.Seconds(),
+		(all - s.search - s.clip - s.quantize).Seconds(), s.peakNote())
 	return nil
 }
 
@@ -124,9 +167,9 @@ func (s *awqScaler) Observe(block int, g model.Group, x []float32, rows, cols in
 		return fmt.Errorf("stopped")
 	}
 	key := hessianKey(block, g)
-	in := s.inputs[key]
-	if in == nil {
-		in = &awq.Inputs{Stride: s.stride}
+	in, _ := s.inputs[key].(hostInputs)
+	if in.Inputs == nil {
+		in = hostInputs{&awq.Inputs{Stride: s.stride}}
 		s.inputs[key] = in
 	}
 	if err := in.Add(x, rows, cols); err != nil {
@@ -135,11 +178,55 @@ func (s *awqScaler) Observe(block int, g model.Group, x []float32, rows, cols in
 	return nil
 }
 
+// ObserveGPU is Observe on the GPU: the group's mean |x| and sampled rows stay there.
+func (s *awqScaler) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, rows, cols int) error {
+	if s.gptq && s.scaled[block] {
+		return s.r.ObserveGPU(block, g, x, rows, cols)
+	}
+	if s.r.stopped.Load() {
+		return fmt.Errorf("stopped")
+	}
+	key := hessianKey(block, g)
+	in, _ := s.inputs[key].(deviceInputs)
+	if in.in == nil {
+		var err error
+		if in, err = s.deviceInputs(g, cols); err != nil {
+			return fmt.Errorf("block %d, input of %s: %w", block, strings.Join(g.Modules(), ", "), err)
+		}
+		s.inputs[key] = in
+	}
+	return in.in.Add(s.r.gpu.e, s.gpu, x, rows)
+}
+
+// deviceInputs returns group g's device inputs, emptied for a new block.
+func (s *awqScaler) deviceInputs(g model.Group, cols int) (deviceInputs, error) {
+	in := s.gpuInput[g]
+	if in != nil && in.Cols != cols {
+		in.Free()
+		in = nil
+	}
+	if in == nil {
+		var err error
+		if in, err = awq.NewDeviceInputs(s.r.dev, cols, s.stride, s.total); err != nil {
+			return deviceInputs{}, err
+		}
+		s.gpuInput[g] = in
+	}
+	return deviceInputs{in, s.gpu}, in.Reset()
+}
+
 // Update scales the block (the first call for a block), then clips and quantizes it, or under
 // awq+gptq hands the later calls to GPTQ.
 func (s *awqScaler) Update(b *model.Block, groups []model.Group) error {
 	if s.gptq && s.scaled[b.Index] {
 		return s.r.Update(b, groups)
+	}
+	if s.gpu != nil {
+		if err := s.r.gpu.e.Synchronize(); err != nil { // the inputs are gathered
+			return err
+		}
+		// The next block's pass overwrites the inputs: the searches must be done with them.
+		defer s.gpu.Synchronize()
 	}
 	if err := s.scaleBlock(b); err != nil {
 		s.r.fail(err)
@@ -174,11 +261,16 @@ func (s *awqScaler) scaleBlock(b *model.Block) error {
 		if !anyPlanned(ls) {
 			continue
 		}
+		s.onGPU(b.Linears(p.Group), ls)
 		in := s.inputs[hessianKey(b.Index, p.Group)]
-		if in == nil || in.Rows == 0 {
+		if in == nil || in.rows() == 0 {
 			return fmt.Errorf("block %d: no calibration inputs reached %s", b.Index, p.Group)
 		}
-		res, err := awq.SearchScale(in.X, in.Rows, in.MeanAbs(), ls, s.opt)
+		mean, err := in.meanAbs()
+		if err != nil {
+			return fmt.Errorf("block %d, input of %s: %w", b.Index, strings.Join(p.Group.Modules(), ", "), err)
+		}
+		res, err := in.searchScale(mean, ls, s.opt)
 		if err != nil {
 			return fmt.Errorf("block %d, %s: %w", b.Index, p.Group, err)
 		}
@@ -192,7 +284,9 @@ func (s *awqScaler) scaleBlock(b *model.Block) error {
 			continue
 		}
 		awq.Fold(b, p, sc)
-		s.inputs[hessianKey(b.Index, p.Group)].Divide(sc)
+		if err := s.inputs[hessianKey(b.Index, p.Group)].divide(sc); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -208,6 +302,17 @@ func (s *awqScaler) linears(b *model.Block, g model.Group) []awq.Linear {
 		ls = append(ls, al)
 	}
 	return ls
+}
+
+// onGPU points each linear at the engine's copy of its weights, when the block runs on the GPU
+// and has not been changed since it was uploaded (before any scale is folded).
+func (s *awqScaler) onGPU(block []*model.Linear, ls []awq.Linear) {
+	if s.gpu == nil {
+		return
+	}
+	for i, l := range block { // ls was made from block, in its order
+		ls[i].OnGPU, _ = s.r.gpu.e.LinearWeights(l)
+	}
 }
 
 func anyPlanned(ls []awq.Linear) bool {
@@ -238,12 +343,12 @@ func (s *awqScaler) quantizeBlock(b *model.Block) error {
 	return nil
 }
 
-func (s *awqScaler) quantizeLinear(b *model.Block, l awq.Linear, in *awq.Inputs) error {
+func (s *awqScaler) quantizeLinear(b *model.Block, l awq.Linear, in groupInputs) error {
 	line := fmt.Sprintf("awq %s %s", l.Name, l.Scheme)
 	isQK := strings.HasSuffix(l.Name, ".q_proj") || strings.HasSuffix(l.Name, ".k_proj")
-	if !s.noClip && !isQK && in != nil && in.Rows > 0 {
+	if !s.noClip && !isQK && in != nil && in.rows() > 0 {
 		start := time.Now()
-		res, err := awq.SearchClip(in.X, in.Rows, l, s.opt)
+		res, err := in.searchClip(l, s.opt)
 		if err != nil {
 			return err
 		}
@@ -335,4 +440,54 @@ func (r *gptqRunner) awqPhases() []Phase {
 	}
 	return []Phase{newPhase("awq scale search", r.awq.search.Seconds(), 0),
 		newPhase("awq clipping search", r.awq.clip.Seconds(), 0), newPhase("awq quantization", r.awq.quantize.Seconds(), 0)}
+}
+
+// groupInputs is one linear group's calibration inputs and the searches over them, on the host
+// (awq.Inputs, the pure-Go searches) or on the GPU (awq.DeviceInputs, awq.GPUSearch).
+type groupInputs interface {
+	rows() int
+	meanAbs() ([]float32, error)
+	searchScale(mean []float32, ls []awq.Linear, opt awq.Options) (awq.ScaleResult, error)
+	divide(s []float32) error
+	searchClip(l awq.Linear, opt awq.Options) (awq.ClipResult, error)
+}
+
+type hostInputs struct{ *awq.Inputs }
+
+func (h hostInputs) rows() int { return h.Rows }
+
+func (h hostInputs) meanAbs() ([]float32, error) { return h.MeanAbs(), nil }
+
+func (h hostInputs) searchScale(mean []float32, ls []awq.Linear, opt awq.Options) (awq.ScaleResult, error) {
+	return awq.SearchScale(h.X, h.Rows, mean, ls, opt)
+}
+
+func (h hostInputs) divide(s []float32) error {
+	h.Divide(s)
+	return nil
+}
+
+func (h hostInputs) searchClip(l awq.Linear, opt awq.Options) (awq.ClipResult, error) {
+	return awq.SearchClip(h.X, h.Rows, l, opt)
+}
+
+type deviceInputs struct {
+	in *awq.DeviceInputs
+	g  *awq.GPUSearch
+}
+
+func (d deviceInputs) rows() int { return d.in.Rows }
+
+func (d deviceInputs) meanAbs() ([]float32, error) { return d.in.MeanAbs() }
+
+func (d deviceInputs) searchScale(mean []float32, ls []awq.Linear, opt awq.Options) (awq.ScaleResult, error) {
+	return d.g.SearchScale(d.in.X, d.in.Rows, mean, ls, opt)
+}
+
+func (d deviceInputs) divide(s []float32) error {
+	return d.g.DivideColumns(d.in.X, d.in.Rows, d.in.Cols, s)
+}
+
+func (d deviceInputs) searchClip(l awq.Linear, opt awq.Options) (awq.ClipResult, error) {
+	return d.g.SearchClip(d.in.X, d.in.Rows, l, opt)
 }

@@ -241,10 +241,6 @@ func TestAWQRefusals(t *testing.T) {
 		c["model_type"], c["architectures"] = "mixtral", []string{"MixtralForCausalLM"}
 	}, "", nil)
 	check("mixtral", mixtral, awqOptions(t, "awq", s), "mixtral")
-
-	opt = awqOptions(t, "awq", s)
-	opt.Device = DeviceCUDA
-	check("cuda", tiny, opt, "CPU only")
 }
 
 // small-llama int4-g128-asym with AWQ at the README's setting (128 × 512 tokens of calib.txt):

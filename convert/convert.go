@@ -173,9 +173,6 @@ func commitOutput(out *safetensors.CheckpointWriter, hashes *inputHashes, report
 // will feed the writer (solving on the GPU when there is one). Either may be nil.
 func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner, error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-	if isAWQ(opt.Method) && opt.Device == DeviceCUDA {
-		return nil, nil, fmt.Errorf("--method %s runs on the CPU only; use --device cpu or auto", opt.Method)
-	}
 	g, err := openGPU(opt.Device, opt.GPUSlots, logf)
 	if err != nil {
 		return nil, nil, err
@@ -192,7 +189,7 @@ func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner
 		runner.ctx = opt.context()
 	}
 	if err == nil && isAWQ(opt.Method) {
-		err = useAWQ(runner, items, opt)
+		err = useAWQ(runner, items, opt, g)
 	} else if err == nil {
 		err = runner.useGPU(g)
 	}

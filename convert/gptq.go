@@ -45,6 +45,7 @@ type gptqRunner struct {
 	stopped atomic.Bool
 	ctx     context.Context // the conversion's: result stops waiting when it is done
 	awq     *awqScaler      // set for --method awq and awq+gptq: it drives the calibration
+	gpuPeak uint64          // the most GPU memory in use during a calibration on the GPU
 
 	mu      sync.Mutex
 	results map[string]chan gptqResult
@@ -116,7 +117,7 @@ func (r *gptqRunner) run(src string, calib *Calibration, trueSequential bool) {
 		if r.awq != nil {
 			err = r.awq.calibrate(m, calib.seqs, opt)
 		} else if r.dev != nil {
-			err = r.calibrateOnGPU(m, calib.seqs, opt)
+			err = r.calibrateOnGPU(m, calib.seqs, r, opt)
 		} else {
 			err = model.Calibrate(m, calib.seqs, r, opt)
 		}
@@ -260,8 +261,14 @@ func (r *gptqRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme
 }
 
 func (r *gptqRunner) close() {
-	if r != nil && r.solver != nil {
+	if r == nil {
+		return
+	}
+	if r.solver != nil {
 		r.solver.Close()
+	}
+	if r.awq != nil {
+		r.awq.close()
 	}
 }
 

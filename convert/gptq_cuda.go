@@ -3,8 +3,8 @@ package convert
 import (
 	"encoding/binary"
 	"errors"
-	"math"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
@@ -27,8 +27,9 @@ type deviceGram struct {
 	k, n int            // width, rows accumulated
 }
 
-// calibrateOnGPU runs the calibration through the GPU forward pass.
-func (r *gptqRunner) calibrateOnGPU(m *model.Model, seqs [][]int, opt model.CalibrateOptions) error {
+// calibrateOnGPU runs the calibration through the GPU forward pass with cal observing (the
+// runner itself for GPTQ, its AWQ scaler for AWQ).
+func (r *gptqRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPUCalibrator, opt model.CalibrateOptions) error {
 	e, err := model.NewGPU(r.dev, m.Config, model.GPUOptions{TF32: true})
 	if err != nil {
 		return err
@@ -37,12 +38,16 @@ func (r *gptqRunner) calibrateOnGPU(m *model.Model, seqs [][]int, opt model.Cali
 	r.gpu = &gpuCapture{e: e, grams: map[string]*deviceGram{}}
 	defer r.gpu.free()
 	start := time.Now()
-	if err := e.Calibrate(m, seqs, r, opt); err != nil {
+	if err := e.Calibrate(m, seqs, cal, opt); err != nil {
 		return err
 	}
 	total := time.Since(start)
-	r.logf("gptq on %s: %d×%d calibration tokens, %.1f s: forward passes and Hessians %.1f s, GPTQ %.1f s; peak GPU memory in use %.2f GB\n",
-		r.dev.Info().Name, len(seqs), len(seqs[0]), total.Seconds(), (total - r.gpu.solve).Seconds(), r.gpu.solve.Seconds(),
+	r.gpuPeak = e.PeakMemoryUsed()
+	if r.awq != nil && !r.awq.gptq {
+		return nil // AWQ's own line tells where the time went
+	}
+	r.logf("%s on %s: %d×%d calibration tokens, %.1f s: forward passes and Hessians %.1f s, GPTQ %.1f s; peak GPU memory in use %.2f GB\n",
+		r.method, r.dev.Info().Name, len(seqs), len(seqs[0]), total.Seconds(), (total - r.gpu.solve).Seconds(), r.gpu.solve.Seconds(),
 		float64(e.PeakMemoryUsed())/1e9)
 	return nil
 }

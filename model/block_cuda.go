@@ -82,17 +82,35 @@ func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
 	return g, nil
 }
 
-// refreshLinears uploads again the weights of the groups' linears, which an Update may have
-// replaced (Linear.SetWeight keeps their shapes).
-func (e *GPU) refreshLinears(g *gpuBlock, groups []Group) error {
+// refreshWeights uploads again what an Update may have changed: the weights of the groups'
+// linears (Linear.SetWeight keeps their shapes) and, as AWQ folds scales into them, the two
+// norms and the linears' biases.
+func (e *GPU) refreshWeights(g *gpuBlock, groups []Group) error {
 	if err := e.Synchronize(); err != nil { // the observing passes are done with the old weights
+		return err
+	}
+	up := func(dst cuda.DevicePtr, v []float32, name string) error {
+		if err := e.stager.CopyToDevice(dst, cuda.Bytes(v), e.stream); err != nil {
+			return fmt.Errorf("model: %s on the GPU: %w", name, err)
+		}
+		return nil
+	}
+	if err := up(g.inNorm, g.b.InputNorm, "input norm"); err != nil {
+		return err
+	}
+	if err := up(g.postNorm, g.b.PostAttnNorm, "post-attention norm"); err != nil {
 		return err
 	}
 	dst := map[*Linear]*gpuLinear{g.b.Q: &g.q, g.b.K: &g.k, g.b.V: &g.v, g.b.O: &g.o, g.b.Gate: &g.gate, g.b.Up: &g.up, g.b.Down: &g.down}
 	for _, gr := range groups {
 		for _, l := range g.b.Linears(gr) {
-			if err := e.stager.CopyToDevice(dst[l].w, cuda.Bytes(l.W), e.stream); err != nil {
-				return fmt.Errorf("model: %s weights on the GPU: %w", l.Name, err)
+			if err := up(dst[l].w, l.W, l.Name+" weights"); err != nil {
+				return err
+			}
+			if l.Bias != nil {
+				if err := up(dst[l].bias, l.Bias, l.Name+" bias"); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -56,7 +56,11 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 	if err != nil {
 		return err
 	}
-	defer e.freeBlock(g)
+	e.current = g
+	defer func() {
+		e.current = nil
+		e.freeBlock(g)
+	}()
 	var keep *mlpState
 	for i, step := range steps {
 		if i == len(steps)-1 && slices.Equal(step, []Group{GroupDown}) {
@@ -73,7 +77,7 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 		if err := c.Update(b, step); err != nil {
 			return err
 		}
-		if err := e.refreshLinears(g, step); err != nil {
+		if err := e.refreshWeights(g, step); err != nil {
 			return err
 		}
 	}
@@ -101,6 +105,22 @@ func (e *GPU) observeBlock(b *Block, x *DeviceBatch, c GPUCalibrator, _ [][]Grou
 		return err
 	}
 	return c.Update(b, Groups)
+}
+
+// LinearWeights returns where the block being calibrated holds l's weights on the GPU (row-major
+// float32 [Out, In]), for a calibrator's Update to read before it replaces them; ok is false
+// outside an Update or for a linear of another block.
+func (e *GPU) LinearWeights(l *Linear) (w cuda.DevicePtr, ok bool) {
+	g := e.current
+	if g == nil {
+		return 0, false
+	}
+	for _, d := range []*gpuLinear{&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down} {
+		if d.name == l.Name && d.out == l.Out && d.in == l.In {
+			return d.w, true
+		}
+	}
+	return 0, false
 }
 
 // mlpState keeps what the observing pass of a last step of down_proj alone computed, for every

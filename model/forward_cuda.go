@@ -48,9 +48,10 @@ type GPU struct {
 	ropeT   int                  // positions covered by the uploaded rotary tables
 	rope    *ropeTable
 
-	peakUsed  uint64 // the most device memory seen in use (all processes), sampled per block
-	chunkRows int    // tokens per pass of a block (see chunkSequences)
-	poison    bool   // tests: fill work buffers with NaN whenever they are handed out
+	peakUsed  uint64    // the most device memory seen in use (all processes), sampled per block
+	chunkRows int       // tokens per pass of a block (see chunkSequences)
+	current   *gpuBlock // the block calibrateBlock is working on
+	poison    bool      // tests: fill work buffers with NaN whenever they are handed out
 }
 
 type gpuBuffer struct {

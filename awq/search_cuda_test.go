@@ -1,0 +1,317 @@
+package awq
+
+import (
+	"flag"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/gputest"
+	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+var gpuPTX = flag.String("awq.ptx", "", "load this PTX instead of the embedded kernels/awq.ptx")
+
+// The embedded PTX was generated from the committed kernels/awq.cu (a CPU test).
+func TestPTXIsFresh(t *testing.T) {
+	if err := cuda.CheckPTX(awqPTX, awqSource); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func openSearch(t *testing.T) (*cuda.Device, *GPUSearch) {
+	t.Helper()
+	dev := gputest.Open(t)
+	g, err := newGPUSearch(dev, gputest.PTX(t, awqPTX, *gpuPTX))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return dev, g
+}
+
+func toDevice(t *testing.T, dev *cuda.Device, v []float32) cuda.DevicePtr {
+	t.Helper()
+	p, err := dev.Alloc(4 * max(len(v), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Free(p) })
+	if err := dev.CopyToDevice(p, cuda.Bytes(v)); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// searchSchemes have awkward shapes: a short last group, per-channel, symmetric and 2- to 8-bit.
+var searchSchemes = []quant.Scheme{
+	{Bits: 4, GroupSize: 64}, {Bits: 3, GroupSize: 128, Sym: true}, {Bits: 8, GroupSize: quant.PerChannel},
+	{Bits: 2, GroupSize: 32}, {Bits: 4, GroupSize: 128},
+}
+
+// randomWeights draws n×k weights with heavy tails; every seventh row holds multiples of 1/8,
+// whose quotients by F16 scales often land exactly on rounding ties.
+func randomWeights(r *rand.Rand, n, k int) []float32 {
+	w := make([]float32, n*k)
+	for i := range w {
+		if (i/k)%7 == 3 {
+			w[i] = float32(r.IntN(33)-16) / 8
+		} else {
+			w[i] = float32(r.NormFloat64() * r.ExpFloat64())
+		}
+	}
+	return w
+}
+
+// The kernel's candidate weights equal the CPU's bit for bit: the α search's Q(W·s)/s − W and
+// the clipping search's W − Q(clamp(W)), with each group's absmax.
+func TestGPUFakeQuantDiff(t *testing.T) {
+	dev, g := openSearch(t)
+	r := rand.New(rand.NewPCG(11, 12))
+	const n, k = 37, 200
+	for _, sc := range searchSchemes {
+		w := randomWeights(r, n, k)
+		s := make([]float32, k)
+		for c := range s {
+			s[c] = float32(math.Exp2(4*r.Float64() - 2))
+		}
+		l := Linear{Name: "l", W: w, Out: n, In: k, Scheme: &sc}
+		wq, err := fakeQuantScaled(nil, l, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := groupSize(sc, k)
+		groups := (k + gs - 1) / gs
+		wd, sd := toDevice(t, dev, w), toDevice(t, dev, s)
+		d := toDevice(t, dev, make([]float32, n*k))
+		am := toDevice(t, dev, make([]float32, n*groups))
+		if err := g.fakeQuantDiff(wd, sd, d, 0, n, k, sc, 1); err != nil {
+			t.Fatal(err)
+		}
+		got, err := download[float32](g, d, n*k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range got {
+			if want := wq[i] - w[i]; got[i] != want {
+				t.Fatalf("%s α candidate: weight %d: GPU %g, CPU %g", sc, i, got[i], want)
+			}
+		}
+		const shrink = 0.8
+		wc := append([]float32(nil), w...)
+		absmax := groupAbsMax(w, n, k, gs)
+		clampGroups(wc, n, k, gs, absmax, shrink)
+		if err := fakeQuant(wc, n, k, sc); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.fakeQuantDiff(wd, 0, d, am, n, k, sc, shrink); err != nil {
+			t.Fatal(err)
+		}
+		if got, err = download[float32](g, d, n*k); err != nil {
+			t.Fatal(err)
+		}
+		for i := range got {
+			if want := w[i] - wc[i]; got[i] != want {
+				t.Fatalf("%s clipping candidate: weight %d: GPU %g, CPU %g", sc, i, got[i], want)
+			}
+		}
+		gotMax, err := download[float32](g, am, n*groups)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range gotMax {
+			if v != absmax[i] {
+				t.Fatalf("%s: group %d absmax %g, CPU %g", sc, i, v, absmax[i])
+			}
+		}
+	}
+}
+
+// salientInputs draws rows×k activations in which every 37th channel is 30 times larger.
+func salientInputs(r *rand.Rand, rows, k int) []float32 {
+	x := make([]float32, rows*k)
+	for i := range x {
+		v := r.NormFloat64()
+		if (i%k)%37 == 0 {
+			v *= 30
+		}
+		x[i] = float32(v)
+	}
+	return x
+}
+
+// SearchScale on the GPU (true float32 GEMMs) measures every candidate's loss as the CPU does,
+// within float32 rounding, and picks the same α; with TF32 within 1%.
+func TestGPUSearchScale(t *testing.T) {
+	dev, g := openSearch(t)
+	r := rand.New(rand.NewPCG(13, 14))
+	const rows, k = 300, 256
+	x := salientInputs(r, rows, k)
+	in := &Inputs{}
+	if err := in.Add(x, rows, k); err != nil {
+		t.Fatal(err)
+	}
+	xd := toDevice(t, dev, x)
+	s3, s4 := quant.Scheme{Bits: 3, GroupSize: 128}, quant.Scheme{Bits: 4, GroupSize: 64, Sym: true}
+	ls := []Linear{
+		{Name: "a", W: randomWeights(r, 96, k), Out: 96, In: k, Scheme: &s3},
+		{Name: "b", W: randomWeights(r, 40, k), Out: 40, In: k}, // scaled with the group, not quantized
+		{Name: "c", W: randomWeights(r, 72, k), Out: 72, In: k, Scheme: &s4},
+	}
+	for _, duo := range []bool{false, true} {
+		opt := Options{Duo: duo}
+		want, err := SearchScale(in.X, in.Rows, in.MeanAbs(), ls, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tf32 := range []bool{false, true} {
+			g.TF32 = tf32
+			got, err := g.SearchScale(xd, rows, in.MeanAbs(), ls, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tol := 1e-4
+			if tf32 {
+				tol = 1e-2
+			}
+			for i, l := range want.Losses {
+				if math.Abs(got.Losses[i]-l) > tol*l {
+					t.Errorf("duo %v, tf32 %v: α %.2f: loss %.6g on the GPU, %.6g on the CPU", duo, tf32, float64(i)/20, got.Losses[i], l)
+				}
+			}
+			if got.Alpha != want.Alpha && !nearTie(want.Losses, 2*tol) {
+				t.Errorf("duo %v, tf32 %v: α %.2f on the GPU, %.2f on the CPU", duo, tf32, got.Alpha, want.Alpha)
+			}
+		}
+	}
+}
+
+// nearTie reports whether the two smallest losses lie within rel of each other.
+func nearTie(losses []float64, rel float64) bool {
+	a, b := math.Inf(1), math.Inf(1)
+	for _, l := range losses {
+		if l < a {
+			a, b = l, a
+		} else if l < b {
+			b = l
+		}
+	}
+	return b-a <= rel*a
+}
+
+// SearchClip on the GPU finds the CPU's errors and clamps the same groups to the same ranges
+// (only near-ties between shrinks may go either way).
+func TestGPUSearchClip(t *testing.T) {
+	dev, g := openSearch(t)
+	r := rand.New(rand.NewPCG(15, 16))
+	const rows, k, n = 1100, 200, 45 // 1100 rows: every 2nd of them, 512 tokens
+	x := salientInputs(r, rows, k)
+	xd := toDevice(t, dev, x)
+	for _, sc := range searchSchemes {
+		w := randomWeights(r, n, k)
+		cw, gw := append([]float32(nil), w...), append([]float32(nil), w...)
+		want, err := SearchClip(x, rows, Linear{Name: "l", W: cw, Out: n, In: k, Scheme: &sc}, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := g.SearchClip(xd, rows, Linear{Name: "l", W: gw, Out: n, In: k, Scheme: &sc}, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(got.Err-want.Err) > 1e-4*want.Err || math.Abs(got.Err0-want.Err0) > 1e-4*want.Err0 {
+			t.Errorf("%s: errors %.6g (unclipped %.6g) on the GPU, %.6g (%.6g) on the CPU", sc, got.Err, got.Err0, want.Err, want.Err0)
+		}
+		gs := groupSize(sc, k)
+		groups, differ := (k+gs-1)/gs, 0
+		for p := range n * groups {
+			r, c0 := p/groups, (p%groups)*gs
+			for c := c0; c < min(c0+gs, k); c++ {
+				if cw[r*k+c] != gw[r*k+c] {
+					differ++
+					break
+				}
+			}
+		}
+		if differ > max(1, n*groups/50) || got.Clipped == 0 {
+			t.Errorf("%s: %d of %d groups clamped differently from the CPU (%d clipped)", sc, differ, n*groups, got.Clipped)
+		}
+	}
+}
+
+// DeviceInputs keeps the rows and mean |x| that Inputs keeps from the same chunks, and names the
+// channel of a NaN activation.
+func TestGPUDeviceInputs(t *testing.T) {
+	dev, g := openSearch(t)
+	cfg, err := model.ParseConfig([]byte(familyConfigs[0].json))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := model.NewGPU(dev, cfg, model.GPUOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	r := rand.New(rand.NewPCG(17, 18))
+	const cols, stride = 70, 3
+	chunks := []int{10, 7, 1, 33}
+	din, err := NewDeviceInputs(dev, cols, stride, 51)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer din.Free()
+	in := &Inputs{Stride: stride}
+	for _, rows := range chunks {
+		x := make([]float32, rows*cols)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		if err := in.Add(x, rows, cols); err != nil {
+			t.Fatal(err)
+		}
+		if err := din.Add(e, g, toDevice(t, dev, x), rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if din.Rows != in.Rows || din.Tokens() != in.Tokens() {
+		t.Fatalf("kept %d rows of %d tokens, CPU %d of %d", din.Rows, din.Tokens(), in.Rows, in.Tokens())
+	}
+	got, err := download[float32](g, din.X, din.Rows*cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got {
+		if v != in.X[i] {
+			t.Fatalf("kept value %d: %g, CPU %g", i, v, in.X[i])
+		}
+	}
+	mean, err := din.MeanAbs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for c, m := range in.MeanAbs() {
+		if math.Abs(float64(mean[c]-m)) > 1e-6*float64(m) {
+			t.Errorf("channel %d: mean |x| %g, CPU %g", c, mean[c], m)
+		}
+	}
+	if err := din.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	bad := make([]float32, 2*cols)
+	bad[cols+41] = float32(math.NaN())
+	if err := din.Add(e, g, toDevice(t, dev, bad), 2); err != nil {
+		t.Fatal(err)
+	}
+	e.Synchronize()
+	if _, err := din.MeanAbs(); err == nil || !strings.Contains(err.Error(), "channel 41") {
+		t.Errorf("NaN activation: %v", err)
+	}
+	if err := din.Add(e, g, toDevice(t, dev, make([]float32, 60*cols)), 60); err == nil {
+		t.Error("more rows than the inputs were sized for: no error")
+	}
+}
