@@ -364,7 +364,7 @@ func (s *awqScaler) quantizeLinear(b *model.Block, l awq.Linear, in groupInputs)
 	if err != nil {
 		return err
 	}
-	if err := ml.SetWeight(t.Dequantize(nil)); err != nil {
+	if err := ml.SetWeight(t.Dequantize(ml.W)); err != nil { // in place: the scaled W is no longer needed
 		return err
 	}
 	s.quantize += time.Since(start)

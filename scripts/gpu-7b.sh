@@ -27,12 +27,12 @@ rm -rf "$work/rtn"
   --calib "$calib" --calib-samples 128 --calib-seqlen 2048 --overwrite --report "$work/gptq.json" >"$work/gptq.log" 2>&1
 grep -v '^\[' "$work/gptq.log" | grep -v '^gptq model' | grep -v '^convert: ' | tail -4
 rm -rf "$work/gptq"
-# AWQ end to end with 128 × 512 calibration tokens (opt in: QPACK_7B_AWQ=1). AWQ has no GPU path
-# yet, so this measures the CPU path on the GPU machine's cores; its last log line gives the
-# phases (scale search, clipping search, quantization, forward passes).
+# AWQ end to end on the GPU with 128 × 512 calibration tokens (opt in: QPACK_7B_AWQ=1); its
+# "awq on cuda" log line gives the phases (scale search, clipping search, quantization, forward
+# passes and the rest).
 if [[ ${QPACK_7B_AWQ:-} == 1 ]]; then
-	/usr/bin/time -f "%e s wall, %M KB max RSS" "$qpack" convert "$work/syn7b" -o "$work/awq" --method awq --scheme int4-g128-asym \
+	/usr/bin/time -f "%e s wall, %M KB max RSS" "$qpack" convert "$work/syn7b" -o "$work/awq" --device cuda --method awq --scheme int4-g128-asym \
 	  --format awq --calib "$calib" --calib-samples 128 --calib-seqlen 512 --overwrite --report "$work/awq.json" >"$work/awq.log" 2>&1
-	grep '^awq:\|^time:\|wall' "$work/awq.log" | tail -4
+	grep '^awq on\|^time:\|wall' "$work/awq.log" | tail -4
 	rm -rf "$work/awq"
 fi
