@@ -247,14 +247,14 @@ func (r *gptqRunner) useGPU(g *gpu) error {
 
 // deviceFor names where GPTQ solves a tensor of scheme s.
 func (r *gptqRunner) deviceFor(s quant.Scheme) string {
-	if r.solver != nil && !r.solver.Supports(s) {
+	if r.solver != nil && !r.solver.Supports(s, r.opt) {
 		return "cpu (Hessians on cuda)"
 	}
 	return r.device
 }
 
 func (r *gptqRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
-	if r.solver != nil && r.solver.Supports(s) {
+	if r.solver != nil && r.solver.Supports(s, r.opt) {
 		return r.solver.Quantize(w, n, k, h, s, r.opt)
 	}
 	return gptq.Quantize(w, n, k, h, s, r.opt)
