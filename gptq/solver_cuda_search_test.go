@@ -182,9 +182,10 @@ func TestGPUFitSearchMatchesCPU(t *testing.T) {
 // against the CPU solver, in every layout — on-the-fly groups of 32, 64 and 128 (those of 32
 // and 64 start inside a 128-column block), static groups, per-channel, with and without
 // act-order — asymmetric and symmetric, K not a multiple of the group size or of the block,
-// dead columns. With K ≤ 128 (one block, no trailing GEMM) and for groups fitted before the
-// column loop every group parameter must equal the CPU's, and with one block every code too;
-// elsewhere the GEMM's summation order may move a weight across a tie (compareWithCPU's limits).
+// dead columns. With K ≤ 128 (one block: every group is fitted from the weights as loaded) and
+// for groups fitted before the column loop every group parameter must equal the CPU's; later
+// on-the-fly groups see weights that the trailing GEMM (and cuSOLVER's factor) rounded
+// differently, and codes may differ near ties (compareWithCPU's limits).
 func TestGPUSearchedGroupsMatchCPU(t *testing.T) {
 	_, g := openGPUSolver(t)
 	seed := uint64(time.Now().UnixNano())
@@ -217,9 +218,6 @@ func TestGPUSearchedGroupsMatchCPU(t *testing.T) {
 							fixed := o.StaticGroups || gs == quant.PerChannel
 							if (fixed || k <= gpuBlockSize) && params != 0 {
 								t.Errorf("%d group parameters differ from the CPU's; want none", params)
-							}
-							if k <= gpuBlockSize && codes != 0 {
-								t.Errorf("%d codes differ from the CPU's in a single block; want none", codes)
 							}
 						})
 					}
