@@ -225,16 +225,13 @@ func (r *gptqRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc)
 }
 
 // useGPU makes the runner calibrate and solve on the GPU: the forward passes and Hessians
-// (gpuCapture), the column loop and factorisations (gptq.GPUSolver). The searched group fits
-// (MSE clipping, --imatrix) have no GPU solver: their Hessians are still gathered on the GPU
-// and the CPU solves with them.
+// (gpuCapture), the column loop, factorisations and group fits, searched ones (MSE clipping,
+// --imatrix) included (gptq.GPUSolver). What the solver does not take (NF4; MSE where the GPU
+// cannot reproduce the CPU's math.Pow) is solved on the CPU with the Hessians gathered on the
+// GPU.
 func (r *gptqRunner) useGPU(g *gpu) error {
 	if g == nil {
 		r.device = DeviceCPU
-		return nil
-	}
-	if r.opt.MSE || r.opt.Weighted {
-		r.dev, r.device = g.dev, "cpu (Hessians on cuda)"
 		return nil
 	}
 	solver, err := gptq.NewGPUSolver(g.dev)
@@ -247,14 +244,14 @@ func (r *gptqRunner) useGPU(g *gpu) error {
 
 // deviceFor names where GPTQ solves a tensor of scheme s.
 func (r *gptqRunner) deviceFor(s quant.Scheme) string {
-	if r.solver != nil && !r.solver.Supports(s) {
+	if r.solver != nil && !r.solver.Supports(s, r.opt) {
 		return "cpu (Hessians on cuda)"
 	}
 	return r.device
 }
 
 func (r *gptqRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
-	if r.solver != nil && r.solver.Supports(s) {
+	if r.solver != nil && r.solver.Supports(s, r.opt) {
 		return r.solver.Quantize(w, n, k, h, s, r.opt)
 	}
 	return gptq.Quantize(w, n, k, h, s, r.opt)

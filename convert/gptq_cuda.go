@@ -96,14 +96,14 @@ func (r *gptqRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), 
 	}
 	var host []float64 // H on the host, fetched for the first linear the CPU solves
 	solve := func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
-		if r.solver != nil && r.solver.Supports(s) {
+		if r.solver != nil && r.solver.Supports(s, r.opt) {
 			t, st, err := r.solver.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
 			if err != nil {
 				err = fmt.Errorf("block %d, input of %s: %w", block, g, err)
 			}
 			return t, st, err
 		}
-		if host == nil { // a searched group fit or NF4: the CPU solves
+		if host == nil { // NF4 (or MSE off amd64): the CPU solves
 			var err error
 			if host, err = r.hostHessian(gr); err != nil {
 				return nil, gptq.Stats{}, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)

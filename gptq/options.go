@@ -30,7 +30,8 @@ type Options struct {
 	// Weighted fits group parameters with blockwise's importance-weighted scale search
 	// (Options.Weighted): the scale and zero minimising Σ_k H_kk·(w_k − ŵ_k)² over the group's
 	// weights as they stand when the group is fitted, H_kk being the Hessian's diagonal
-	// (2·E[x_k²], the imatrix). It takes precedence over MSE. CPU only.
+	// (2·E[x_k²], the imatrix). It takes precedence over MSE. GPUSolver runs both searches too,
+	// with the same results.
 	Weighted bool
 	// BaselineLoss also computes tr(W H Wᵀ) for Stats.RelativeLoss. It costs as much as
 	// the quantization's own updates (N·K² multiply-adds), so it is off by default.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
@@ -31,12 +32,15 @@ const (
 // factor in float64 (cuSOLVER's Cholesky, then cuBLAS's triangular solve against the identity
 // for the inverse of the factor), the column loop of each
 // block of 128 columns in one kernel (a warp per row), and each block's trailing update as a
-// cuBLAS float32 GEMM. It keeps its kernels, handles and device buffers (grown to the largest
+// cuBLAS float32 GEMM. Groups are fitted min-max, or with the searches of Options.Weighted and
+// Options.MSE (gptq_fit_search: a warp per group, the CPU's arithmetic in the CPU's order):
+// per-channel and static groups before the column loop, on-the-fly groups when their block
+// begins. It keeps its kernels, handles and device buffers (grown to the largest
 // problem seen) between calls; it is not safe for concurrent use.
 type GPUSolver struct {
 	dev    *cuda.Device
 	module *cuda.Module
-	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, block, squaredError, widenLive, rowDot cuda.Function }
+	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, fitSearch, block, squaredError, widenLive, rowDot cuda.Function }
 	blas   *cuda.BLAS
 	solver *cuda.Solver
 	stream cuda.Stream
@@ -80,6 +84,8 @@ const (
 	slotBaseW           // N×K float64 live weights, for the baseline loss
 	slotBaseWH          // N×K float64 W·H
 	slotBaseRows        // N float64 row sums of W·H∘W
+	slotImpOrig         // K float32 diag H in the original order (Options.Weighted)
+	slotImpPos          // K float32 diag H in quantization order (Options.Weighted)
 	numGPUSlots
 )
 
@@ -90,12 +96,14 @@ type gpuProfile struct {
 }
 
 // Profiled phases: the Cholesky factorisation (with building the damped matrix), the
-// triangular inverse (with U's conversion), the column kernels, the trailing GEMMs, the rest.
+// triangular inverse (with U's conversion), the column kernels, the trailing GEMMs, the
+// searched group fits (gptq_fit_search), the rest.
 const (
 	phaseCholesky = iota
 	phaseInverse
 	phaseColumns
 	phaseGEMMs
+	phaseFit
 	phaseOther
 	numPhases
 )
@@ -126,7 +134,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte) (g *GPUSolver, err error) {
 		name string
 	}{
 		{&g.fn.buildFactor, "gptq_build_factor"}, {&g.fn.setDiagonal, "gptq_set_diagonal"}, {&g.fn.unreverse, "gptq_unreverse"},
-		{&g.fn.loadWeights, "gptq_load_weights"}, {&g.fn.fitFixed, "gptq_fit_fixed"},
+		{&g.fn.loadWeights, "gptq_load_weights"}, {&g.fn.fitFixed, "gptq_fit_fixed"}, {&g.fn.fitSearch, "gptq_fit_search"},
 		{&g.fn.block, "gptq_block"}, {&g.fn.squaredError, "gptq_squared_error"},
 		{&g.fn.widenLive, "gptq_widen_live"}, {&g.fn.rowDot, "gptq_row_dot"},
 	} {
@@ -202,14 +210,15 @@ func QuantizeGPU(dev *cuda.Device, w []float32, n, k int, h []float64, s quant.S
 
 // Quantize is gptq.Quantize on the GPU: same inputs, same meaning of the result. Codes agree
 // with the CPU except where a weight lies within float32 rounding of a rounding tie (the
-// trailing GEMM sums in another order). MSE group fitting is not done on the GPU, and the block
-// size must be 128.
+// trailing GEMM sums in another order); group parameters fitted before the column loop
+// (per-channel, static) agree exactly, and so do on-the-fly ones given the same weights. The
+// block size must be 128.
 func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
 	start := time.Now()
 	if err := checkInputs(w, n, k, h, s, opt); err != nil {
 		return nil, Stats{}, err
 	}
-	if err := g.supports(s); err != nil {
+	if err := g.supports(s, opt); err != nil {
 		return nil, Stats{}, err
 	}
 	if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
@@ -218,13 +227,23 @@ func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme,
 	return g.quantizeLoaded(w, n, k, diagonal(h, k), s, opt, start)
 }
 
-// Supports reports whether the GPU solver handles scheme s: the integer grids. GPTQ on NF4
-// runs on the CPU (Quantize).
-func (g *GPUSolver) Supports(s quant.Scheme) bool { return s.Grid == quant.Integer }
+// Supports reports whether the GPU solver handles scheme s with options opt: integer grids,
+// with min-max, Weighted or MSE group fits, in blocks of 128 columns. GPTQ on NF4 runs on the
+// CPU (Quantize), and so does MSE where the GPU cannot reproduce this process's math.Pow (not
+// amd64).
+func (g *GPUSolver) Supports(s quant.Scheme, opt Options) bool { return g.supports(s, opt) == nil }
 
-func (g *GPUSolver) supports(s quant.Scheme) error {
-	if !g.Supports(s) {
+func (g *GPUSolver) supports(s quant.Scheme, opt Options) error {
+	if s.Grid != quant.Integer {
 		return fmt.Errorf("gptq: the GPU solver handles integer grids, not %s (use gptq.Quantize)", s)
+	}
+	if opt.BlockSize != 0 && opt.BlockSize != gpuBlockSize {
+		return fmt.Errorf("gptq: the GPU path uses blocks of %d columns, not %d", gpuBlockSize, opt.BlockSize)
+	}
+	if opt.MSE && !opt.Weighted {
+		if _, ok := clipPowPath(); !ok {
+			return fmt.Errorf("gptq: the GPU cannot reproduce math.Pow on %s, which the MSE clip search uses (use gptq.Quantize)", runtime.GOARCH)
+		}
 	}
 	return nil
 }
@@ -238,7 +257,7 @@ func (g *GPUSolver) QuantizeGram(w []float32, n, k int, gram cuda.DevicePtr, sca
 	if err := checkWeights(w, n, k, s, opt); err != nil {
 		return nil, Stats{}, err
 	}
-	if err := g.supports(s); err != nil {
+	if err := g.supports(s, opt); err != nil {
 		return nil, Stats{}, err
 	}
 	diag, err := g.loadGram(gram, k, scale)
@@ -364,7 +383,7 @@ func (g *GPUSolver) baseline(p gpuPlan) (float64, error) {
 }
 
 // gpuPlan is what the host decides before the device works: the column order, the groups and
-// the dead columns, all from diag H.
+// the dead columns, all from diag H, and the group fit.
 type gpuPlan struct {
 	n, k      int
 	s         quant.Scheme
@@ -374,6 +393,12 @@ type gpuPlan struct {
 	perm      []int
 	lay       layout
 	meanDiag  float64
+	// search: groups are fitted by gptq_fit_search (Weighted or MSE); impOrig and impPos are
+	// the Weighted search's importance (importance), useFMA the Exp path of the MSE search's
+	// math.Pow (clipPowPath).
+	search          bool
+	impOrig, impPos []float32
+	useFMA          bool
 }
 
 func (g *GPUSolver) plan(n, k int, diag []float64, s quant.Scheme, opt Options) (gpuPlan, error) {
@@ -382,11 +407,8 @@ func (g *GPUSolver) plan(n, k int, diag []float64, s quant.Scheme, opt Options) 
 		// A caller passing the whole Hessian here once indexed past the column order.
 		return gpuPlan{}, fmt.Errorf("gptq: %d diagonal entries for %d columns", len(diag), k)
 	}
-	if opt.MSE || opt.Weighted {
-		return gpuPlan{}, fmt.Errorf("gptq: the GPU path fits groups with min-max only; MSE clipping and the weighted search run on the CPU (gptq.Quantize)")
-	}
-	if opt.BlockSize != gpuBlockSize {
-		return gpuPlan{}, fmt.Errorf("gptq: the GPU path uses blocks of %d columns, not %d", gpuBlockSize, opt.BlockSize)
+	if err := g.supports(s, opt); err != nil {
+		return gpuPlan{}, err
 	}
 	if n > math.MaxInt32/32 || k > 1<<20 {
 		return gpuPlan{}, fmt.Errorf("gptq: %dx%d is too large for the GPU path", n, k)
@@ -395,6 +417,12 @@ func (g *GPUSolver) plan(n, k int, diag []float64, s quant.Scheme, opt Options) 
 	p.dead, p.deadCount = deadColumns(diag)
 	p.perm = columnOrder(diag, p.dead, opt.ActOrder)
 	p.lay = newLayout(s, k, p.perm, opt.StaticGroups)
+	p.search = opt.Weighted || opt.MSE
+	if opt.Weighted {
+		p.impOrig, p.impPos = importance(diag, p.dead, p.perm)
+	} else if opt.MSE {
+		p.useFMA, _ = clipPowPath()
+	}
 	for i := range k {
 		p.meanDiag += diagFixed(diag[i], p.dead[i])
 	}
@@ -495,7 +523,7 @@ func (g *GPUSolver) allocate(p gpuPlan) ([numGPUSlots]cuda.DevicePtr, error) {
 		slotH: 8 * k * k, slotFactor: 8 * k * k, slotInverse: 8 * k * k, slotU: 4 * k * k, slotOrig: 4 * n * k, slotW: 4 * n * k,
 		slotErr: 4 * n * gpuBlockSize, slotCodes: n * k, slotScales: 4 * ng, slotZeros: ng,
 		slotPerm: 4 * k, slotRev: 4 * k, slotPosGroup: 4 * k, slotColGroup: 4 * k, slotDead: k,
-		slotRowSq: 8 * n, slotRowDq: 8 * n, slotFlags: 32,
+		slotRowSq: 8 * n, slotRowDq: 8 * n, slotFlags: 32, slotImpOrig: 4 * k, slotImpPos: 4 * k,
 	}
 	var ptr [numGPUSlots]cuda.DevicePtr
 	for slot, size := range sizes {
@@ -531,6 +559,7 @@ func (g *GPUSolver) uploadPlan(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error
 	}{
 		{slotPerm, cuda.Bytes(int32s(p.perm))}, {slotRev, cuda.Bytes(int32s(rev))},
 		{slotPosGroup, cuda.Bytes(int32s(posGroup))}, {slotColGroup, cuda.Bytes(int32s(colGroup))}, {slotDead, dead},
+		{slotImpOrig, cuda.Bytes(p.impOrig)}, {slotImpPos, cuda.Bytes(p.impPos)}, // empty unless Weighted
 	} {
 		if err := g.dev.CopyToDevice(ptr[u.slot], u.data); err != nil {
 			return fmt.Errorf("gptq: %w", err)
@@ -621,29 +650,58 @@ func (g *GPUSolver) columns(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error {
 	if s.Sym {
 		sym = 1
 	}
-	end := g.span(phaseOther)
+	phase := phaseOther // loading W, and fitting the groups that precede the column loop
+	if p.search {
+		phase = phaseFit
+	}
+	end := g.span(phase)
 	err := g.fn.loadWeights.Launch(cuda.Dim3{X: (p.k + 255) / 256, Y: min(p.n, 65535), Z: 1}, threads, 0, g.stream,
 		ptr[slotOrig], ptr[slotPerm], ptr[slotDead], n, k, ptr[slotW])
-	if err == nil && (p.lay.perChannel || p.lay.static) {
+	fixed := p.lay.perChannel || p.lay.static
+	if err == nil && fixed {
 		gsize, zeroDead := int32(p.lay.size), int32(1)
 		if p.lay.perChannel {
 			zeroDead = 0
 		}
-		jobs := p.n * int(groups)
-		err = g.fn.fitFixed.Launch(cuda.Dim3{X: (jobs + 7) / 8, Y: 1, Z: 1}, threads, 0, g.stream, ptr[slotOrig], ptr[slotDead],
-			n, k, gsize, groups, zeroDead, int32(s.Bits), sym, ptr[slotScales], ptr[slotZeros], ptr[slotFlags])
+		if p.search {
+			// The search reads the rows as given (per-channel) or with dead columns zeroed
+			// (static groups), in the original order, with diag H in that order.
+			dead := ptr[slotDead]
+			if zeroDead == 0 {
+				dead = 0
+			}
+			err = g.fitSearch(p, ptr, ptr[slotOrig], dead, ptr[slotImpOrig], 0, int(groups))
+		} else {
+			jobs := p.n * int(groups)
+			err = g.fn.fitFixed.Launch(cuda.Dim3{X: (jobs + 7) / 8, Y: 1, Z: 1}, threads, 0, g.stream, ptr[slotOrig], ptr[slotDead],
+				n, k, gsize, groups, zeroDead, int32(s.Bits), sym, ptr[slotScales], ptr[slotZeros], ptr[slotFlags])
+		}
 	}
 	end()
 	if err != nil {
 		return err
 	}
+	// On-the-fly groups are fitted min-max inside gptq_block, or searched by gptq_fit_search
+	// just before it: either way from the working weights as they stand when the block
+	// begins (the reference's find_params on the outer W), groups that start mid-block
+	// included.
 	onTheFly := int32(0)
-	if !p.lay.perChannel && !p.lay.static {
+	if !fixed && !p.search {
 		onTheFly = 1
 	}
 	grid := cuda.Dim3{X: (p.n + gpuRowsPerCB - 1) / gpuRowsPerCB, Y: 1, Z: 1}
 	for i1 := 0; i1 < p.k; i1 += gpuBlockSize {
 		i2 := min(i1+gpuBlockSize, p.k)
+		if size := p.lay.size; !fixed && p.search {
+			if first, next := (i1+size-1)/size, (i2+size-1)/size; next > first { // groups starting in [i1, i2)
+				end := g.span(phaseFit)
+				err := g.fitSearch(p, ptr, ptr[slotW], 0, ptr[slotImpPos], first, next-first)
+				end()
+				if err != nil {
+					return err
+				}
+			}
+		}
 		end := g.span(phaseColumns)
 		err := g.fn.block.Launch(grid, threads, 0, g.stream, ptr[slotW], ptr[slotU], n, k, int32(i1), int32(i2-i1),
 			int32(s.Bits), sym, int32(p.lay.size), groups, onTheFly, ptr[slotPosGroup], ptr[slotPerm],
@@ -673,6 +731,29 @@ func (g *GPUSolver) columns(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error {
 		return err
 	}
 	return g.dev.SynchronizeStream(g.stream)
+}
+
+// fitSearch launches gptq_fit_search for groups first .. first+count−1 of every row of src
+// (N×K, row-major): the Weighted search with importance imp, or the MSE clip search. dead, when
+// not 0, zeroes those columns' weights.
+func (g *GPUSolver) fitSearch(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr, src, dead, imp cuda.DevicePtr, first, count int) error {
+	weighted, useFMA, sym := int32(0), int32(0), int32(0)
+	if p.opt.Weighted {
+		weighted = 1
+	} else {
+		imp = 0 // the MSE search weighs every weight alike (the fitter passes no importance)
+	}
+	if p.useFMA {
+		useFMA = 1
+	}
+	if p.s.Sym {
+		sym = 1
+	}
+	const warps = 8 // per block of 256 threads
+	jobs := p.n * count
+	return g.fn.fitSearch.Launch(cuda.Dim3{X: (jobs + warps - 1) / warps, Y: 1, Z: 1}, cuda.Dim3{X: 32 * warps, Y: 1, Z: 1}, 0, g.stream,
+		src, dead, imp, int32(p.n), int32(p.k), int32(p.lay.size), int32(p.s.Groups(p.k)), int32(first), int32(count),
+		weighted, useFMA, int32(p.s.Bits), sym, ptr[slotScales], ptr[slotZeros], ptr[slotFlags])
 }
 
 // span starts timing a phase (one of gpuProfile's fields) when profiling and returns the

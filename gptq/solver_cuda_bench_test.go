@@ -101,6 +101,72 @@ func BenchmarkGPUQuantize(b *testing.B) {
 
 func ms(d time.Duration) float64 { return d.Seconds() * 1e3 }
 
+// BenchmarkGPUQuantizeSearched times a 4096×11008 int3-g128 solve (a 7B MLP projection's
+// shape; groups fitted on the fly) with min-max groups, with the Weighted search (--imatrix)
+// and with the MSE clip search (--clip), asymmetric and symmetric: W and H already on the GPU,
+// results downloaded, median of 3 after a warm-up, then one profiled run for the breakdown
+// (fit: gptq_fit_search). Each line gives the ratio to min-max's median in the same run. Run
+// with -test.benchtime=1x; each case prints a "TABLE" line.
+func BenchmarkGPUQuantizeSearched(b *testing.B) {
+	_, g := openGPUSolver(b)
+	g.poison = false
+	const n, k = 4096, 11008
+	w := randomWeights(rand.New(rand.NewPCG(1, 1)), n, k)
+	h := bandedKMSHessian(k)
+	diag := diagonal(h, k)
+	if err := g.upload(slotOrig, cuda.Bytes(w)); err != nil {
+		b.Fatal(err)
+	}
+	if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
+		b.Fatal(err)
+	}
+	for _, sym := range []bool{false, true} {
+		s := quant.Scheme{Bits: 3, GroupSize: 128, Sym: sym}
+		var plain time.Duration
+		for _, fit := range []string{"minmax", "weighted", "mse"} {
+			opt := Options{Weighted: fit == "weighted", MSE: fit == "mse"}
+			b.Run(fmt.Sprintf("%s/%s", s, fit), func(b *testing.B) {
+				once := func() (Stats, time.Duration) {
+					start := time.Now()
+					var st Stats
+					p, err := g.plan(n, k, diag, s, opt)
+					if err == nil {
+						_, err = g.run(p, &st)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+					return st, time.Since(start)
+				}
+				once()
+				var times []time.Duration
+				var st Stats
+				for range 3 {
+					var d time.Duration
+					st, d = once()
+					times = append(times, d)
+				}
+				slices.Sort(times)
+				g.profile = &gpuProfile{}
+				once()
+				ph := g.profile.phases
+				g.profile = nil
+				if fit == "minmax" {
+					plain = times[1]
+				}
+				b.ReportMetric(ms(times[1]), "ms")
+				ratio := "min-max not run"
+				if plain > 0 {
+					ratio = fmt.Sprintf("%.2f× min-max", float64(times[1])/float64(plain))
+				}
+				fmt.Printf("TABLE %dx%d %-15s %-8s median %7.1f ms (runs %v, %s)  fit %6.1f  columns %5.1f  gemms %5.1f  cholesky %5.1f  inverse %5.1f  other %4.1f ms  loss %.6g\n",
+					n, k, s, fit, ms(times[1]), times, ratio, ms(ph[phaseFit]), ms(ph[phaseColumns]), ms(ph[phaseGEMMs]),
+					ms(ph[phaseCholesky]), ms(ph[phaseInverse]), ms(ph[phaseOther]), st.Loss)
+			})
+		}
+	}
+}
+
 // BenchmarkGPUQuantizeGramSetup splits QuantizeGram's setup on an 11008×4096 layer (a 7B MLP
 // projection): the weight check, the upload of W through the stager, and the whole call's
 // Setup as Stats reports it.

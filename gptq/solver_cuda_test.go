@@ -52,6 +52,14 @@ func killColumns(h []float64, k int, cols ...int) {
 // number of differing codes.
 func compareWithCPU(t *testing.T, g *GPUSolver, w []float32, n, k int, h []float64, s quant.Scheme, opt Options) int {
 	t.Helper()
+	diff, _ := compareWithCPUCounts(t, g, w, n, k, h, s, opt)
+	return diff
+}
+
+// compareWithCPUCounts is compareWithCPU, also returning the number of groups whose scale or
+// zero point differs.
+func compareWithCPUCounts(t *testing.T, g *GPUSolver, w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (codes, params int) {
+	t.Helper()
 	want, wst, err := Quantize(w, n, k, h, s, opt)
 	if err != nil {
 		t.Fatalf("CPU: %v", err)
@@ -98,7 +106,7 @@ func compareWithCPU(t *testing.T, g *GPUSolver, w []float32, n, k int, h []float
 	if !slices.Equal(got.GIdx, want.GIdx) {
 		t.Errorf("g_idx differs from the CPU")
 	}
-	return diff
+	return diff, paramDiff
 }
 
 func dequantizeAll(t *quant.Tensor) []float32 {
@@ -121,12 +129,9 @@ func TestGPUMatchesCPU(t *testing.T) {
 		h := testHessian(t, r, k)
 		killColumns(h, k, 7, k-2)
 		for _, v := range variants() {
-			if v.opt.MSE {
-				continue
-			}
 			t.Run(fmt.Sprintf("%dx%d/%s", n, k, v.name), func(t *testing.T) {
 				w := randomWeights(r, n, k)
-				if !g.Supports(v.s) { // NF4: the CPU's; the GPU solver refuses it by name
+				if !g.Supports(v.s, v.opt) { // NF4: the CPU's; the GPU solver refuses it by name
 					if _, _, err := g.Quantize(w, n, k, h, v.s, v.opt); err == nil || !strings.Contains(err.Error(), "integer grids, not "+v.s.String()) {
 						t.Errorf("GPU solver on %s: %v", v.s, err)
 					}
@@ -156,11 +161,17 @@ func TestGPULargerShapes(t *testing.T) {
 		{130, 520, quant.Scheme{Bits: 8, GroupSize: quant.PerChannel}, Options{ActOrder: true}},
 		{130, 520, quant.Scheme{Bits: 6, GroupSize: 128}, Options{}},
 		{130, 520, quant.Scheme{Bits: 5, GroupSize: 32, Sym: true}, Options{ActOrder: true}},
+		{301, 1000, quant.Scheme{Bits: 3, GroupSize: 128}, Options{Weighted: true}},
+		{250, 640, quant.Scheme{Bits: 3, GroupSize: 64}, Options{ActOrder: true, Weighted: true}},
+		{250, 640, quant.Scheme{Bits: 2, GroupSize: 96}, Options{ActOrder: true, StaticGroups: true, Weighted: true}},
+		{130, 520, quant.Scheme{Bits: 4, GroupSize: quant.PerChannel, Sym: true}, Options{Weighted: true}},
+		{250, 640, quant.Scheme{Bits: 4, GroupSize: 256}, Options{MSE: true}},
+		{130, 520, quant.Scheme{Bits: 3, GroupSize: 32, Sym: true}, Options{ActOrder: true, MSE: true}},
 	} {
 		h := testHessian(t, r, c.k)
 		w := randomWeights(r, c.n, c.k)
 		for _, trtri := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%dx%d/%s/act=%v/static=%v/trtri=%v", c.n, c.k, c.s, c.opt.ActOrder, c.opt.StaticGroups, trtri), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%dx%d/%s/act=%v/static=%v/weighted=%v/mse=%v/trtri=%v", c.n, c.k, c.s, c.opt.ActOrder, c.opt.StaticGroups, c.opt.Weighted, c.opt.MSE, trtri), func(t *testing.T) {
 				g.inverseByTRTRI = trtri
 				defer func() { g.inverseByTRTRI = false }()
 				diff := compareWithCPU(t, g, w, c.n, c.k, h, c.s, c.opt)
@@ -206,18 +217,23 @@ func TestGPURefusesWhatItCannotDo(t *testing.T) {
 	w := make([]float32, n*k)
 	h := indefiniteHessian(k, 0)
 	s := quant.Scheme{Bits: 4, GroupSize: 128}
-	if _, _, err := g.Quantize(w, n, k, h, s, Options{MSE: true}); err == nil || !strings.Contains(err.Error(), "MSE") {
-		t.Errorf("MSE: %v", err)
-	}
 	if _, _, err := g.Quantize(w, n, k, h, s, Options{BlockSize: 64}); err == nil || !strings.Contains(err.Error(), "blocks of 128") {
 		t.Errorf("block size 64: %v", err)
+	}
+	if g.Supports(s, Options{BlockSize: 64}) || g.Supports(quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true}, Options{Weighted: true}) {
+		t.Errorf("Supports accepts blocks of 64 or NF4")
+	}
+	if !g.Supports(s, Options{Weighted: true, ActOrder: true}) || !g.Supports(s, Options{MSE: true, StaticGroups: true}) {
+		t.Errorf("Supports refuses the searched group fits")
 	}
 	if _, _, err := g.Quantize(w[:10], n, k, h, s, Options{}); err == nil {
 		t.Errorf("short weights accepted")
 	}
 	w[5] = 1e30 // the scale of its group overflows F16
-	if _, _, err := g.Quantize(w, n, k, h, s, Options{}); err == nil || !strings.Contains(err.Error(), "row 0, group 0: scale overflows") {
-		t.Errorf("overflowing scale: %v", err)
+	for _, opt := range []Options{{}, {Weighted: true}, {Weighted: true, StaticGroups: true}} {
+		if _, _, err := g.Quantize(w, n, k, h, s, opt); err == nil || !strings.Contains(err.Error(), "row 0, group 0: scale overflows") {
+			t.Errorf("overflowing scale, %+v: %v", opt, err)
+		}
 	}
 }
 

@@ -139,6 +139,311 @@ extern "C" __global__ void gptq_fit_fixed(const float* orig, const unsigned char
     if (lane == 0) store_params(r, g, groups, lo, hi, (1 << bits) - 1, sym, scales, zeros, status);
 }
 
+// ---- Searched group fits: Options.Weighted (blockwise/weighted.go's weightedSearch) and
+// Options.MSE (blockwise/clip.go's clipSearch) ----
+//
+// One warp fits one (row, group). The CPU tries the candidates one after another, keeping the
+// first one with the smallest error; which candidates it tries never depends on the errors
+// found so far, and its early exit (stop summing once the sum reaches the best error) never
+// changes the winner. So here each lane evaluates a share of the candidates with the CPU's
+// arithmetic, every sum over the group's weights in the CPU's order (a lane reads the
+// weights one after another; all lanes read the same weight at once), and the warp then picks
+// the smallest error, ties to the earliest candidate in the CPU's order. Products, sums and
+// quotients are rounded intrinsics, as in blockwise/kernels/weighted.cu, so that nvcc cannot
+// contract them into FMAs, which round differently from Go.
+
+#define WSTEPS 40  // blockwise's weightedSteps
+#define WGRID 50   // weightedGrid
+#define CSTEPS 80  // blockwise's clipSteps
+#define CGRID 100  // clipGrid
+
+// group_view is one group's weights and importance, from its first column.
+struct group_view {
+    const float* w;
+    const unsigned char* dead;  // null, or dead columns: their weights count as 0
+    const float* imp;           // null: importance 1 (the search's plain squared error)
+    int len;
+    __device__ __forceinline__ float at(int i) const { return (dead && dead[i]) ? 0.f : w[i]; }
+    __device__ __forceinline__ double weight(int i) const { return imp ? (double)imp[i] : 1.0; }
+};
+
+// cand is a lane's best candidate so far: its error, its place in the CPU's order (key) and
+// its parameters. err = +Inf: none yet (the CPU never accepts an error that is not below +Inf).
+struct cand {
+    double err;
+    int key;
+    float scale;
+    int zero;
+};
+
+// consider keeps the candidate (err, key) when it beats *best: a smaller error, or the same
+// error earlier in the CPU's order. An error that is not below +Inf (NaN included) never wins.
+__device__ __forceinline__ void consider(cand* best, double err, int key, float scale, int zero) {
+    if (!(err < __longlong_as_double(0x7ff0000000000000LL))) return;
+    if (err < best->err || (err == best->err && key < best->key)) *best = cand{err, key, scale, zero};
+}
+
+// warp_best leaves in every lane the warp's smallest (err, key).
+__device__ cand warp_best(cand c) {
+    for (int o = 16; o > 0; o >>= 1) {
+        cand other;
+        other.err = __shfl_xor_sync(0xffffffffu, c.err, o);
+        other.key = __shfl_xor_sync(0xffffffffu, c.key, o);
+        other.scale = __shfl_xor_sync(0xffffffffu, c.scale, o);
+        other.zero = __shfl_xor_sync(0xffffffffu, c.zero, o);
+        consider(&c, other.err, other.key, other.scale, other.zero);
+    }
+    return c;
+}
+
+// sq_term is groupError's term with norm 2: imp·(Q(w) − w)² for the code q of w.
+__device__ __forceinline__ double sq_term(float v, int q, float scale, int zero, const group_view& g, int i) {
+    float dq = __fmul_rn(scale, (float)(q - zero));
+    double d = (double)__fsub_rn(dq, v);
+    double e = __dmul_rn(d, d);
+    if (g.imp) e = __dmul_rn(e, (double)g.imp[i]);
+    return e;
+}
+
+// sq_error is groupError with norm 2, summed to the end.
+__device__ double sq_error(const group_view& g, float scale, int zero, int maxq) {
+    double sum = 0.0;
+    for (int i = 0; i < g.len; i++) {
+        float v = g.at(i);
+        sum = __dadd_rn(sum, sq_term(v, quantize(v, scale, zero, maxq), scale, zero, g, i));
+    }
+    return sum;
+}
+
+// weighted_job is one range of weightedSearch: for j = 0 the full span, then for step
+// i = 1..39 the span shrunk by p = 1 − i/50 at both ends, and on an asymmetric grid also at
+// the low end only and at the high end only (j = 1 + 3(i − 1) + end). It tries the min-max fit
+// of that range (key 2j) and, when the fit is usable, its weighted least-squares refit
+// (intQuantizer.refit, key 2j + 1). The refit's sums share the first pass over the weights
+// with the fit's error, each sum still in the CPU's order.
+__device__ void weighted_job(const group_view& g, float rlo, float rhi, int j, int maxq, int sym, cand* best) {
+    int step = j, end = 0;
+    if (!sym && j > 0) {
+        step = 1 + (j - 1) / 3;
+        end = (j - 1) % 3;
+    }
+    float p = __double2float_rn(__dsub_rn(1.0, __ddiv_rn((double)step, (double)WGRID)));
+    float lo = end == 2 ? rlo : __fmul_rn(p, rlo);
+    float hi = end == 1 ? rhi : __fmul_rn(p, rhi);
+    float scale;
+    int zero;
+    int_params(lo, hi, maxq, sym, &scale, &zero);
+    if (!finite(scale) || !(scale > 0.f)) return;  // try: a scale the format cannot hold
+    double err = 0.0, sv = 0.0, sq = 0.0, sqq = 0.0, sw = 0.0, sqw = 0.0, num = 0.0, den = 0.0;
+    for (int i = 0; i < g.len; i++) {
+        float v = g.at(i);
+        int q = quantize(v, scale, zero, maxq);
+        err = __dadd_rn(err, sq_term(v, q, scale, zero, g, i));
+        double c = g.weight(i), wv = (double)v;
+        if (!sym) {
+            double x = (double)q, cx = __dmul_rn(c, x);
+            sv = __dadd_rn(sv, c);
+            sq = __dadd_rn(sq, cx);
+            sqq = __dadd_rn(sqq, __dmul_rn(cx, x));
+            sw = __dadd_rn(sw, __dmul_rn(c, wv));
+            sqw = __dadd_rn(sqw, __dmul_rn(cx, wv));
+        } else {
+            double x = (double)(q - zero), cx = __dmul_rn(c, x);
+            num = __dadd_rn(num, __dmul_rn(cx, wv));
+            den = __dadd_rn(den, __dmul_rn(cx, x));
+        }
+    }
+    consider(best, err, 2 * j, scale, zero);
+    int rzero = zero;
+    if (!sym) {
+        double det = __dsub_rn(__dmul_rn(sv, sqq), __dmul_rn(sq, sq));
+        if (det <= 0) return;
+        double a = __ddiv_rn(__dsub_rn(__dmul_rn(sv, sqw), __dmul_rn(sq, sw)), det);
+        double b = __ddiv_rn(__dsub_rn(__dmul_rn(sqq, sw), __dmul_rn(sq, sqw)), det);
+        if (!(a > 0)) return;
+        rzero = (int)fmin(fmax(rint(__ddiv_rn(-b, a)), 0.0), (double)maxq);
+        for (int i = 0; i < g.len; i++) {
+            float v = g.at(i);
+            double c = g.weight(i), x = (double)(quantize(v, scale, zero, maxq) - rzero), cx = __dmul_rn(c, x);
+            num = __dadd_rn(num, __dmul_rn(cx, (double)v));
+            den = __dadd_rn(den, __dmul_rn(cx, x));
+        }
+    }
+    if (!(den > 0) || !(num > 0)) return;
+    float rscale = round_f16(__double2float_rn(__ddiv_rn(num, den)));
+    if (rscale == 0.f || !finite(rscale)) return;  // refit's ok, then try
+    consider(best, sq_error(g, rscale, rzero, maxq), 2 * j + 1, rscale, rzero);
+}
+
+// go_log is Go's math.Log on amd64 (math/log_amd64.s), one rounded operation per SSE
+// instruction; gptq/clippow.go's amd64Log is the same in Go.
+__device__ double go_log(double x) {
+    const double hsqrt2 = __longlong_as_double(0x3fe6a09e667f3bcdLL), ln2hi = __longlong_as_double(0x3fe62e42fee00000LL),
+                 ln2lo = __longlong_as_double(0x3dea39ef35793c76LL), l1 = __longlong_as_double(0x3fe5555555555593LL),
+                 l2 = __longlong_as_double(0x3fd999999997fa04LL), l3 = __longlong_as_double(0x3fd2492494229359LL),
+                 l4 = __longlong_as_double(0x3fcc71c51d8e78afLL), l5 = __longlong_as_double(0x3fc7466496cb03deLL),
+                 l6 = __longlong_as_double(0x3fc39a09d078c69fLL), l7 = __longlong_as_double(0x3fc2f112df3e5244LL);
+    long long b = __double_as_longlong(x);
+    if ((b & 0x7fffffffffffffffLL) == 0) return __longlong_as_double(0xfff0000000000000LL);
+    if (b < 0) return __longlong_as_double(0x7ff8000000000001LL);
+    if (b >= 0x7ff0000000000000LL) return x;
+    double f1 = __longlong_as_double((b & 0x000fffffffffffffLL) | 0x3fe0000000000000LL);
+    double k = (double)((int)((b >> 52) & 0x7ff) - 0x3fe);
+    double one = (hsqrt2 < f1) ? 0.0 : 1.0;  // CMPSD "not less than": also at f1 == √2/2
+    k = __dsub_rn(k, one);
+    f1 = __dmul_rn(f1, __dadd_rn(one, 1.0));
+    double f = __dsub_rn(f1, 1.0);
+    double s = __ddiv_rn(f, __dadd_rn(2.0, f));
+    double s2 = __dmul_rn(s, s);
+    double s4 = __dmul_rn(s2, s2);
+    double t1 = __dmul_rn(s2, __dadd_rn(__dmul_rn(__dadd_rn(__dmul_rn(__dadd_rn(__dmul_rn(l7, s4), l5), s4), l3), s4), l1));
+    double t2 = __dmul_rn(s4, __dadd_rn(__dmul_rn(__dadd_rn(__dmul_rn(l6, s4), l4), s4), l2));
+    double r = __dadd_rn(t1, t2);
+    double hfsq = __dmul_rn(__dmul_rn(0.5, f), f);
+    double x3 = __dadd_rn(__dmul_rn(s, __dadd_rn(r, hfsq)), __dmul_rn(ln2lo, k));
+    double x0 = __dsub_rn(__dsub_rn(hfsq, x3), f);
+    return __dsub_rn(__dmul_rn(k, ln2hi), x0);
+}
+
+// go_exp is Go's math.Exp on amd64 (math/exp_amd64.s) with its FMA path (use_fma, on CPUs
+// with FMA) or its plain one; gptq/clippow.go's amd64Exp is the same in Go.
+__device__ double go_exp(double x, int use_fma) {
+    const double log2e = __longlong_as_double(0x3ff71547652b82feLL), ln2u = __longlong_as_double(0x3fe62e42fefa3000LL),
+                 ln2l = __longlong_as_double(0x3d53de6af278ece6LL), overflow = __longlong_as_double(0x40862e42fefa39efLL);
+    const double coef[8] = {__longlong_as_double(0x3efa01a01a01a01aLL), __longlong_as_double(0x3f2a01a01a01a01aLL),
+                            __longlong_as_double(0x3f56c16c16c16c17LL), __longlong_as_double(0x3f81111111111111LL),
+                            __longlong_as_double(0x3fa5555555555555LL), __longlong_as_double(0x3fc5555555555555LL),
+                            0.5, 1.0};
+    long long b = __double_as_longlong(x);
+    if ((b & 0x7fffffffffffffffLL) >= 0x7ff0000000000000LL) {
+        if (b == (long long)0xfff0000000000000ULL) return 0.0;
+        return x;  // NaN or +Inf
+    }
+    if (x > overflow) return __longlong_as_double(0x7ff0000000000000LL);
+    double t = rint(__dmul_rn(log2e, x));  // CVTSD2SL: nearest, ties to even; out of range: MinInt32
+    int bx = (t >= -2147483648.0 && t <= 2147483647.0) ? (int)t : (int)0x80000000u;
+    double k = (double)bx;
+    double p = coef[0];
+    if (use_fma) {
+        x = __fma_rn(-k, ln2u, x);
+        x = __fma_rn(-k, ln2l, x);
+        x = __dmul_rn(x, 0.0625);
+#pragma unroll
+        for (int i = 1; i < 8; i++) p = __fma_rn(p, x, coef[i]);
+        x = __dmul_rn(x, p);
+#pragma unroll
+        for (int i = 0; i < 3; i++) x = __dmul_rn(x, __dadd_rn(x, 2.0));
+        x = __fma_rn(__dadd_rn(x, 2.0), x, 1.0);
+    } else {
+        x = __dsub_rn(x, __dmul_rn(ln2u, k));
+        x = __dsub_rn(x, __dmul_rn(ln2l, k));
+        x = __dmul_rn(x, 0.0625);
+#pragma unroll
+        for (int i = 1; i < 8; i++) p = __dadd_rn(__dmul_rn(p, x), coef[i]);
+        x = __dmul_rn(x, p);
+#pragma unroll
+        for (int i = 0; i < 4; i++) x = __dmul_rn(x, __dadd_rn(x, 2.0));
+        x = __dadd_rn(x, 1.0);
+    }
+    bx += 0x3ff;  // fr·2^bx, as the assembly builds it
+    if (bx >= 0x7ff) return __longlong_as_double(0x7ff0000000000000LL);
+    if (bx > 0) return __dmul_rn(x, __longlong_as_double((long long)bx << 52));
+    if (bx < -52) return 0.0;
+    x = __dmul_rn(x, __longlong_as_double((long long)(bx + 0x3fe) << 52));
+    return __dmul_rn(x, __longlong_as_double(1LL << 52));
+}
+
+// go_pow_clip is Go's math.Pow(d, 2.4) on amd64 for d ≥ 0, NaN or +Inf (gptq/clippow.go's
+// clipPow): Exp(0.3999999999999999·Log(d)) times d² by pow's squaring loop, then Ldexp
+// (exact here: the result is normal for any float32 d).
+__device__ double go_pow_clip(double d, int use_fma) {
+    if (d == 1.0) return 1.0;
+    if (d != d) return d;
+    if (d == 0.0) return 0.0;
+    if (isinf(d)) return d;
+    double a1 = go_exp(__dmul_rn(__longlong_as_double(0x3fd9999999999998LL), go_log(d)), use_fma);
+    int xe;
+    double x1 = frexp(d, &xe);
+    int ae = 0;
+    for (int i = 2; i != 0; i >>= 1) {
+        if (i & 1) {
+            a1 = __dmul_rn(a1, x1);
+            ae += xe;
+        }
+        x1 = __dmul_rn(x1, x1);
+        xe <<= 1;
+        if (x1 < 0.5) {
+            x1 = __dadd_rn(x1, x1);
+            xe--;
+        }
+    }
+    return ldexp(a1, ae);
+}
+
+// clip_job is step j of clipSearch: the range shrunk by p = 1 − j/100, its error
+// Σ imp·|Q(w) − w|^2.4 (key j).
+__device__ void clip_job(const group_view& g, float rlo, float rhi, int j, int maxq, int sym, int use_fma, cand* best) {
+    float p = __double2float_rn(__dsub_rn(1.0, __ddiv_rn((double)j, (double)CGRID)));
+    float scale;
+    int zero;
+    int_params(__fmul_rn(p, rlo), __fmul_rn(p, rhi), maxq, sym, &scale, &zero);
+    double sum = 0.0;
+    for (int i = 0; i < g.len; i++) {
+        float v = g.at(i);
+        float dq = __fmul_rn(scale, (float)(quantize(v, scale, zero, maxq) - zero));
+        double e = go_pow_clip(fabs((double)__fsub_rn(dq, v)), use_fma);
+        if (g.imp) e = __dmul_rn(e, (double)g.imp[i]);
+        sum = __dadd_rn(sum, e);
+    }
+    consider(best, sum, j, scale, zero);
+}
+
+// gptq_fit_search fits groups g0 .. g0 + count − 1 of every row with the weighted search
+// (weighted = 1) or the clip search, one warp per (row, group): group g is columns
+// [g·gsize, min((g + 1)·gsize, K)) of src (row-major N×K), dead columns zeroed when dead is
+// given, imp (K entries, or null) the importance. It serves every layout: per-channel and
+// static groups from the original weights before the column loop, on-the-fly groups from the
+// working weights (quantization order) when their block begins.
+extern "C" __global__ void __launch_bounds__(256) gptq_fit_search(
+    const float* src, const unsigned char* dead, const float* imp, int n, int k, int gsize, int groups, int g0,
+    int count, int weighted, int use_fma, int bits, int sym, float* scales, unsigned char* zeros, u64* status) {
+    u64 job = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (job >= (u64)n * count) return;
+    int r = (int)(job / count), g = g0 + (int)(job % count);
+    int lo = g * gsize;
+    group_view v{src + (u64)r * k + lo, dead ? dead + lo : nullptr, imp ? imp + lo : nullptr, min(gsize, k - lo)};
+    float rlo = 0.f, rhi = 0.f;  // minMax: the range always holds 0
+    for (int i = lane; i < v.len; i += 32) {
+        float x = v.at(i);
+        rlo = fminf(rlo, x);
+        rhi = fmaxf(rhi, x);
+    }
+    warp_min_max(rlo, rhi);
+    const int maxq = (1 << bits) - 1;
+    cand best{__longlong_as_double(0x7ff0000000000000LL), 0x7fffffff, 0.f, 0};
+    if (weighted) {
+        int jobs = sym ? WSTEPS : 1 + 3 * (WSTEPS - 1);
+        for (int j = lane; j < jobs; j += 32) weighted_job(v, rlo, rhi, j, maxq, sym, &best);
+    } else {
+        for (int j = lane; j < CSTEPS; j += 32) clip_job(v, rlo, rhi, j, maxq, sym, use_fma, &best);
+    }
+    best = warp_best(best);
+    if (lane != 0) return;
+    if (best.key == 0x7fffffff) {  // nothing below +Inf: the search's starting point stays
+        if (weighted) {
+            int_params(rlo, rhi, maxq, sym, &best.scale, &best.zero);  // q.fit(w, r, 1)
+        } else {
+            best.scale = 0.f;  // clipSearch's zero params
+            best.zero = 0;
+        }
+    }
+    u64 at = (u64)r * groups + g;
+    scales[at] = best.scale;
+    zeros[at] = (unsigned char)best.zero;
+    if (!finite(best.scale)) atomicMin(status, at);
+}
+
 // gptq_block quantizes the columns [i1, i1 + count) of every row, one warp per row: first it
 // fits the on-the-fly groups that start in the block from the weights as they are (before this
 // block's own updates, like the reference's find_params on the outer W), then for each column
