@@ -398,6 +398,12 @@ func TestRejectsBadArguments(t *testing.T) {
 			_, err := Quantize(big, 2, 32, s, Options{})
 			return err
 		}()},
+		{"not finite in F16", func() error { // every clipping candidate overflows too
+			big := make([]float32, 64)
+			big[0] = 3e7
+			_, err := Quantize(big, 2, 32, s, Options{Clip: true})
+			return err
+		}()},
 	}
 	for _, c := range cases {
 		if c.err == nil || !strings.Contains(c.err.Error(), c.want) {

@@ -12,9 +12,11 @@ const (
 	clipNorm  = 2.4
 )
 
-// clipSearch returns the best parameters for group w of span r; codes (len(w)) is scratch.
+// clipSearch returns the best parameters for group w of span r; codes (len(w)) is scratch. When
+// no candidate's error is finite (weights so large that every scale overflows F16) it returns
+// the unshrunk range's parameters, whose non-finite scale the caller reports.
 func clipSearch(q groupQuantizer, w []float32, r span, imp []float32, codes []uint8) params {
-	var best params
+	best := q.fit(w, r, 1)
 	bestErr := math.Inf(1)
 	for i := range clipSteps {
 		p := float32(1 - float64(i)/clipGrid)

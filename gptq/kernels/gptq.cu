@@ -430,13 +430,8 @@ extern "C" __global__ void __launch_bounds__(256) gptq_fit_search(
     }
     best = warp_best(best);
     if (lane != 0) return;
-    if (best.key == 0x7fffffff) {  // nothing below +Inf: the search's starting point stays
-        if (weighted) {
-            int_params(rlo, rhi, maxq, sym, &best.scale, &best.zero);  // q.fit(w, r, 1)
-        } else {
-            best.scale = 0.f;  // clipSearch's zero params
-            best.zero = 0;
-        }
+    if (best.key == 0x7fffffff) {  // nothing below +Inf: both searches start from q.fit(w, r, 1)
+        int_params(rlo, rhi, maxq, sym, &best.scale, &best.zero);
     }
     u64 at = (u64)r * groups + g;
     scales[at] = best.scale;
