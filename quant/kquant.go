@@ -167,27 +167,37 @@ func (t *Tensor) validateKQuantParams(kt KQuantType) error {
 	return nil
 }
 
-// dequantizeKRow writes row n of a k-quant tensor to out (len K), with ggml's float32
-// operations in ggml's order: dl = d·sc, ml = dmin·m, then dl·q − ml (or dl·(q − o)). The
-// explicit float32 conversion keeps Go from fusing the multiply and the subtraction, which
-// would round once instead of twice.
+// SubBlock returns the two float32 factors of a sub-block with scale sc and min m in a
+// super-block with d and dmin, as ggml computes them: dl = d·sc and ml = dmin·m.
+func (kt KQuantType) SubBlock(d, dmin float32, sc int8, m uint8) (dl, ml float32) {
+	return d * float32(sc), dmin * float32(m)
+}
+
+// Value is the weight code q stands for in a sub-block with factors dl and ml (SubBlock):
+// dl·q − ml, or dl·(q − o) for the types without mins. The explicit float32 conversion keeps Go
+// from fusing the multiply and the subtraction, which would round once where ggml rounds twice.
+func (kt KQuantType) Value(dl, ml float32, q uint8) float32 {
+	if !kt.Mins {
+		return dl * float32(int(q)-kt.Offset)
+	}
+	return float32(dl*float32(q)) - ml
+}
+
+// dequantizeKRow writes row n of a k-quant tensor to out (len K), sub-block by sub-block.
 func (t *Tensor) dequantizeKRow(out []float32, n int) {
 	kt, _ := t.Scheme.KQuant()
 	subs, blocks, perBlock := t.K/kt.Sub, t.Scheme.SuperBlocks(t.K), SuperBlock/kt.Sub
 	codes := t.Codes[n*t.K : (n+1)*t.K]
 	for j := range subs {
 		b, lo := n*blocks+j/perBlock, j*kt.Sub
-		dl := t.Scales[b] * float32(t.SubScales[n*subs+j])
-		seg, dst := codes[lo:lo+kt.Sub], out[lo:lo+kt.Sub]
-		if !kt.Mins {
-			for i, q := range seg {
-				dst[i] = dl * float32(int(q)-kt.Offset)
-			}
-			continue
+		var dmin float32
+		var m uint8
+		if kt.Mins {
+			dmin, m = t.Mins[b], t.SubMins[n*subs+j]
 		}
-		ml := t.Mins[b] * float32(t.SubMins[n*subs+j])
-		for i, q := range seg {
-			dst[i] = float32(dl*float32(q)) - ml
+		dl, ml := kt.SubBlock(t.Scales[b], dmin, t.SubScales[n*subs+j], m)
+		for i, q := range codes[lo : lo+kt.Sub] {
+			out[lo+i] = kt.Value(dl, ml, q)
 		}
 	}
 }
