@@ -11,6 +11,9 @@ import (
 // randomTensor builds a valid quant.Tensor of scheme s with random codes and parameters; with
 // actOrder its g_idx is a random permutation cut into groups, as GPTQ's act-order produces.
 func randomTensor(rng *rand.Rand, s quant.Scheme, n, k int, actOrder bool) *quant.Tensor {
+	if s.Grid == quant.KQuant {
+		return randomKTensor(rng, s, n, k)
+	}
 	ng := paramGroups(s, k)
 	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, n*ng)}
 	for i := range t.Codes {
