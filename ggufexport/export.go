@@ -33,7 +33,7 @@ type Options struct {
 type Entry struct {
 	Name string
 	Type gguf.Type
-	How  string // "k-quant bytes copied", "repacked int8-g32-sym", "quantized", …
+	How  string // "repacked losslessly (q4_k)", "quantized", "dequantized and requantized (lossy, from …)", …
 }
 
 // Export writes the checkpoint at src as a GGUF v3 file at dst and returns what it did per
