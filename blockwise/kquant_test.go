@@ -10,18 +10,6 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-func kquantSchemes(t *testing.T) []quant.Scheme {
-	var out []quant.Scheme
-	for bits := 2; bits <= 6; bits++ {
-		s, err := quant.KQuantScheme(bits)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
 // RTN to a k-quant is kquant's fitting of every row (ggml's reference fitting; its imatrix
 // variant with Weighted and Importance), on float32 and BF16 input alike, whole and partial
 // super-blocks.
@@ -38,7 +26,7 @@ func TestKQuantRows(t *testing.T) {
 	for i := range imp {
 		imp[i] = float32(1 + i%7)
 	}
-	for _, s := range kquantSchemes(t) {
+	for _, s := range quant.KQuantSchemes() {
 		kt, _ := kquant.TypeOf(s)
 		for _, opt := range []Options{{}, {Weighted: true, Importance: imp}} {
 			want := quant.NewKQuantTensor(s, n, k)

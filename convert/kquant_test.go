@@ -8,8 +8,6 @@ import (
 
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/internal/testenv"
-	"github.com/qpack-dev/qpack/model"
-	"github.com/qpack-dev/qpack/npy"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/safetensors"
@@ -20,24 +18,7 @@ import (
 // (q6_k within 2% of the unquantized model).
 func TestKQuantTiny(t *testing.T) {
 	tiny := testenv.Testdata(t, "models/tiny")
-	a, err := npy.ReadFile(filepath.Join(tiny, "heldout_ids.npy"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, _ := a.Ints()
-	ppl := func(dir string) float64 {
-		m, err := model.Open(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		r, err := model.Perplexity(m, ids, 512, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Perplexity
-	}
-	base := ppl(tiny)
+	base := tinyPerplexity(t, tiny)
 	prev := 0.0
 	for _, name := range []string{"q2_k", "q3_k", "q4_k", "q5_k", "q6_k"} {
 		s, _ := quant.ParseScheme(name)
@@ -55,7 +36,7 @@ func TestKQuantTiny(t *testing.T) {
 		if r.QuantBPW != plan.Totals.CandidateBPW {
 			t.Errorf("%s: the report says %.4f bits per weight, the plan %.4f", name, r.QuantBPW, plan.Totals.CandidateBPW)
 		}
-		p := ppl(dst)
+		p := tinyPerplexity(t, dst)
 		t.Logf("%s: %.3f bits per weight, perplexity %.3f (unquantized %.3f)", name, r.QuantBPW, p, base)
 		if prev != 0 && !(p < prev) {
 			t.Errorf("%s: perplexity %.3f is not below the narrower k-quant's %.3f", name, p, prev)

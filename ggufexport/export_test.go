@@ -37,14 +37,7 @@ func heldout(t *testing.T, dir string) []int {
 // ggufPerplexity evaluates an exported file through the decoders and qpack's forward pass.
 func ggufPerplexity(t *testing.T, path, src string, seqs int) float64 {
 	t.Helper()
-	cfg, err := model.LoadConfig(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := OpenWeights(path, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, w := openWeights(t, path, src)
 	defer w.Close()
 	m, err := model.Load(cfg, w)
 	if err != nil {
@@ -55,6 +48,20 @@ func ggufPerplexity(t *testing.T, path, src string, seqs int) float64 {
 		t.Fatal(err)
 	}
 	return r.Perplexity
+}
+
+// openWeights opens an exported file with the config of the checkpoint src.
+func openWeights(t *testing.T, path, src string) (*model.Config, *Weights) {
+	t.Helper()
+	cfg, err := model.LoadConfig(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := OpenWeights(path, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, w
 }
 
 func sourcePerplexity(t *testing.T, dir, idsDir string, seqs int) float64 {

@@ -17,7 +17,6 @@ import (
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/convert"
 	"github.com/qpack-dev/qpack/gguf"
-	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/quantized"
 	"github.com/qpack-dev/qpack/safetensors"
@@ -81,14 +80,7 @@ var linears = []string{"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj
 // q/k rows put back, with want(name) bit for bit, and has gguf-parser-go read the file.
 func checkDecoded(t *testing.T, out, src string, typ gguf.Type, want func(name string) []float32) {
 	t.Helper()
-	cfg, err := model.LoadConfig(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := OpenWeights(out, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, w := openWeights(t, out, src)
 	defer w.Close()
 	for _, l := range linears {
 		name := "model.layers.0." + l + ".weight"

@@ -31,25 +31,56 @@ func importanceWeights(w, x, qw []float32, sigma2 float32) float32 {
 	return sum
 }
 
-// fitQ2Ref is quantize_row_q2_K_ref: sub-blocks of 16 fitted with weights |x| and the mean
-// absolute error, then scales and mins as 4-bit fractions of the largest of each.
-func fitQ2Ref(t *Type, x []float32, codes []uint8) Params {
-	var scales, mins, weights [16]float32
-	var aux [16]uint8
-	for j := range len(x) / 16 {
-		sub := x[16*j : 16*j+16]
-		for l, v := range sub {
-			weights[l] = abs32(v)
-		}
-		scales[j], mins[j] = fitScaleMin(3, sub, weights[:], codes[16*j:], aux[:], -0.5, 0.1, 15, true)
+// sweep is the grid fitScaleMin searches for a sub-block's scale and min: inverse scales
+// (rmin + rdelta·is + nmax)/range for is = 0 … nstep, error |Δ| (mad) or Δ².
+type sweep struct {
+	rmin, rdelta float32
+	nstep        int
+	mad          bool
+}
+
+// refSweeps are quantize_row_qX_K_ref's sweeps of the types with mins; impl's is one for all.
+var (
+	refSweeps = map[int]sweep{2: {-0.5, 0.1, 15, true}, 4: {-1, 0.1, 20, false}, 5: {-0.5, 0.1, 15, false}}
+	implSweep = sweep{-0.9, 0.05, 36, false}
+)
+
+// fitMinsRef is quantize_row_q2_K_ref, quantize_row_q4_K_ref and quantize_row_q5_K_ref: each
+// sub-block's scale and min fitted alone (weights |x| for q2_k, rms(x) + |x| for the others),
+// then the scales and mins as fractions of the largest of each.
+func fitMinsRef(t *Type, x []float32, codes []uint8) Params {
+	var scales, mins [MaxSubBlocks]float32
+	var weights [32]float32
+	var aux [32]uint8
+	nsub, sw := len(x)/t.Sub, refSweeps[t.Bits]
+	for j := range nsub {
+		sub := x[t.Sub*j : t.Sub*(j+1)]
+		refWeights(t, weights[:t.Sub], sub)
+		scales[j], mins[j] = fitScaleMin(int32(t.maxq), sub, weights[:t.Sub], codes[t.Sub*j:], aux[:], sw.rmin, sw.rdelta, sw.nstep, sw.mad)
 	}
 	var p Params
-	var ls, lm [16]uint8
-	p.D = quantizeToMax(scales[:len(x)/16], ls[:], 15)
-	p.DMin = quantizeToMax(mins[:len(x)/16], lm[:], 15)
-	p.setPacked4(ls, lm)
+	var ls, lm [MaxSubBlocks]uint8
+	p.D = quantizeToMax(scales[:nsub], ls[:], float32(t.ScaleHi))
+	p.DMin = quantizeToMax(mins[:nsub], lm[:], float32(t.MinHi))
+	p.setScalesMins(t, ls[:nsub], lm[:nsub])
 	t.requantize(&p, x, codes)
 	return p
+}
+
+// refWeights are the weights of a sub-block in the _ref fits: |x| for q2_k; for q4_k and q5_k
+// rms(x) + |x|.
+func refWeights(t *Type, w, x []float32) {
+	var avX float32
+	if t.Bits != 2 {
+		var sumX2 float32
+		for _, v := range x {
+			sumX2 += float32(v * v)
+		}
+		avX = sqrt32(sumX2 / float32(len(x)))
+	}
+	for i, v := range x {
+		w[i] = avX + abs32(v)
+	}
 }
 
 // quantizeToMax is the _ref types' sub-scale step: l_j = round(v_j·q/max) against the largest
@@ -71,35 +102,43 @@ func quantizeToMax(v []float32, l []uint8, q float32) float32 {
 	return f16(max / q)
 }
 
-// setPacked4 stores q2_k's scales and mins as ggml packs them, scale | min<<4 in one byte, and
-// reads them back from that byte (so an out-of-range value becomes what ggml's block holds).
-func (p *Params) setPacked4(ls, lm [16]uint8) {
-	for j := range ls {
-		b := ls[j] | lm[j]<<4
-		p.Scales[j], p.Mins[j] = int8(b&15), b>>4
+// fitMinsImpl is quantize_row_q2_K_impl, quantize_row_q4_K_impl and quantize_row_q5_K_impl:
+// sub-blocks fitted with importance weights over the finer sweep, then scales and mins by
+// make_qp_quants weighted by each sub-block's total weight.
+func fitMinsImpl(t *Type, x, qw []float32, codes []uint8) Params {
+	var scales, mins, sw [MaxSubBlocks]float32
+	var weights [32]float32
+	var aux [32]uint8
+	factor := float32(2)
+	if t.Bits == 2 {
+		factor = 1
 	}
-}
-
-// fitQ2Impl is quantize_row_q2_K_impl: sub-blocks fitted with importance weights and the squared
-// error over a finer sweep, then scales and mins by make_qp_quants weighted by each sub-block's
-// total weight.
-func fitQ2Impl(t *Type, x, qw []float32, codes []uint8) Params {
-	var scales, mins, sw, weights [16]float32
-	var aux [16]uint8
-	sigma2 := superSigma2(x, 1)
-	nsub := len(x) / 16
+	sigma2, nsub := superSigma2(x, factor), len(x)/t.Sub
 	for j := range nsub {
-		sub := x[16*j : 16*j+16]
-		sw[j] = importanceWeights(weights[:], sub, qw[16*j:], sigma2)
-		scales[j], mins[j] = fitScaleMin(3, sub, weights[:], codes[16*j:], aux[:], -0.9, 0.05, 36, false)
+		lo, hi := t.Sub*j, t.Sub*(j+1)
+		sw[j] = importanceWeights(weights[:t.Sub], x[lo:hi], qw[lo:hi], sigma2)
+		scales[j], mins[j] = fitScaleMin(int32(t.maxq), x[lo:hi], weights[:t.Sub], codes[lo:], aux[:], implSweep.rmin, implSweep.rdelta, implSweep.nstep, implSweep.mad)
 	}
 	var p Params
-	var ls, lm [16]uint8
-	p.D = f16(fitPositive(15, scales[:nsub], ls[:], sw[:nsub]))
-	p.DMin = f16(fitPositive(15, mins[:nsub], lm[:], sw[:nsub]))
-	p.setPacked4(ls, lm)
+	var ls, lm [MaxSubBlocks]uint8
+	p.D = f16(fitPositive(int32(t.ScaleHi), scales[:nsub], ls[:], sw[:nsub]))
+	p.DMin = f16(fitPositive(int32(t.MinHi), mins[:nsub], lm[:], sw[:nsub]))
+	p.setScalesMins(t, ls[:nsub], lm[:nsub])
 	t.requantize(&p, x, codes)
 	return p
+}
+
+// setScalesMins stores the sub-block scales and mins as ggml's block holds them: q2_k packs
+// them into one byte, scale | min<<4, and reads them back from it; q4_k and q5_k cap them at 63.
+func (p *Params) setScalesMins(t *Type, ls, lm []uint8) {
+	for j := range ls {
+		if t.Bits == 2 {
+			b := ls[j] | lm[j]<<4
+			p.Scales[j], p.Mins[j] = int8(b&15), b>>4
+		} else {
+			p.Scales[j], p.Mins[j] = int8(min(63, ls[j])), min(63, lm[j])
+		}
+	}
 }
 
 // fitQ3Ref is quantize_row_q3_K_ref: sub-blocks of 16 by make_q3_quants, then signed 6-bit
@@ -142,67 +181,6 @@ func fitQ3Impl(t *Type, x, qw []float32, codes []uint8) Params {
 	for j := range nsub {
 		p.Scales[j] = int8(ls[j]) - 32
 	}
-	t.requantize(&p, x, codes)
-	return p
-}
-
-// fitQ45Ref is quantize_row_q4_K_ref and quantize_row_q5_K_ref: sub-blocks of 32 fitted with
-// weights rms(x) + |x|, then 6-bit scales and mins as fractions of the largest of each.
-func fitQ45Ref(t *Type, x []float32, codes []uint8) Params {
-	rmin, nstep := float32(-1), 20 // q4_k
-	if t.Bits == 5 {
-		rmin, nstep = -0.5, 15
-	}
-	var scales, mins [8]float32
-	var weights [32]float32
-	var aux [32]uint8
-	nsub := len(x) / 32
-	for j := range nsub {
-		sub := x[32*j : 32*j+32]
-		var sumX2 float32
-		for _, v := range sub {
-			sumX2 += float32(v * v)
-		}
-		avX := sqrt32(sumX2 / 32)
-		for l, v := range sub {
-			weights[l] = avX + abs32(v)
-		}
-		scales[j], mins[j] = fitScaleMin(int32(t.maxq), sub, weights[:], codes[32*j:], aux[:], rmin, 0.1, nstep, false)
-	}
-	var p Params
-	var ls, lm [8]uint8
-	p.D = quantizeToMax(scales[:nsub], ls[:], 63)
-	p.DMin = quantizeToMax(mins[:nsub], lm[:], 63)
-	p.setScalesMins6(ls[:nsub], lm[:nsub])
-	t.requantize(&p, x, codes)
-	return p
-}
-
-// setScalesMins6 stores 6-bit scales and mins, capped at 63 as ggml caps them.
-func (p *Params) setScalesMins6(ls, lm []uint8) {
-	for j := range ls {
-		p.Scales[j], p.Mins[j] = int8(min(63, ls[j])), min(63, lm[j])
-	}
-}
-
-// fitQ45Impl is quantize_row_q4_K_impl and quantize_row_q5_K_impl: sub-blocks fitted with
-// importance weights over a finer sweep, then scales and mins by make_qp_quants.
-func fitQ45Impl(t *Type, x, qw []float32, codes []uint8) Params {
-	var scales, mins, sw [8]float32
-	var weights [32]float32
-	var aux [32]uint8
-	sigma2 := superSigma2(x, 2)
-	nsub := len(x) / 32
-	for j := range nsub {
-		sub := x[32*j : 32*j+32]
-		sw[j] = importanceWeights(weights[:], sub, qw[32*j:], sigma2)
-		scales[j], mins[j] = fitScaleMin(int32(t.maxq), sub, weights[:], codes[32*j:], aux[:], -0.9, 0.05, 36, false)
-	}
-	var p Params
-	var ls, lm [8]uint8
-	p.D = f16(fitPositive(63, scales[:nsub], ls[:], sw[:nsub]))
-	p.DMin = f16(fitPositive(63, mins[:nsub], lm[:], sw[:nsub]))
-	p.setScalesMins6(ls[:nsub], lm[:nsub])
 	t.requantize(&p, x, codes)
 	return p
 }

@@ -38,10 +38,10 @@ type Type struct {
 }
 
 var types = map[int]*Type{
-	2: {ref: fitQ2Ref, impl: fitQ2Impl},
+	2: {ref: fitMinsRef, impl: fitMinsImpl},
 	3: {ref: fitQ3Ref, impl: fitQ3Impl},
-	4: {ref: fitQ45Ref, impl: fitQ45Impl},
-	5: {ref: fitQ45Ref, impl: fitQ45Impl},
+	4: {ref: fitMinsRef, impl: fitMinsImpl},
+	5: {ref: fitMinsRef, impl: fitMinsImpl},
 	6: {ref: func(t *Type, x []float32, c []uint8) Params { return fitQ6(t, x, nil, c) }, impl: fitQ6},
 }
 

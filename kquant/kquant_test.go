@@ -16,11 +16,7 @@ var ggmlTypes = map[int]gguf.Type{2: gguf.Q2_K, 3: gguf.Q3_K, 4: gguf.Q4_K, 5: g
 
 func allTypes(t *testing.T) []*Type {
 	var out []*Type
-	for bits := 2; bits <= 6; bits++ {
-		s, err := quant.KQuantScheme(bits)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, s := range quant.KQuantSchemes() {
 		kt, err := TypeOf(s)
 		if err != nil {
 			t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/qpack-dev/qpack/internal/quanttest"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -12,7 +13,7 @@ import (
 // actOrder its g_idx is a random permutation cut into groups, as GPTQ's act-order produces.
 func randomTensor(rng *rand.Rand, s quant.Scheme, n, k int, actOrder bool) *quant.Tensor {
 	if s.Grid == quant.KQuant {
-		return randomKTensor(rng, s, n, k)
+		return quanttest.RandomKQuant(rng, s, n, k)
 	}
 	ng := paramGroups(s, k)
 	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, n*ng)}

@@ -6,52 +6,18 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/qpack-dev/qpack/internal/quanttest"
 	"github.com/qpack-dev/qpack/quant"
 )
-
-// randomKTensor is a valid k-quant tensor with random codes and parameters over their whole
-// ranges (negative d included).
-func randomKTensor(rng *rand.Rand, s quant.Scheme, n, k int) *quant.Tensor {
-	kt, _ := s.KQuant()
-	t := quant.NewKQuantTensor(s, n, k)
-	for i := range t.Codes {
-		t.Codes[i] = uint8(rng.IntN(1 << s.Bits))
-	}
-	for i := range t.Scales {
-		t.Scales[i] = quant.RoundF16(float32(rng.NormFloat64() * 0.01))
-	}
-	for i := range t.Mins {
-		t.Mins[i] = quant.RoundF16(float32(rng.Float64() * 0.01))
-	}
-	for i := range t.SubScales {
-		t.SubScales[i] = int8(kt.ScaleLo + rng.IntN(kt.ScaleHi-kt.ScaleLo+1))
-	}
-	for i := range t.SubMins {
-		t.SubMins[i] = uint8(rng.IntN(kt.MinHi + 1))
-	}
-	return t
-}
-
-func kquantSchemes(t *testing.T) []quant.Scheme {
-	var out []quant.Scheme
-	for _, name := range []string{"q2_k", "q3_k", "q4_k", "q5_k", "q6_k"} {
-		s, err := quant.ParseScheme(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s)
-	}
-	return out
-}
 
 func TestQPackKQuantRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 32))
 	f := QPack{}
-	for _, s := range kquantSchemes(t) {
+	for _, s := range quant.KQuantSchemes() {
 		kt, _ := s.KQuant()
 		for _, k := range []int{256, 320, 4096} {
 			const n = 5
-			qt := randomKTensor(rng, s, n, k)
+			qt := quanttest.RandomKQuant(rng, s, n, k)
 			raws, err := f.Pack("m", qt)
 			if err != nil {
 				t.Fatalf("%s: %v", s, err)
@@ -91,7 +57,7 @@ func TestQPackKQuantRoundTrip(t *testing.T) {
 // With whole super-blocks a k-quant costs what ggml's blocks cost, to the bit.
 func TestQPackKQuantBitsPerWeight(t *testing.T) {
 	want := map[string]float64{"q2_k": 2.625, "q3_k": 3.4375, "q4_k": 4.5, "q5_k": 5.5, "q6_k": 6.5625}
-	for _, s := range kquantSchemes(t) {
+	for _, s := range quant.KQuantSchemes() {
 		const n, k = 8, 4096
 		bpw := float64(8*(QPack{}.Bytes(s, n, k)-16)) / (n * k)
 		if bpw != want[s.String()] {
@@ -135,7 +101,7 @@ func TestQPackKQuantStoredScales(t *testing.T) {
 func TestQPackKQuantLies(t *testing.T) {
 	rng := rand.New(rand.NewPCG(33, 34))
 	q4, _ := quant.ParseScheme("q4_k")
-	qt := randomKTensor(rng, q4, 3, 320)
+	qt := quanttest.RandomKQuant(rng, q4, 3, 320)
 	f := QPack{}
 	raws, err := f.Pack("m", qt)
 	if err != nil {
@@ -176,7 +142,7 @@ func TestQPackKQuantLies(t *testing.T) {
 }
 
 func TestOtherFormatsRefuseKQuants(t *testing.T) {
-	for _, s := range kquantSchemes(t) {
+	for _, s := range quant.KQuantSchemes() {
 		for _, name := range []string{"gptq", "gptq_v2", "awq", "compressed-tensors"} {
 			f, _ := Lookup(name)
 			if err := f.Supports(s); err == nil || !strings.Contains(err.Error(), "use format qpack") {

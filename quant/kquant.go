@@ -55,6 +55,16 @@ func KQuantScheme(bits int) (Scheme, error) {
 	return Scheme{Grid: KQuant, Bits: bits, GroupSize: kt.Sub, Sym: !kt.Mins}, nil
 }
 
+// KQuantSchemes returns q2_k … q6_k, narrowest first.
+func KQuantSchemes() []Scheme {
+	out := make([]Scheme, 0, len(kquantTypes))
+	for bits := 2; bits <= 6; bits++ {
+		s, _ := KQuantScheme(bits)
+		out = append(out, s)
+	}
+	return out
+}
+
 // KQuant returns the facts of a k-quant scheme; ok is false for any other scheme.
 func (s Scheme) KQuant() (kt KQuantType, ok bool) {
 	if s.Grid != KQuant {

@@ -1,22 +1,25 @@
-package quant
+package quant_test
 
 import (
 	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/qpack-dev/qpack/internal/quanttest"
+	"github.com/qpack-dev/qpack/quant"
 )
 
 func TestKQuantSchemeNames(t *testing.T) {
-	want := map[string]Scheme{
-		"q2_k": {Grid: KQuant, Bits: 2, GroupSize: 16},
-		"q3_k": {Grid: KQuant, Bits: 3, GroupSize: 16, Sym: true},
-		"q4_k": {Grid: KQuant, Bits: 4, GroupSize: 32},
-		"q5_k": {Grid: KQuant, Bits: 5, GroupSize: 32},
-		"q6_k": {Grid: KQuant, Bits: 6, GroupSize: 16, Sym: true},
+	want := map[string]quant.Scheme{
+		"q2_k": {Grid: quant.KQuant, Bits: 2, GroupSize: 16},
+		"q3_k": {Grid: quant.KQuant, Bits: 3, GroupSize: 16, Sym: true},
+		"q4_k": {Grid: quant.KQuant, Bits: 4, GroupSize: 32},
+		"q5_k": {Grid: quant.KQuant, Bits: 5, GroupSize: 32},
+		"q6_k": {Grid: quant.KQuant, Bits: 6, GroupSize: 16, Sym: true},
 	}
 	for name, s := range want {
-		got, err := ParseScheme(strings.ToUpper(name))
+		got, err := quant.ParseScheme(strings.ToUpper(name))
 		if err != nil || got != s {
 			t.Errorf("ParseScheme(%q) = %+v, %v; want %+v", name, got, err, s)
 		}
@@ -34,11 +37,11 @@ func TestKQuantSchemeNames(t *testing.T) {
 		{"q1_k", "2 to 6 bits"},
 		{"qx_k", "unknown grid"},
 	} {
-		if _, err := ParseScheme(c.name); err == nil || !strings.Contains(err.Error(), c.err) {
+		if _, err := quant.ParseScheme(c.name); err == nil || !strings.Contains(err.Error(), c.err) {
 			t.Errorf("ParseScheme(%q) = %v, want an error containing %q", c.name, err, c.err)
 		}
 	}
-	for _, s := range []Scheme{{Grid: KQuant, Bits: 4, GroupSize: 16}, {Grid: KQuant, Bits: 3, GroupSize: 16}, {Grid: KQuant, Bits: 7, GroupSize: 16}} {
+	for _, s := range []quant.Scheme{{Grid: quant.KQuant, Bits: 4, GroupSize: 16}, {Grid: quant.KQuant, Bits: 3, GroupSize: 16}, {Grid: quant.KQuant, Bits: 7, GroupSize: 16}} {
 		if err := s.Validate(); err == nil {
 			t.Errorf("%+v validated", s)
 		}
@@ -47,7 +50,7 @@ func TestKQuantSchemeNames(t *testing.T) {
 
 func TestKQuantStoredScales(t *testing.T) {
 	for bits := 2; bits <= 6; bits++ {
-		s, _ := KQuantScheme(bits)
+		s, _ := quant.KQuantScheme(bits)
 		kt, _ := s.KQuant()
 		for sc := kt.ScaleLo; sc <= kt.ScaleHi; sc++ {
 			v := kt.StoredScale(int8(sc))
@@ -56,8 +59,8 @@ func TestKQuantStoredScales(t *testing.T) {
 			}
 		}
 	}
-	q3, _ := KQuantScheme(3)
-	q6, _ := KQuantScheme(6)
+	q3, _ := quant.KQuantScheme(3)
+	q6, _ := quant.KQuantScheme(6)
 	kt3, _ := q3.KQuant()
 	kt6, _ := q6.KQuant()
 	if kt3.StoredScale(-32) != 0 || kt3.StoredScale(31) != 63 || kt6.StoredScale(-1) != 0xff {
@@ -67,9 +70,9 @@ func TestKQuantStoredScales(t *testing.T) {
 
 // The hand-worked values use parameters that make every float32 step exact.
 func TestKQuantDequantizeByHand(t *testing.T) {
-	q4, _ := KQuantScheme(4)
+	q4, _ := quant.KQuantScheme(4)
 	// q4_k, K = 288: one whole super-block and a partial one of one sub-block.
-	tn := NewKQuantTensor(q4, 1, 288)
+	tn := quant.NewKQuantTensor(q4, 1, 288)
 	tn.Scales[0], tn.Scales[1] = 0.5, 2
 	tn.Mins[0], tn.Mins[1] = 0.25, 1
 	tn.SubScales[0], tn.SubMins[0] = 3, 2
@@ -79,28 +82,28 @@ func TestKQuantDequantizeByHand(t *testing.T) {
 	want := map[int]float32{0: 0.5*3*15 - 0.25*2, 31: 0.5*3*4 - 0.5, 32: 0, 255: 0.5*63 - 0.25*63, 256: 2*7 - 5, 287: -5}
 	checkKValues(t, tn, want)
 
-	q3, _ := KQuantScheme(3) // negative d, the most negative scale; code q means q − 4
-	tn = NewKQuantTensor(q3, 2, 32)
+	q3, _ := quant.KQuantScheme(3) // negative d, the most negative scale; code q means q − 4
+	tn = quant.NewKQuantTensor(q3, 2, 32)
 	tn.Scales[1] = -0.5
 	tn.SubScales[2], tn.SubScales[3] = -32, 31
 	tn.Codes[32], tn.Codes[47], tn.Codes[48] = 0, 7, 4
 	checkKValues(t, tn, map[int]float32{0: 0, 32: -0.5 * -32 * -4, 47: -0.5 * -32 * 3, 48: 0, 49: -0.5 * 31 * -4})
 
-	q6, _ := KQuantScheme(6) // int8 scales; code q means q − 32
-	tn = NewKQuantTensor(q6, 1, 16)
+	q6, _ := quant.KQuantScheme(6) // int8 scales; code q means q − 32
+	tn = quant.NewKQuantTensor(q6, 1, 16)
 	tn.Scales[0], tn.SubScales[0] = 0.125, -128
 	tn.Codes[0], tn.Codes[1], tn.Codes[2] = 0, 63, 32
 	checkKValues(t, tn, map[int]float32{0: 0.125 * -128 * -32, 1: 0.125 * -128 * 31, 2: 0})
 
-	q2, _ := KQuantScheme(2)
-	tn = NewKQuantTensor(q2, 1, 32)
+	q2, _ := quant.KQuantScheme(2)
+	tn = quant.NewKQuantTensor(q2, 1, 32)
 	tn.Scales[0], tn.Mins[0] = 1, 0.5
 	tn.SubScales[1], tn.SubMins[1], tn.SubMins[0] = 15, 15, 1
 	tn.Codes[16], tn.Codes[0] = 3, 3
 	checkKValues(t, tn, map[int]float32{0: -0.5, 16: 45 - 7.5, 17: -7.5})
 }
 
-func checkKValues(t *testing.T, tn *Tensor, want map[int]float32) {
+func checkKValues(t *testing.T, tn *quant.Tensor, want map[int]float32) {
 	t.Helper()
 	if err := tn.Validate(); err != nil {
 		t.Fatalf("%s: %v", tn.Scheme, err)
@@ -113,37 +116,15 @@ func checkKValues(t *testing.T, tn *Tensor, want map[int]float32) {
 	}
 }
 
-// randomKTensor is a valid k-quant tensor with random codes and parameters.
-func randomKTensor(r *rand.Rand, s Scheme, n, k int) *Tensor {
-	kt, _ := s.KQuant()
-	tn := NewKQuantTensor(s, n, k)
-	for i := range tn.Codes {
-		tn.Codes[i] = uint8(r.IntN(1 << s.Bits))
-	}
-	for i := range tn.Scales {
-		tn.Scales[i] = RoundF16(float32(r.NormFloat64() * 0.01))
-	}
-	for i := range tn.Mins {
-		tn.Mins[i] = RoundF16(float32(r.Float64() * 0.01))
-	}
-	for i := range tn.SubScales {
-		tn.SubScales[i] = int8(kt.ScaleLo + r.IntN(kt.ScaleHi-kt.ScaleLo+1))
-	}
-	for i := range tn.SubMins {
-		tn.SubMins[i] = uint8(r.IntN(kt.MinHi + 1))
-	}
-	return tn
-}
-
 // Dequantize and DequantizeRows must give each weight the formula's float32 value, computed
 // here weight by weight from its own indices.
 func TestKQuantDequantizeRandom(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	for bits := 2; bits <= 6; bits++ {
-		s, _ := KQuantScheme(bits)
+		s, _ := quant.KQuantScheme(bits)
 		kt, _ := s.KQuant()
 		for _, k := range []int{kt.Sub, 256, 512 + 3*kt.Sub} {
-			tn := randomKTensor(r, s, 3, k)
+			tn := quanttest.RandomKQuant(r, s, 3, k)
 			if err := tn.Validate(); err != nil {
 				t.Fatal(err)
 			}
@@ -153,7 +134,7 @@ func TestKQuantDequantizeRandom(t *testing.T) {
 			for i, v := range got {
 				n, col := i/k, i%k
 				sub := n*(k/kt.Sub) + col/kt.Sub
-				blk := n*s.SuperBlocks(k) + col/SuperBlock
+				blk := n*s.SuperBlocks(k) + col/quant.SuperBlock
 				dl := tn.Scales[blk] * float32(tn.SubScales[sub])
 				var want float32
 				if kt.Mins {
@@ -173,36 +154,36 @@ func TestKQuantDequantizeRandom(t *testing.T) {
 }
 
 func TestKQuantValidateRejects(t *testing.T) {
-	q4, _ := KQuantScheme(4)
-	q3, _ := KQuantScheme(3)
-	q2, _ := KQuantScheme(2)
+	q4, _ := quant.KQuantScheme(4)
+	q3, _ := quant.KQuantScheme(3)
+	q2, _ := quant.KQuantScheme(2)
 	cases := []struct {
-		s      Scheme
+		s      quant.Scheme
 		want   string
-		mutate func(*Tensor)
+		mutate func(*quant.Tensor)
 	}{
-		{q4, "K = 48 is not a multiple of its sub-block of 32", func(t *Tensor) { *t = *NewKQuantTensor(q4, 2, 48) }},
-		{q4, "no act-order", func(t *Tensor) { t.GIdx = make([]int32, t.K) }},
-		{q4, "codes: have 10", func(t *Tensor) { t.Codes = t.Codes[:10] }},
-		{q4, "scales (d): have 3", func(t *Tensor) { t.Scales = t.Scales[:3] }},
-		{q4, "mins (dmin): have 0", func(t *Tensor) { t.Mins = nil }},
-		{q3, "mins (dmin): have 2", func(t *Tensor) { t.Mins = make([]float32, 2) }},
-		{q4, "sub-block scales: have 1", func(t *Tensor) { t.SubScales = t.SubScales[:1] }},
-		{q4, "sub-block mins: have 0", func(t *Tensor) { t.SubMins = nil }},
-		{q4, "zeros: have 1", func(t *Tensor) { t.Zeros = []uint8{0} }},
-		{q4, "code 0x10 at row 1, column 5", func(t *Tensor) { t.Codes[t.K+5] = 16 }},
-		{q4, "super-block scale NaN at row 1, super-block 1", func(t *Tensor) { t.Scales[3] = float32(math.NaN()) }},
-		{q4, "super-block scale +Inf at row 0, super-block 0", func(t *Tensor) { t.Mins[0] = float32(math.Inf(1)) }},
-		{q4, "sub-block scale 64 at row 0, sub-block 3", func(t *Tensor) { t.SubScales[3] = 64 }},
-		{q4, "sub-block scale -1 at row 0, sub-block 3", func(t *Tensor) { t.SubScales[3] = -1 }},
-		{q4, "sub-block min 64 at row 1, sub-block 0", func(t *Tensor) { t.SubMins[t.K/32] = 64 }},
-		{q3, "sub-block scale 32 at row 0, sub-block 2", func(t *Tensor) { t.SubScales[2] = 32 }},
-		{q3, "sub-block scale -33", func(t *Tensor) { t.SubScales[2] = -33 }},
-		{q2, "sub-block scale 16", func(t *Tensor) { t.SubScales[0] = 16 }},
-		{q2, "sub-block min 16", func(t *Tensor) { t.SubMins[0] = 16 }},
+		{q4, "K = 48 is not a multiple of its sub-block of 32", func(t *quant.Tensor) { *t = *quant.NewKQuantTensor(q4, 2, 48) }},
+		{q4, "no act-order", func(t *quant.Tensor) { t.GIdx = make([]int32, t.K) }},
+		{q4, "codes: have 10", func(t *quant.Tensor) { t.Codes = t.Codes[:10] }},
+		{q4, "scales (d): have 3", func(t *quant.Tensor) { t.Scales = t.Scales[:3] }},
+		{q4, "mins (dmin): have 0", func(t *quant.Tensor) { t.Mins = nil }},
+		{q3, "mins (dmin): have 2", func(t *quant.Tensor) { t.Mins = make([]float32, 2) }},
+		{q4, "sub-block scales: have 1", func(t *quant.Tensor) { t.SubScales = t.SubScales[:1] }},
+		{q4, "sub-block mins: have 0", func(t *quant.Tensor) { t.SubMins = nil }},
+		{q4, "zeros: have 1", func(t *quant.Tensor) { t.Zeros = []uint8{0} }},
+		{q4, "code 0x10 at row 1, column 5", func(t *quant.Tensor) { t.Codes[t.K+5] = 16 }},
+		{q4, "super-block scale NaN at row 1, super-block 1", func(t *quant.Tensor) { t.Scales[3] = float32(math.NaN()) }},
+		{q4, "super-block scale +Inf at row 0, super-block 0", func(t *quant.Tensor) { t.Mins[0] = float32(math.Inf(1)) }},
+		{q4, "sub-block scale 64 at row 0, sub-block 3", func(t *quant.Tensor) { t.SubScales[3] = 64 }},
+		{q4, "sub-block scale -1 at row 0, sub-block 3", func(t *quant.Tensor) { t.SubScales[3] = -1 }},
+		{q4, "sub-block min 64 at row 1, sub-block 0", func(t *quant.Tensor) { t.SubMins[t.K/32] = 64 }},
+		{q3, "sub-block scale 32 at row 0, sub-block 2", func(t *quant.Tensor) { t.SubScales[2] = 32 }},
+		{q3, "sub-block scale -33", func(t *quant.Tensor) { t.SubScales[2] = -33 }},
+		{q2, "sub-block scale 16", func(t *quant.Tensor) { t.SubScales[0] = 16 }},
+		{q2, "sub-block min 16", func(t *quant.Tensor) { t.SubMins[0] = 16 }},
 	}
 	for _, c := range cases {
-		tn := NewKQuantTensor(c.s, 2, 320)
+		tn := quant.NewKQuantTensor(c.s, 2, 320)
 		if err := tn.Validate(); err != nil {
 			t.Fatalf("%s: %v", c.s, err)
 		}
@@ -211,7 +192,7 @@ func TestKQuantValidateRejects(t *testing.T) {
 			t.Errorf("%s: got %v, want an error containing %q", c.s, err, c.want)
 		}
 	}
-	plain := Tensor{Scheme: Scheme{Bits: 4, GroupSize: 8}, N: 1, K: 8, Codes: make([]uint8, 8), Scales: []float32{1}, Zeros: []uint8{0}, SubScales: []int8{1}}
+	plain := quant.Tensor{Scheme: quant.Scheme{Bits: 4, GroupSize: 8}, N: 1, K: 8, Codes: make([]uint8, 8), Scales: []float32{1}, Zeros: []uint8{0}, SubScales: []int8{1}}
 	if err := plain.Validate(); err == nil || !strings.Contains(err.Error(), "k-quants only") {
 		t.Errorf("sub-block scales on an integer tensor: %v", err)
 	}
