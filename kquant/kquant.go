@@ -7,6 +7,16 @@
 // quantize_row_qX_K_impl (with an imatrix, importance = E[x²] of each input channel). A shorter
 // last super-block (a whole number of sub-blocks) is fitted by the same steps over its n
 // weights. The parameters are what quant.Tensor stores for the grid quant.KQuant.
+//
+// Round-to-nearest calls QuantizeRow for each row. A method that changes the weights as it goes
+// (GPTQ's error feedback) fits each super-block once, from its weights at that moment, and then
+// codes weight by weight with those fixed parameters:
+//
+//	kt, err := kquant.TypeOf(scheme)
+//	p, err := kt.Fit(w[lo:hi], imp[lo:hi], codes[lo:hi]) // super-block b = columns lo…hi−1
+//	q := kt.Code(&p, j-lo, w[j])                          // column j, after earlier updates
+//	wq := kt.Value(&p, j-lo, q)                           // its value, for the error to spread
+//	kt.Put(t, row, b, &p)                                 // into the quant.Tensor
 package kquant
 
 import (
