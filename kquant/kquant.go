@@ -13,10 +13,11 @@
 // codes weight by weight with those fixed parameters:
 //
 //	kt, err := kquant.TypeOf(scheme)
-//	p, err := kt.Fit(w[lo:hi], imp[lo:hi], codes[lo:hi]) // super-block b = columns lo…hi−1
-//	q := kt.Code(&p, j-lo, w[j])                          // column j, after earlier updates
-//	wq := kt.Value(&p, j-lo, q)                           // its value, for the error to spread
-//	kt.Put(t, row, b, &p)                                 // into the quant.Tensor
+//	p, err := kt.Fit(w[lo:hi], imp, codes[lo:hi]) // super-block b = columns lo…hi−1; imp: their
+//	                                               // importance (e.g. diag H[lo:hi]) or nil
+//	q := kt.Code(&p, j-lo, w[j])                   // column j, after earlier updates
+//	wq := kt.Value(&p, j-lo, q)                    // its value, for the error to spread
+//	kt.Put(t, row, b, &p)                          // into the quant.Tensor
 package kquant
 
 import (
