@@ -1,5 +1,5 @@
 // Package blockwise quantizes a weight matrix group by group (no error feedback): round-to-nearest per
-// group on the integer, NF4, FP8 and binary grids, optionally with the GPTQ reference
+// group on the integer, NF4, FP8, binary and k-quant grids, optionally with the GPTQ reference
 // quantizer's MSE-optimal clipping search or an importance-weighted scale search.
 //
 // How each code is computed (a GPU kernel must reproduce these bit for bit); w is the float32
@@ -12,6 +12,8 @@
 //	FP8:     scale = p·max|row|/448 (float32, 1 for an all-zero row); code = E4M3FN(w/scale), saturating.
 //	Binary:  offset = F16(mean(group)) (0 when symmetric), scale = F16(p·mean|w − offset|) with the
 //	         means in float64; code = 1 when w − offset ≥ 0, else 0.
+//	K-quant: ggml's fitting of each super-block of 256 weights of a row (package kquant):
+//	         quantize_row_qX_K_ref, or quantize_row_qX_K_impl with Options.Importance.
 //
 // p = 1 unless Options.Clip chose a smaller one. Options.Weighted instead searches the parameters
 // that minimise the importance-weighted squared error (weighted.go): shrunk ranges as above plus
@@ -38,6 +40,8 @@ type Options struct {
 	// error weighted by Importance, plain squared error without it): shrunk ranges and weighted
 	// least-squares refits of the scale (and zero), see weightedSearch. It replaces Clip's search
 	// when both are set. Every grid takes it; integer and NF4 groups also get the refit.
+	// K-quants fit every super-block with ggml's search anyway; Importance (which needs
+	// Weighted) switches it to ggml's imatrix variant.
 	Weighted bool
 	// Importance, when set, weights the clip or weighted search per input channel (length K,
 	// finite, ≥ 0), e.g. the mean x² of each input channel over calibration data (llama.cpp's
@@ -109,21 +113,24 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 	if err := checkArgs(n, k, s, opt); err != nil {
 		return err
 	}
+	if s.Grid == quant.KQuant && sink != nil {
+		return fmt.Errorf("blockwise: %s codes are not packed in the GPTQ layout", s)
+	}
 	resize(dst, n, k, s, sink == nil)
-	q := quantizerFor(s)
+	quantize, bufLen := rowQuantizerFor(s, k, opt)
 	blocks := (n + rowBlock - 1) / rowBlock
 	workers := min(runtime.GOMAXPROCS(0), blocks, max(1, n*k/(1<<16)))
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
-			buf := make([]float32, groupLen(s, k))
+			buf := make([]float32, bufLen)
 			var block []uint8
 			if sink != nil {
 				block = make([]uint8, rowBlock*k)
 			}
 			for b := w * blocks / workers; b < (w+1)*blocks/workers; b++ {
-				if errs[w] = quantizeBlock(dst, q, src, b*rowBlock, min((b+1)*rowBlock, n), block, buf, opt, sink); errs[w] != nil {
+				if errs[w] = quantizeBlock(dst, quantize, src, b*rowBlock, min((b+1)*rowBlock, n), block, buf, sink); errs[w] != nil {
 					return
 				}
 			}
@@ -140,7 +147,7 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 
 // quantizeBlock quantizes rows r0 … r1−1 into dst.Codes or, with a sink, into block (len ≥
 // (r1−r0)·k), which it then hands to the sink.
-func quantizeBlock(dst *quant.Tensor, q groupQuantizer, src rowSource, r0, r1 int, block []uint8, buf []float32, opt Options, sink blockSink) error {
+func quantizeBlock(dst *quant.Tensor, quantize rowQuantizer, src rowSource, r0, r1 int, block []uint8, buf []float32, sink blockSink) error {
 	k := dst.K
 	codes := block
 	if sink == nil {
@@ -148,7 +155,7 @@ func quantizeBlock(dst *quant.Tensor, q groupQuantizer, src rowSource, r0, r1 in
 	}
 	codes = codes[:(r1-r0)*k]
 	for row := r0; row < r1; row++ {
-		if err := quantizeRow(dst, q, src, row, codes[(row-r0)*k:(row-r0+1)*k], buf, opt); err != nil {
+		if err := quantize(dst, src, row, codes[(row-r0)*k:(row-r0+1)*k], buf); err != nil {
 			return err
 		}
 	}
@@ -172,6 +179,9 @@ func checkArgs(n, k int, s quant.Scheme, opt Options) error {
 	}
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("blockwise: %w", err)
+	}
+	if err := checkKQuant(k, s, opt); err != nil {
+		return err
 	}
 	if p := opt.Params; p != nil {
 		if ng := n * s.Groups(k); s.Grid != quant.Integer || len(p.Scales) != ng || len(p.Zeros) != ng {
@@ -198,8 +208,13 @@ func checkArgs(n, k int, s quant.Scheme, opt Options) error {
 // resize makes dst an n×k tensor of scheme s, keeping slice capacity; its codes are empty
 // unless withCodes.
 func resize(dst *quant.Tensor, n, k int, s quant.Scheme, withCodes bool) {
+	if s.Grid == quant.KQuant {
+		*dst = *quant.NewKQuantTensor(s, n, k)
+		return
+	}
 	ng := n * s.Groups(k)
 	dst.Scheme, dst.N, dst.K, dst.GIdx = s, n, k, nil
+	dst.Mins, dst.SubScales, dst.SubMins = nil, nil, nil
 	dst.Codes = dst.Codes[:0]
 	if withCodes {
 		dst.Codes = grow(dst.Codes, n*k)

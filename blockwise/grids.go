@@ -1,6 +1,7 @@
 package blockwise
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/qpack-dev/qpack/quant"
@@ -27,6 +28,8 @@ type groupQuantizer interface {
 	decode(q uint8, pr params) float32
 }
 
+// quantizerFor returns the group quantizer of a grid fitted group by group; k-quants are
+// fitted per super-block (kquant.go) and have none, so asking for one is a programming error.
 func quantizerFor(s quant.Scheme) groupQuantizer {
 	switch s.Grid {
 	case quant.Integer:
@@ -35,9 +38,10 @@ func quantizerFor(s quant.Scheme) groupQuantizer {
 		return nf4Quantizer{}
 	case quant.FP8E4M3:
 		return fp8Quantizer{}
-	default:
+	case quant.Binary:
 		return binaryQuantizer{sym: s.Sym}
 	}
+	panic(fmt.Sprintf("blockwise: %s is not fitted group by group (k-quants: package kquant)", s))
 }
 
 // intQuantizer is the GPTQ reference quantizer: the range [min(w, 0), max(w, 0)] (±absmax when

@@ -266,6 +266,7 @@ func TestGPUQuantizerSupports(t *testing.T) {
 		{"int4-g128-asym", "gptq", true}, {"int3-pc-sym", "gptq_v2", true}, {"nf4-g64", "qpack", true},
 		{"bin-g128-sym", "qpack", true}, {"nf4-g64", "gptq", false}, {"fp8", "qpack", false},
 		{"int4-g128-asym", "awq", false}, {"int8-g128-sym", "compressed-tensors", false},
+		{"q4_k", "qpack", false}, {"q6_k", "qpack", false}, {"q2_k", "gptq", false},
 	} {
 		s, err := quant.ParseScheme(c.scheme)
 		if err != nil {

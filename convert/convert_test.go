@@ -89,6 +89,7 @@ func TestRoundTripEveryFormat(t *testing.T) {
 		{"qpack", "int4-g128-asym"}, {"qpack", "int3-g64-sym"}, {"qpack", "int2-g32-asym"},
 		{"qpack", "int8-pc-sym"}, {"qpack", "nf4-g64"}, {"qpack", "fp8"},
 		{"qpack", "bin-g128-sym"}, {"qpack", "bin-g64-asym"},
+		{"qpack", "q2_k"}, {"qpack", "q3_k"}, {"qpack", "q4_k"}, {"qpack", "q5_k"}, {"qpack", "q6_k"},
 	}
 	for _, c := range cases {
 		t.Run(c.format+"/"+c.scheme, func(t *testing.T) {
@@ -107,6 +108,7 @@ func TestSmallLlamaEveryFormat(t *testing.T) {
 	for _, c := range []struct{ format, scheme string }{
 		{"gptq", "int3-g128-asym"}, {"gptq", "int8-g128-sym"}, {"gptq", "int2-g64-asym"}, {"gptq_v2", "int4-g128-asym"},
 		{"awq", "int4-g128-asym"}, {"compressed-tensors", "int4-g128-sym"}, {"qpack", "nf4-g64"}, {"qpack", "bin-g128-asym"}, {"qpack", "fp8"},
+		{"qpack", "q4_k"}, {"qpack", "q6_k"},
 	} {
 		s, err := quant.ParseScheme(c.scheme)
 		if err != nil {

@@ -47,6 +47,9 @@ func (c layoutCache) get(f packing.Format, prefix string, s quant.Scheme, n, k i
 
 // placeholderTensor is a valid quantized tensor of the scheme and shape with all-zero codes.
 func placeholderTensor(s quant.Scheme, n, k int) *quant.Tensor {
+	if s.Grid == quant.KQuant {
+		return quant.NewKQuantTensor(s, n, k)
+	}
 	groups := s.Groups(k)
 	if s.Grid == quant.FP8E4M3 {
 		groups = 1

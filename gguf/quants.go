@@ -220,8 +220,8 @@ func decodeSmall(dst []float32, t Type, blk []byte, f16 func([]byte) float32) []
 	for j := range 16 {
 		lo := uint32(qs[j]&15) | (qh>>j&1)<<4
 		hi := uint32(qs[j]>>4) | (qh>>(j+16)&1)<<4
-		out[j] = (float32(lo)-offset)*d + m
-		out[j+16] = (float32(hi)-offset)*d + m
+		out[j] = float32((float32(lo)-offset)*d) + m
+		out[j+16] = float32((float32(hi)-offset)*d) + m
 	}
 	return append(dst, out[:]...)
 }
@@ -240,7 +240,7 @@ func decodeQ2K(dst []float32, blk []byte, f16 func([]byte) float32) []float32 {
 				dl, ml := d*float32(sc[is]&15), dmin*float32(sc[is]>>4)
 				is++
 				for _, b := range q[16*half : 16*half+16] {
-					dst = append(dst, dl*float32(b>>shift&3)-ml)
+					dst = append(dst, float32(dl*float32(b>>shift&3))-ml)
 				}
 			}
 		}
@@ -309,7 +309,7 @@ func decodeQ45K(dst []float32, five bool, blk []byte, f16 func([]byte) float32) 
 				if five && qh[l]>>(2*c+nib)&1 == 1 {
 					v += 16
 				}
-				dst = append(dst, d1*float32(v)-m1)
+				dst = append(dst, float32(d1*float32(v))-m1)
 			}
 		}
 	}

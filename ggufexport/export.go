@@ -3,10 +3,10 @@
 package ggufexport
 
 import (
-	"encoding/binary"
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/qpack-dev/qpack/gguf"
@@ -33,7 +33,7 @@ type Options struct {
 type Entry struct {
 	Name string
 	Type gguf.Type
-	How  string // "k-quant bytes copied", "repacked int8-g32-sym", "quantized", …
+	How  string // "repacked losslessly (q4_k)", "quantized", "dequantized and requantized (lossy, from …)", …
 }
 
 // Export writes the checkpoint at src as a GGUF v3 file at dst and returns what it did per
@@ -100,12 +100,10 @@ func parseType(s, flag string) (gguf.Type, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", flag, err)
 	}
-	for _, e := range gguf.Encoders {
-		if e == t {
-			return t, nil
-		}
+	if _, ok := kquantFor(t); ok || slices.Contains(gguf.Encoders, t) {
+		return t, nil
 	}
-	return 0, fmt.Errorf("%s %s: qpack quantizes float weights to %v", flag, t, gguf.Encoders)
+	return 0, fmt.Errorf("%s %s: qpack quantizes float weights to %v and Q2_K … Q6_K", flag, t, gguf.Encoders)
 }
 
 // fileType is general.file_type (llama.h LLAMA_FTYPE_*) of the type most linear weights use.
@@ -159,9 +157,6 @@ func (p *planner) tensors(arch string, cfg *model.Config) ([]gguf.Tensor, []Entr
 func (p *planner) tensor(r role) (gguf.Tensor, string, error) {
 	prefix := strings.TrimSuffix(r.hf, ".weight")
 	if r.linear {
-		if _, ok := p.c.Checkpoint.Info(prefix + ".qpack_ggml"); ok {
-			return p.kquant(r, prefix)
-		}
 		if p.c.Format != nil && p.c.IsModule(prefix) {
 			return p.module(r, prefix)
 		}
@@ -241,7 +236,7 @@ func writeFloatRows(w io.Writer, typ gguf.Type, v []float32, shape []int, heads 
 	var buf []byte
 	for _, r := range src {
 		var err error
-		if buf, err = gguf.Encode(buf[:0], typ, v[r*k:(r+1)*k]); err != nil {
+		if buf, err = encodeRow(buf[:0], typ, v[r*k:(r+1)*k]); err != nil {
 			return fmt.Errorf("row %d: %w", r, err)
 		}
 		if _, err := w.Write(buf); err != nil {
@@ -257,55 +252,6 @@ func identityRows(n int) []int {
 		s[i] = i
 	}
 	return s
-}
-
-// kquantTypes maps qpack's k-quant scheme names onto ggml types. Their per-row bytes are
-// ggml's blocks already (module P stores P.qpack_shape [N, K] and P.qpack_ggml U8
-// [N, K/256·type size]), so export copies them.
-var kquantTypes = map[string]gguf.Type{"q2_k": gguf.Q2_K, "q3_k": gguf.Q3_K, "q4_k": gguf.Q4_K, "q5_k": gguf.Q5_K, "q6_k": gguf.Q6_K}
-
-func (p *planner) kquant(r role, prefix string) (gguf.Tensor, string, error) {
-	scheme := p.c.Checkpoint.Metadata()["qpack.scheme."+prefix]
-	typ, ok := kquantTypes[scheme]
-	if !ok {
-		return gguf.Tensor{}, "", fmt.Errorf("module %s stores ggml blocks but its scheme is %q, not a k-quant (q2_k … q6_k)", prefix, scheme)
-	}
-	n, k, err := p.qpackShape(prefix)
-	if err != nil {
-		return gguf.Tensor{}, "", err
-	}
-	if k%typ.BlockSize() != 0 {
-		return gguf.Tensor{}, "", fmt.Errorf("module %s: K = %d is not a multiple of %s's block size %d", prefix, k, typ, typ.BlockSize())
-	}
-	rowBytes := typ.RowBytes(k)
-	info, _ := p.c.Checkpoint.Info(prefix + ".qpack_ggml")
-	if len(info.Shape) != 2 || info.Shape[0] != n || info.Shape[1] != rowBytes || info.DType != "U8" {
-		return gguf.Tensor{}, "", fmt.Errorf("module %s: qpack_ggml is %s %v, want U8 [%d %d] for %s with [N, K] = [%d %d]", prefix, info.DType, info.Shape, n, rowBytes, typ, n, k)
-	}
-	if r.heads > 0 && n%(2*r.heads) != 0 {
-		return gguf.Tensor{}, "", fmt.Errorf("module %s: %d rows do not split into %d heads of even size", prefix, n, r.heads)
-	}
-	t := gguf.Tensor{Name: r.gguf, Type: typ, Dims: []uint64{uint64(k), uint64(n)}, WriteTo: func(w io.Writer) error {
-		b, err := p.c.Checkpoint.Bytes(prefix + ".qpack_ggml")
-		if err != nil {
-			return err
-		}
-		defer p.c.Checkpoint.Release(prefix + ".qpack_ggml")
-		return writeByteRows(w, b, rowBytes, r.heads)
-	}}
-	return t, "k-quant bytes copied (" + scheme + ")", nil
-}
-
-func (p *planner) qpackShape(prefix string) (n, k int, err error) {
-	b, err := p.c.Checkpoint.Bytes(prefix + ".qpack_shape")
-	if err != nil || len(b) != 16 {
-		return 0, 0, fmt.Errorf("module %s: qpack_shape missing or not I64 [2]", prefix)
-	}
-	n, k = int(int64(binary.LittleEndian.Uint64(b))), int(int64(binary.LittleEndian.Uint64(b[8:])))
-	if n <= 0 || k <= 0 {
-		return 0, 0, fmt.Errorf("module %s: qpack_shape [%d %d]", prefix, n, k)
-	}
-	return n, k, nil
 }
 
 // writeByteRows writes rows of encoded blocks, permuted when heads > 0: a row of blocks

@@ -3,12 +3,9 @@ package ggufexport
 import (
 	"encoding/binary"
 	"encoding/json"
-	"io"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 
@@ -40,14 +37,7 @@ func heldout(t *testing.T, dir string) []int {
 // ggufPerplexity evaluates an exported file through the decoders and qpack's forward pass.
 func ggufPerplexity(t *testing.T, path, src string, seqs int) float64 {
 	t.Helper()
-	cfg, err := model.LoadConfig(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := OpenWeights(path, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, w := openWeights(t, path, src)
 	defer w.Close()
 	m, err := model.Load(cfg, w)
 	if err != nil {
@@ -58,6 +48,20 @@ func ggufPerplexity(t *testing.T, path, src string, seqs int) float64 {
 		t.Fatal(err)
 	}
 	return r.Perplexity
+}
+
+// openWeights opens an exported file with the config of the checkpoint src.
+func openWeights(t *testing.T, path, src string) (*model.Config, *Weights) {
+	t.Helper()
+	cfg, err := model.LoadConfig(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := OpenWeights(path, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, w
 }
 
 func sourcePerplexity(t *testing.T, dir, idsDir string, seqs int) float64 {
@@ -251,7 +255,6 @@ func TestExportBadInput(t *testing.T) {
 			editConfig(t, d, func(c map[string]any) { c["model_type"], c["architectures"] = "qwen3", []string{"Qwen3ForCausalLM"} })
 		}, Options{}},
 		{"no tokenizer.json", func(d string) { os.Remove(filepath.Join(d, "tokenizer.json")) }, Options{}},
-		{"--type Q4_K: qpack quantizes float weights to", func(string) {}, Options{Type: "q4_k"}},
 		{"unknown ggml type \"q9\"", func(string) {}, Options{Type: "q9"}},
 		{"pre-tokenizer", func(d string) { editTokenizer(t, d) }, Options{}},
 	}
@@ -266,273 +269,6 @@ func TestExportBadInput(t *testing.T) {
 		if _, err := os.Stat(out); !os.IsNotExist(err) {
 			t.Errorf("%q: a failed export left a file", c.want)
 		}
-	}
-}
-
-// writeQ4K encodes rows into valid Q4_K blocks: per sub-block of 32 a 6-bit scale and min on
-// a block-wide d and dmin (not ggml's search; any consistent choice decodes the same way in
-// ggml), so the copy path can be tested without the k-quant quantizer.
-func writeQ4K(x []float32) []byte {
-	var out []byte
-	for b := 0; b < len(x); b += 256 {
-		blk := x[b : b+256]
-		var scales, mins [8]float32
-		var maxS, maxM float32
-		for j := range 8 {
-			lo, hi := float32(0), float32(0)
-			for _, v := range blk[32*j : 32*j+32] {
-				lo, hi = min(lo, v), max(hi, v)
-			}
-			scales[j], mins[j] = (hi-lo)/15, -lo
-			maxS, maxM = max(maxS, scales[j]), max(maxM, mins[j])
-		}
-		d, dmin := quant.RoundF16(maxS/63), quant.RoundF16(maxM/63)
-		var sc, mn [8]uint8
-		for j := range 8 {
-			if d > 0 {
-				sc[j] = uint8(min(63, math.Round(float64(scales[j]/d))))
-			}
-			if dmin > 0 {
-				mn[j] = uint8(min(63, math.Round(float64(mins[j]/dmin))))
-			}
-		}
-		var packed [12]byte
-		for j := range 4 {
-			packed[j] = sc[j] | (sc[j+4]>>4)<<6
-			packed[j+4] = mn[j] | (mn[j+4]>>4)<<6
-			packed[j+8] = sc[j+4]&15 | (mn[j+4]&15)<<4
-		}
-		out = binary.LittleEndian.AppendUint16(out, f16bits(d))
-		out = binary.LittleEndian.AppendUint16(out, f16bits(dmin))
-		out = append(out, packed[:]...)
-		q := make([]uint8, 256)
-		for j := range 256 {
-			s, m := d*float32(sc[j/32]), dmin*float32(mn[j/32])
-			if s > 0 {
-				q[j] = uint8(max(0, min(15, math.Round(float64((blk[j]+m)/s)))))
-			}
-		}
-		for c := range 4 {
-			for l := range 32 {
-				out = append(out, q[64*c+l]|q[64*c+32+l]<<4)
-			}
-		}
-	}
-	return out
-}
-
-func f16bits(v float32) uint16 {
-	b, _ := gguf.Encode(nil, gguf.F16, []float32{v})
-	return binary.LittleEndian.Uint16(b)
-}
-
-// decodeQ4KOracle is dequantize_row_q4_K from ggml-common.h's block_q4_K, written apart
-// from the package's decoder.
-func decodeQ4KOracle(b []byte) []float64 {
-	var out []float64
-	for ; len(b) > 0; b = b[144:] {
-		d, dmin := half(b[0:2]), half(b[2:4])
-		s := b[4:16]
-		for j := range 8 {
-			var sc, m int
-			if j < 4 {
-				sc, m = int(s[j]&63), int(s[j+4]&63)
-			} else {
-				sc = int(s[j+4]&0x0f) | int(s[j-4]>>6)<<4
-				m = int(s[j+4]>>4) | int(s[j]>>6)<<4
-			}
-			for l := range 32 {
-				byt := b[16+32*(j/2)+l]
-				q := int(byt & 15)
-				if j%2 == 1 {
-					q = int(byt >> 4)
-				}
-				out = append(out, d*float64(sc)*float64(q)-dmin*float64(m))
-			}
-		}
-	}
-	return out
-}
-
-func half(b []byte) float64 {
-	return float64(quantF16(binary.LittleEndian.Uint16(b)))
-}
-
-func quantF16(h uint16) float32 {
-	v, _ := gguf.Decode(nil, gguf.F16, []byte{byte(h), byte(h >> 8)})
-	return v[0]
-}
-
-// syntheticLlama writes a random llama checkpoint with hidden size 256 (so rows hold whole
-// 256-element k-quant blocks) and tiny's tokenizer, with every linear stored as Q4_K blocks
-// in the qpack k-quant layout (P.qpack_shape, P.qpack_ggml, qpack.scheme.P = "q4_k").
-func syntheticLlama(t *testing.T) (dir string, ggml map[string][]byte) {
-	dir = t.TempDir()
-	cfg := map[string]any{"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama", "hidden_size": 256,
-		"intermediate_size": 512, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-		"vocab_size": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
-		"bos_token_id": 0, "eos_token_id": 0, "tie_word_embeddings": true}
-	b, _ := json.Marshal(cfg)
-	os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644)
-	tok, _ := os.ReadFile(filepath.Join(tinyDir(t), "tokenizer.json"))
-	os.WriteFile(filepath.Join(dir, "tokenizer.json"), tok, 0o644)
-	r := rand.New(rand.NewPCG(3, 4))
-	var tensors []safetensors.WriterTensor
-	meta := map[string]string{}
-	ggml = map[string][]byte{}
-	f32 := func(name string, shape []int, v []float32) {
-		raw := make([]byte, 4*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(x))
-		}
-		tensors = append(tensors, safetensors.WriterTensor{Name: name, DType: safetensors.F32, Shape: shape, WriteTo: bytesTo(raw)})
-	}
-	randn := func(n int, s float64) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(r.NormFloat64() * s)
-		}
-		return v
-	}
-	ones := func(n int) []float32 {
-		v := randn(n, 0.01)
-		for i := range v {
-			v[i]++
-		}
-		return v
-	}
-	f32("model.embed_tokens.weight", []int{2048, 256}, randn(2048*256, 0.5))
-	f32("model.norm.weight", []int{256}, ones(256))
-	f32("model.layers.0.input_layernorm.weight", []int{256}, ones(256))
-	f32("model.layers.0.post_attention_layernorm.weight", []int{256}, ones(256))
-	for _, l := range []struct {
-		p    string
-		n, k int
-	}{{"self_attn.q_proj", 256, 256}, {"self_attn.k_proj", 128, 256}, {"self_attn.v_proj", 128, 256}, {"self_attn.o_proj", 256, 256},
-		{"mlp.gate_proj", 512, 256}, {"mlp.up_proj", 512, 256}, {"mlp.down_proj", 256, 512}} {
-		p := "model.layers.0." + l.p
-		q := writeQ4K(randn(l.n*l.k, 0.06))
-		ggml[p] = q
-		shape := binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, uint64(l.n)), uint64(l.k))
-		tensors = append(tensors,
-			safetensors.WriterTensor{Name: p + ".qpack_shape", DType: safetensors.I64, Shape: []int{2}, WriteTo: bytesTo(shape)},
-			safetensors.WriterTensor{Name: p + ".qpack_ggml", DType: safetensors.U8, Shape: []int{l.n, l.k / 256 * 144}, WriteTo: bytesTo(q)})
-		meta["qpack.scheme."+p] = "q4_k"
-	}
-	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, meta); err != nil {
-		t.Fatal(err)
-	}
-	return dir, ggml
-}
-
-func bytesTo(b []byte) func(io.Writer) error {
-	return func(w io.Writer) error { _, err := w.Write(b); return err }
-}
-
-// k-quant modules are copied byte for byte (q/k rows permuted as whole block rows), and the
-// file decodes to the weights the independent Q4_K decoder reads from the source bytes.
-func TestExportCopiesKQuantBytes(t *testing.T) {
-	dir, ggml := syntheticLlama(t)
-	out := filepath.Join(t.TempDir(), "k.gguf")
-	entries, err := Export(dir, out, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, _ := gguf.Open(out)
-	defer g.Close()
-	if v, _ := g.Get("general.file_type"); v != uint32(15) {
-		t.Fatalf("file_type %v, want 15 (Q4_K_M)", v)
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name, "blk.0.attn_") || strings.HasPrefix(e.Name, "blk.0.ffn_") {
-			if strings.HasSuffix(e.Name, "norm.weight") {
-				continue
-			}
-			if e.Type != gguf.Q4_K || e.How != "k-quant bytes copied (q4_k)" {
-				t.Fatalf("%+v", e)
-			}
-		}
-	}
-	cfg, _ := model.LoadConfig(dir)
-	w, err := OpenWeights(out, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	for p, src := range ggml {
-		name := p + ".weight"
-		got, err := w.Float32(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := decodeQ4KOracle(src)
-		for i := range want {
-			if float64(got[i]) != float64(float32(want[i])) && math.Abs(float64(got[i])-want[i]) > 1e-6*math.Abs(want[i])+1e-9 {
-				t.Fatalf("%s element %d: %v, independent decoder %v", name, i, got[i], want[i])
-			}
-		}
-		ti, _ := g.Tensor(w.roles[name].gguf)
-		b, _ := g.Bytes(ti)
-		rowBytes := 144 * int(ti.Dims[0]) / 256
-		rows := permuteRowsOracle(int(ti.Dims[1]), w.roles[name].heads)
-		for r, s := range rows {
-			if string(b[r*rowBytes:(r+1)*rowBytes]) != string(src[s*rowBytes:(s+1)*rowBytes]) {
-				t.Fatalf("%s: GGUF row %d is not source row %d's bytes", name, r, s)
-			}
-		}
-	}
-	if _, ok := g.Tensor("output.weight"); ok {
-		t.Fatal("tied embeddings: output.weight must be absent")
-	}
-}
-
-func permuteRowsOracle(rows, heads int) []int {
-	out := make([]int, rows)
-	for r := range out {
-		out[r] = r
-		if heads > 0 {
-			hd := rows / heads
-			h, rest := r/hd, r%hd
-			out[r] = h*hd + (rest%2)*hd/2 + rest/2
-		}
-	}
-	return out
-}
-
-// Rows that are not whole blocks are refused, naming the tensor: a k-quant module whose K
-// is not a multiple of 256, and a float tensor for a 32-block type.
-func TestExportRefusesPartialBlocks(t *testing.T) {
-	dir, _ := syntheticLlama(t)
-	st, _ := safetensors.Open(filepath.Join(dir, "model.safetensors"))
-	var tensors []safetensors.WriterTensor
-	for _, name := range st.Names() {
-		info, _ := st.Info(name)
-		b, _ := st.Bytes(name)
-		b = append([]byte(nil), b...)
-		if name == "model.layers.0.mlp.down_proj.qpack_shape" {
-			binary.LittleEndian.PutUint64(b[8:], 300)
-		}
-		tensors = append(tensors, safetensors.WriterTensor{Name: name, DType: info.DType, Shape: info.Shape, WriteTo: bytesTo(b)})
-	}
-	meta := st.Metadata()
-	st.Close()
-	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, meta); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "x.gguf")
-	_, err := Export(dir, out, Options{})
-	if err == nil || !strings.Contains(err.Error(), "module model.layers.0.mlp.down_proj: K = 300 is not a multiple of Q4_K's block size 256") {
-		t.Fatalf("got %v", err)
-	}
-	if _, err := os.Stat(out); !os.IsNotExist(err) {
-		t.Fatal("a refused export left a file")
-	}
-	err = checkRows(role{hf: "model.layers.0.mlp.down_proj.weight"}, []int{10, 48}, gguf.Q8_0)
-	if err == nil || !strings.Contains(err.Error(), "model.layers.0.mlp.down_proj.weight: rows of 48 values are not whole Q8_0 blocks of 32") {
-		t.Fatalf("got %v", err)
-	}
-	if !reflect.DeepEqual(permuteRows(8, 2), []int{0, 2, 1, 3, 4, 6, 5, 7}) {
-		t.Fatalf("permuteRows(8, 2) = %v", permuteRows(8, 2))
 	}
 }
 

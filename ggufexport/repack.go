@@ -16,9 +16,15 @@ import (
 //	int8-g32-sym  → Q8_0: d = scale, qs = q − 128
 //	int4-g32-sym  → Q4_0: d = scale, nibble = q (ggml subtracts 8, qpack's z)
 //	int4-g32-asym → Q4_1: d = scale, m = −z·scale, when every m is exact in F16
+//
+// and the k-quants q2_k … q6_k → Q2_K … Q6_K: the same d, dmin, sub-block scales, mins and
+// codes in ggml's block layout (kquant.Type.AppendRow), when K is a multiple of 256.
 const lossless = "int8-g32-sym → Q8_0, int4-g32-sym → Q4_0, int4-g32-asym → Q4_1 (when −z·scale is exact in F16), q2_k … q6_k → Q2_K … Q6_K"
 
 func repackType(s quant.Scheme) (gguf.Type, bool) {
+	if s.Grid == quant.KQuant {
+		return kquantTypes[s.Bits], true
+	}
 	if s.Grid != quant.Integer || s.GroupSize != 32 {
 		return 0, false
 	}
@@ -39,7 +45,12 @@ func (p *planner) module(r role, prefix string) (gguf.Tensor, string, error) {
 		return gguf.Tensor{}, "", err
 	}
 	shape := []int{info.N, info.K}
-	if typ, ok := repackType(info.Scheme); ok {
+	typ, ok := repackType(info.Scheme)
+	partial := ok && info.Scheme.Grid == quant.KQuant && info.K%quant.SuperBlock != 0
+	if partial && !p.opts.Requantize {
+		return gguf.Tensor{}, "", fmt.Errorf("module %s: its %s rows of %d weights end in a partial super-block (K is not a multiple of 256), which ggml's %s cannot hold; --requantize dequantizes it and quantizes again to --type %s", prefix, info.Scheme, info.K, typ, p.linear)
+	}
+	if ok && !partial {
 		if err := checkRows(r, shape, typ); err != nil {
 			return gguf.Tensor{}, "", err
 		}
@@ -70,6 +81,9 @@ func (p *planner) module(r role, prefix string) (gguf.Tensor, string, error) {
 // would not decode to exactly the same weights (act-order column groups, a scale or offset
 // that F16 cannot hold).
 func repack(t *quant.Tensor, typ gguf.Type) ([]byte, error) {
+	if t.Scheme.Grid == quant.KQuant {
+		return repackKQuant(t)
+	}
 	for k, g := range t.GIdx {
 		if int(g) != k/32 {
 			return nil, fmt.Errorf("act-order group index (column %d in group %d) has no ggml block equivalent", k, g)

@@ -66,6 +66,7 @@ func TestInspectQuantizedOutputs(t *testing.T) {
 	tiny := testenv.Testdata(t, "models/tiny")
 	for _, c := range []struct{ format, scheme string }{
 		{"gptq", "int4-g128-asym"}, {"awq", "int4-g64-asym"}, {"compressed-tensors", "int8-g128-sym"}, {"qpack", "nf4-g64"},
+		{"qpack", "q2_k"}, {"qpack", "q5_k"},
 	} {
 		s, err := quant.ParseScheme(c.scheme)
 		if err != nil {

@@ -41,6 +41,7 @@ func (ops Ops) Supports(s quant.Scheme) error {
 		group = fmt.Sprintf("g%d", s.GroupSize)
 	}
 	var nearest string
+	why := "MatMulNBits and DequantizeLinear take integer codes"
 	switch s.Grid {
 	case quant.Integer:
 		if ops == MatMulNBits && s.GroupSize != quant.PerChannel && nbitsBlock(s.GroupSize) == 0 {
@@ -54,9 +55,12 @@ func (ops Ops) Supports(s quant.Scheme) error {
 		nearest = "int8-pc-sym"
 	case quant.Binary:
 		nearest = "int2-" + group + "-asym"
+	case quant.KQuant:
+		why = "MatMulNBits and DequantizeLinear take one float scale per block, not sub-block scales quantized against an F16 super-block scale"
+		nearest = fmt.Sprintf("int%d-%s-%s", s.Bits, group, map[bool]string{true: "sym", false: "asym"}[s.Sym])
 	}
-	return fmt.Errorf("%s has no ONNX weight-only operator (MatMulNBits and DequantizeLinear take integer codes); the nearest scheme that exports is %s (qpack convert --scheme %s), or export with --dequantize-unsupported to write it dequantized",
-		s, nearest, nearest)
+	return fmt.Errorf("%s has no ONNX weight-only operator (%s); the nearest scheme that exports is %s (qpack convert --scheme %s), or export with --dequantize-unsupported to write it dequantized",
+		s, why, nearest, nearest)
 }
 
 // nbitsBlock is the largest MatMulNBits block size (a power of two from 16 to 256) that divides

@@ -21,6 +21,9 @@ func (AWQ) Supports(s quant.Scheme) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
+	if err := refuseKQuant("awq", s); err != nil {
+		return err
+	}
 	if s.Grid != quant.Integer || s.Bits != 4 || s.Sym {
 		return fmt.Errorf("format awq holds int4 asymmetric schemes only, not %s: use format gptq or compressed-tensors (or qpack)", s)
 	}

@@ -27,6 +27,9 @@ func (CompressedTensors) Supports(s quant.Scheme) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
+	if err := refuseKQuant("compressed-tensors", s); err != nil {
+		return err
+	}
 	if s.Grid != quant.Integer {
 		return fmt.Errorf("format compressed-tensors (pack-quantized) holds integer schemes, not %s: use format qpack", s)
 	}

@@ -14,7 +14,7 @@ func FuzzUnpack(f *testing.F) {
 	f.Add(uint8(1), uint8(2), uint8(1), []byte{0xff}, int16(-1))
 	f.Add(uint8(4), uint8(3), uint8(2), []byte{}, int16(7))
 	formats := Names()
-	schemes := []string{"int4-g128-asym", "int3-g32-sym", "int8-g128-sym", "int2-g64-asym", "nf4-g64", "bin-g32-asym", "fp8"}
+	schemes := []string{"int4-g128-asym", "int3-g32-sym", "int8-g128-sym", "int2-g64-asym", "nf4-g64", "bin-g32-asym", "fp8", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"}
 	f.Fuzz(func(t *testing.T, fi, si, ri uint8, patch []byte, dim int16) {
 		format, _ := Lookup(formats[int(fi)%len(formats)])
 		s, _ := quant.ParseScheme(schemes[int(si)%len(schemes)])

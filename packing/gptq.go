@@ -37,6 +37,9 @@ func (f GPTQ) Supports(s quant.Scheme) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
+	if err := refuseKQuant(f.Name(), s); err != nil {
+		return err
+	}
 	if s.Grid != quant.Integer || !gptqWidth(s.Bits) {
 		return fmt.Errorf("format %s holds integer 2/3/4/8-bit schemes, not %s: use format qpack", f.Name(), s)
 	}

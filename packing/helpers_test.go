@@ -5,12 +5,16 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/qpack-dev/qpack/internal/quanttest"
 	"github.com/qpack-dev/qpack/quant"
 )
 
 // randomTensor builds a valid quant.Tensor of scheme s with random codes and parameters; with
 // actOrder its g_idx is a random permutation cut into groups, as GPTQ's act-order produces.
 func randomTensor(rng *rand.Rand, s quant.Scheme, n, k int, actOrder bool) *quant.Tensor {
+	if s.Grid == quant.KQuant {
+		return quanttest.RandomKQuant(rng, s, n, k)
+	}
 	ng := paramGroups(s, k)
 	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, n*ng)}
 	for i := range t.Codes {

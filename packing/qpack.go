@@ -2,7 +2,6 @@ package packing
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math"
 
 	"github.com/qpack-dev/qpack/quant"
@@ -19,6 +18,9 @@ import (
 //	nf4-g<G> / nf4-pc      w = scale·NF4[q] (the bitsandbytes NF4 table, formats.md §4.2)
 //	fp8                    q is an FP8 E4M3FN byte: w = scale·e4m3(q), one scale per row
 //	bin-g<G>-sym|asym      1-bit: w = offset + scale·(2q − 1), offset 0 when symmetric
+//	q2_k … q6_k            llama.cpp's k-quants (quant/kquant.go): per super-block of 256
+//	                       weights an F16 d (and dmin), per sub-block of G an integer scale sc
+//	                       (and min m): w = (d·sc)·q − dmin·m, or (d·sc)·(q − o), o = 4 (q3_k), 32 (q6_k)
 //
 // For W[N, K] with G the group size (G = K for "pc"), ng = ⌈K/G⌉ groups (1 for fp8) and
 // b the code width (1 for bin, 4 for nf4, 8 for fp8), module P stores:
@@ -35,6 +37,22 @@ import (
 //	P.qpack_offsets F16 [N, ng]         binary asymmetric only
 //	P.qpack_g_idx   I32 [K]             act-order only: the group of each input column;
 //	                                    without it column k is in group k / G.
+//
+// K-quant modules (G = 16 for q2_k, q3_k, q6_k and 32 for q4_k, q5_k; K a multiple of G;
+// ns = ⌈K/256⌉ super-blocks, the last of a row shorter when 256 does not divide K; nb = K/G
+// sub-blocks; s the sub-block scale width: 4 bits for q2_k, 8 for q6_k, else 6) store
+// P.qpack_shape and P.qpack_codes as above (b = 2 … 6, q unsigned), then
+//
+//	P.qpack_scales    F16 [N, ns]           d of each super-block (any sign; 0 allowed)
+//	P.qpack_subscales U8  [N, ⌈nb·s/8⌉]     each row's nb sub-block scales as an s-bit bitstream
+//	                                        like the codes: q2_k 0…15, q3_k sc + 32 (sc ∈ −32…31),
+//	                                        q4_k and q5_k 0…63, q6_k the int8's two's complement
+//	P.qpack_mins      F16 [N, ns]           dmin of each super-block (q2_k, q4_k, q5_k only)
+//	P.qpack_submins   U8  [N, ⌈nb·s/8⌉]     the sub-block mins likewise: q2_k 0…15, q4_k, q5_k 0…63
+//
+// With whole super-blocks that is ggml's size: 2.625 (q2_k), 3.4375 (q3_k), 4.5 (q4_k), 5.5
+// (q5_k) and 6.5625 (q6_k) bits per weight, and ggufexport repacks the values into ggml blocks
+// losslessly.
 //
 // The checkpoint's config.json carries {"quant_method": "qpack", "version": 1, …} (see
 // QuantizationConfig); the per-tensor metadata above is all a reader needs.
@@ -54,16 +72,13 @@ func (f QPack) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 	}
 	s, n, k := t.Scheme, t.N, t.K
 	ng := paramGroups(s, k)
-	kb := PackedLen[uint8](k, s.Bits)
-	codes := make([]byte, n*kb)
-	for r := range n {
-		if err := PackStream(codes[r*kb:], 1, t.Codes[r*k:], 1, k, s.Bits); err != nil {
-			return nil, fmt.Errorf("tensor %s, output row %d: %w", prefix, r, err)
-		}
+	codes, err := packRows(prefix+".qpack_codes", t.Codes, n, k, s.Bits)
+	if err != nil {
+		return nil, err
 	}
-	out := []Raw{
-		shapeRaw(prefix+".qpack_shape", n, k),
-		{Name: prefix + ".qpack_codes", DType: "U8", Shape: []int{n, kb}, Data: codes},
+	out := []Raw{shapeRaw(prefix+".qpack_shape", n, k), codes}
+	if s.Grid == quant.KQuant {
+		return f.packKQuant(out, prefix, t)
 	}
 	if s.Grid == quant.FP8E4M3 {
 		sc, err := f32Raw(prefix+".qpack_scales", t.Scales, n, 1)
@@ -79,14 +94,11 @@ func (f QPack) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 		out = append(out, sc)
 	}
 	if s.Grid == quant.Integer && !s.Sym {
-		zb := PackedLen[uint8](ng, s.Bits)
-		zeros := make([]byte, n*zb)
-		for r := range n {
-			if err := PackStream(zeros[r*zb:], 1, t.Zeros[r*ng:], 1, ng, s.Bits); err != nil {
-				return nil, fmt.Errorf("tensor %s zeros: %w", prefix, err)
-			}
+		zeros, err := packRows(prefix+".qpack_zeros", t.Zeros, n, ng, s.Bits)
+		if err != nil {
+			return nil, err
 		}
-		out = append(out, Raw{Name: prefix + ".qpack_zeros", DType: "U8", Shape: []int{n, zb}, Data: zeros})
+		out = append(out, zeros)
 	}
 	if s.Grid == quant.Binary && !s.Sym {
 		off, err := f16Raw(prefix+".qpack_offsets", t.Offsets, identity, n, ng)
@@ -115,21 +127,15 @@ func (f QPack) Unpack(prefix string, get func(string) (Raw, bool), meta map[stri
 	if err != nil {
 		return nil, err
 	}
+	if s.Grid == quant.KQuant {
+		return f.unpackKQuant(g, prefix, s, n, k)
+	}
 	ng := paramGroups(s, k)
-	cr, err := g.need(prefix + ".qpack_codes")
+	codes, err := unpackRows(g, prefix+".qpack_codes", n, k, s.Bits) // checked before allocating what the shape claims
 	if err != nil {
 		return nil, err
 	}
-	kb := PackedLen[uint8](k, s.Bits)
-	if err := cr.expect("U8", n, kb); err != nil { // before allocating what the shape claims
-		return nil, err
-	}
-	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, n*ng)}
-	for r := range n {
-		if err := UnpackStream(t.Codes[r*k:], 1, cr.Data[r*kb:], 1, k, s.Bits); err != nil {
-			return nil, err
-		}
-	}
+	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: codes, Scales: make([]float32, n*ng)}
 
 	sc, err := g.need(prefix + ".qpack_scales")
 	if err != nil {
@@ -156,19 +162,8 @@ func (f QPack) Unpack(prefix string, get func(string) (Raw, bool), meta map[stri
 			t.Zeros[i] = uint8(symZero(s))
 		}
 	case s.Grid == quant.Integer:
-		zr, err := g.need(prefix + ".qpack_zeros")
-		if err != nil {
+		if t.Zeros, err = unpackRows(g, prefix+".qpack_zeros", n, ng, s.Bits); err != nil {
 			return nil, err
-		}
-		zb := PackedLen[uint8](ng, s.Bits)
-		if err := zr.expect("U8", n, zb); err != nil {
-			return nil, err
-		}
-		t.Zeros = make([]uint8, n*ng)
-		for r := range n {
-			if err := UnpackStream(t.Zeros[r*ng:], 1, zr.Data[r*zb:], 1, ng, s.Bits); err != nil {
-				return nil, err
-			}
 		}
 	case s.Grid == quant.Binary && !s.Sym:
 		or, err := g.need(prefix + ".qpack_offsets")
@@ -199,6 +194,9 @@ func (QPack) Bytes(s quant.Scheme, n, k int) int64 {
 	ng := int64(paramGroups(s, k))
 	n64 := int64(n)
 	b := 16 + n64*int64(PackedLen[uint8](k, s.Bits))
+	if s.Grid == quant.KQuant {
+		return b + kquantParamBytes(s, n, k)
+	}
 	switch {
 	case s.Grid == quant.FP8E4M3:
 		b += n64 * 4
@@ -216,5 +214,6 @@ func (QPack) Bytes(s quant.Scheme, n, k int) int64 {
 
 func (QPack) TensorNames(prefix string) []string {
 	return []string{prefix + ".qpack_shape", prefix + ".qpack_codes", prefix + ".qpack_scales",
-		prefix + ".qpack_zeros", prefix + ".qpack_offsets", prefix + ".qpack_g_idx"}
+		prefix + ".qpack_zeros", prefix + ".qpack_offsets", prefix + ".qpack_g_idx",
+		prefix + ".qpack_mins", prefix + ".qpack_subscales", prefix + ".qpack_submins"}
 }

@@ -16,6 +16,7 @@ import (
 //	NF4:     scale·NF4Values[q]
 //	FP8:     scale·e4m3(q)
 //	Binary:  offset + scale·(2q − 1)   (offset 0 when Offsets is empty)
+//	KQuant:  (d·sc)·q − dmin·m or (d·sc)·(q − o), see kquant.go
 //
 // t must be valid (see Validate); inconsistent lengths panic.
 func (t *Tensor) Dequantize(dst []float32) []float32 {
@@ -41,6 +42,12 @@ func (t *Tensor) Dequantize(dst []float32) []float32 {
 // that a caller can stream a large tensor through a small buffer, e.g. to measure its error.
 // Without act-order, each group's parameters are looked up once per group, not per weight.
 func (t *Tensor) DequantizeRows(dst []float32, r0, r1 int) {
+	if t.Scheme.Grid == KQuant {
+		for n := r0; n < r1; n++ {
+			t.dequantizeKRow(dst[(n-r0)*t.K:(n-r0+1)*t.K], n)
+		}
+		return
+	}
 	groups := t.Scheme.Groups(t.K)
 	gs := t.K
 	if groups > 1 {
@@ -100,7 +107,7 @@ func (t *Tensor) dequantizeOne(q uint8, i int) float32 {
 // Validate checks that t is consistent: a valid scheme, positive N and K, slice lengths that
 // match N, K and the scheme's group count, codes below 2^bits (and no FP8 NaN codes), finite
 // non-zero scales, integer zero points ≤ maxq (exactly 2^(bits−1) when symmetric), finite
-// binary offsets, and GIdx values inside [0, groups).
+// binary offsets, and GIdx values inside [0, groups). K-quants: see validateKQuant.
 func (t *Tensor) Validate() error {
 	s := t.Scheme
 	if err := s.Validate(); err != nil {
@@ -108,6 +115,12 @@ func (t *Tensor) Validate() error {
 	}
 	if t.N <= 0 || t.K <= 0 {
 		return fmt.Errorf("quantized tensor %dx%d: dimensions must be positive", t.N, t.K)
+	}
+	if s.Grid == KQuant {
+		return t.validateKQuant()
+	}
+	if len(t.Mins)+len(t.SubScales)+len(t.SubMins) > 0 {
+		return fmt.Errorf("%s: mins and sub-block scales belong to k-quants only", s)
 	}
 	groups := s.Groups(t.K)
 	ng := t.N * groups

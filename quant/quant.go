@@ -23,9 +23,12 @@ const (
 	FP8E4M3
 	// Binary (INT1): codes 0/1 mean −1/+1: w = offset + scale·(2q − 1) (offset 0 when symmetric).
 	Binary
+	// KQuant: llama.cpp's super-block formats q2_k … q6_k (kquant.go): per super-block of 256
+	// weights an F16 scale d (and dmin), per sub-block an integer scale (and min).
+	KQuant
 )
 
-var gridNames = map[Grid]string{Integer: "int", NF4: "nf4", FP8E4M3: "fp8", Binary: "bin"}
+var gridNames = map[Grid]string{Integer: "int", NF4: "nf4", FP8E4M3: "fp8", Binary: "bin", KQuant: "kquant"}
 
 func (g Grid) String() string {
 	if s, ok := gridNames[g]; ok {
@@ -40,9 +43,9 @@ const PerChannel = 0
 // Scheme says how one weight tensor is quantized. The zero value is not valid; use a
 // constructor-literal such as Scheme{Bits: 4, GroupSize: 128}.
 type Scheme struct {
-	Bits      int  // code width: 1 (binary), 2 … 8 (integer), 4 (NF4) or 8 (FP8)
-	GroupSize int  // input channels (K) per scale; PerChannel for one group per row
-	Sym       bool // symmetric: fixed zero point 2^(bits−1) (integer), no offset (binary)
+	Bits      int  // code width: 1 (binary), 2 … 8 (integer), 4 (NF4), 8 (FP8) or 2 … 6 (k-quant)
+	GroupSize int  // input channels (K) per scale; PerChannel for one group per row; k-quant: the sub-block
+	Sym       bool // symmetric: fixed zero point 2^(bits−1) (integer), no offset (binary), no mins (k-quant)
 	Grid      Grid
 }
 
@@ -65,6 +68,8 @@ func (s Scheme) Validate() error {
 		if s.Bits != 1 {
 			return fmt.Errorf("scheme %s: binary is 1-bit", s)
 		}
+	case KQuant:
+		return s.validateKQuant()
 	default:
 		return fmt.Errorf("unknown grid %d", int(s.Grid))
 	}
@@ -74,9 +79,12 @@ func (s Scheme) Validate() error {
 	return nil
 }
 
-// String gives the canonical name, e.g. "int4-g128-asym", "int8-pc-sym", "nf4-g64", "fp8", "bin-g128-asym".
-// ParseScheme reads it back.
+// String gives the canonical name, e.g. "int4-g128-asym", "int8-pc-sym", "nf4-g64", "fp8", "bin-g128-asym",
+// "q4_k". ParseScheme reads it back.
 func (s Scheme) String() string {
+	if s.Grid == KQuant {
+		return fmt.Sprintf("q%d_k", s.Bits)
+	}
 	var b strings.Builder
 	b.WriteString(s.Grid.String())
 	if s.Grid == Integer {
@@ -101,12 +109,15 @@ func (s Scheme) String() string {
 }
 
 // ParseScheme reads a scheme name as written by Scheme.String. The group part defaults to 128
-// and symmetry to asymmetric when left out ("int4" = "int4-g128-asym").
+// and symmetry to asymmetric when left out ("int4" = "int4-g128-asym"); a k-quant ("q4_k") has
+// neither.
 func ParseScheme(name string) (Scheme, error) {
 	parts := strings.Split(strings.ToLower(strings.TrimSpace(name)), "-")
 	s := Scheme{GroupSize: 128}
 	head := parts[0]
 	switch {
+	case strings.HasPrefix(head, "q") && strings.HasSuffix(head, "_k"):
+		return parseKQuant(name, parts)
 	case head == "nf4":
 		s.Grid, s.Bits, s.Sym = NF4, 4, true
 	case head == "fp8":
@@ -120,7 +131,7 @@ func ParseScheme(name string) (Scheme, error) {
 		}
 		s.Grid, s.Bits = Integer, bits
 	default:
-		return Scheme{}, fmt.Errorf("scheme %q: unknown grid %q (want int2 … int8, nf4, fp8 or bin)", name, head)
+		return Scheme{}, fmt.Errorf("scheme %q: unknown grid %q (want int2 … int8, nf4, fp8, bin or q2_k … q6_k)", name, head)
 	}
 	for _, p := range parts[1:] {
 		switch {
@@ -163,6 +174,7 @@ type Tensor struct {
 	Codes []uint8
 	// Scales holds N×groups scales, row-major; integer, NF4 and binary scales are exactly
 	// representable in F16 (they were rounded before quantizing). FP8 has N×1 float32 scales.
+	// K-quants hold N×super-blocks super-block scales d here (F16 values, any sign, 0 allowed).
 	Scales []float32
 	// Zeros holds N×groups integer zero points (integer grid only; 2^(bits−1) when symmetric).
 	Zeros []uint8
@@ -171,6 +183,19 @@ type Tensor struct {
 	// GIdx, when not nil, gives the group of each input column (GPTQ act-order); otherwise
 	// column k belongs to group k / GroupSize.
 	GIdx []int32
+
+	// The k-quant parameters (grid KQuant only; see kquant.go). A row's K weights form
+	// SuperBlocks(K) super-blocks of up to 256 weights, each of whole sub-blocks of GroupSize;
+	// sub-block j of row n has the integer scale SubScales[n·K/G + j] (and min SubMins[…]), its
+	// super-block the F16 scale d in Scales (and dmin in Mins). Codes are unsigned: q3_k's code q
+	// stands for q − 4, q6_k's for q − 32.
+	//
+	// Mins holds N×super-blocks dmin values (F16 values; q2_k, q4_k and q5_k only).
+	Mins []float32
+	// SubScales holds N×K/G sub-block scales: q2_k 0…15, q3_k −32…31, q4_k/q5_k 0…63, q6_k −128…127.
+	SubScales []int8
+	// SubMins holds N×K/G sub-block mins: q2_k 0…15, q4_k/q5_k 0…63 (min types only).
+	SubMins []uint8
 }
 
 // Group returns the group index of input column k.

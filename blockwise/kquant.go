@@ -1,0 +1,56 @@
+package blockwise
+
+import (
+	"fmt"
+
+	"github.com/qpack-dev/qpack/kquant"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// rowQuantizer quantizes row `row` of dst, reading its weights from src through buf; codes
+// (len K) receive its codes.
+type rowQuantizer func(dst *quant.Tensor, src rowSource, row int, codes []uint8, buf []float32) error
+
+// rowQuantizerFor returns how rows of scheme s are quantized and the buffer length it needs:
+// group by group (quantizeRow), or for k-quants the whole row, super-block by super-block.
+func rowQuantizerFor(s quant.Scheme, k int, opt Options) (rowQuantizer, int) {
+	if kt, err := kquant.TypeOf(s); err == nil {
+		return kquantRow(kt, opt.Importance), k
+	}
+	q := quantizerFor(s)
+	return func(dst *quant.Tensor, src rowSource, row int, codes []uint8, buf []float32) error {
+		return quantizeRow(dst, q, src, row, codes, buf, opt)
+	}, groupLen(s, k)
+}
+
+// kquantRow fits each super-block of a row with ggml's k-quant fitting (kquant.Type.Fit): the
+// imatrix variant when importance is given (Options.Weighted with Importance), else ggml's
+// reference one, which already searches each sub-block's scale and min.
+func kquantRow(kt *kquant.Type, imp []float32) rowQuantizer {
+	return func(dst *quant.Tensor, src rowSource, row int, _ []uint8, buf []float32) error {
+		w := src.segment(row, 0, dst.K, buf)
+		if col := firstNonFinite(w); col >= 0 {
+			return fmt.Errorf("weight at row %d, column %d is %g", row, col, w[col])
+		}
+		if err := kt.QuantizeRow(dst, row, w, imp); err != nil {
+			return fmt.Errorf("row %d, %w", row, err)
+		}
+		return nil
+	}
+}
+
+// checkKQuant refuses what k-quants cannot do: rows of partial sub-blocks and the clipping
+// search (their fit chooses each sub-block's range itself).
+func checkKQuant(k int, s quant.Scheme, opt Options) error {
+	kt, ok := s.KQuant()
+	if !ok {
+		return nil
+	}
+	if k%kt.Sub != 0 {
+		return fmt.Errorf("blockwise: %s needs rows of whole sub-blocks of %d weights, not K = %d", s, kt.Sub, k)
+	}
+	if opt.Clip {
+		return fmt.Errorf("blockwise: %s has no clipping search (--clip); its fit searches each sub-block's scale and min, with importance under --imatrix", s)
+	}
+	return nil
+}
