@@ -42,12 +42,11 @@ func kquantRow(kt *kquant.Type, imp []float32) rowQuantizer {
 // checkKQuant refuses what k-quants cannot do: rows of partial sub-blocks and the clipping
 // search (their fit chooses each sub-block's range itself).
 func checkKQuant(k int, s quant.Scheme, opt Options) error {
-	kt, ok := s.KQuant()
-	if !ok {
+	if _, ok := s.KQuant(); !ok {
 		return nil
 	}
-	if k%kt.Sub != 0 {
-		return fmt.Errorf("blockwise: %s needs rows of whole sub-blocks of %d weights, not K = %d", s, kt.Sub, k)
+	if err := s.CheckRowLength(k); err != nil {
+		return fmt.Errorf("blockwise: %w", err)
 	}
 	if opt.Clip {
 		return fmt.Errorf("blockwise: %s has no clipping search (--clip); its fit searches each sub-block's scale and min, with importance under --imatrix", s)

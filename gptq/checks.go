@@ -31,14 +31,37 @@ func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("gptq: %w", err)
 	}
-	if s.Grid != quant.Integer && s.Grid != quant.NF4 {
-		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer and NF4 grids, not %s (use blockwise)", s, s.Grid)
+	if s.Grid != quant.Integer && s.Grid != quant.NF4 && s.Grid != quant.KQuant {
+		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer, NF4 and k-quant grids, not %s (use blockwise)", s, s.Grid)
+	}
+	if err := checkKQuant(k, s, opt); err != nil {
+		return err
 	}
 	if opt.Damp < 0 || opt.MaxDamp < 0 || opt.BlockSize < 0 || math.IsNaN(opt.Damp) || math.IsNaN(opt.MaxDamp) {
 		return fmt.Errorf("gptq: damping %g, max damping %g and block size %d must not be negative", opt.Damp, opt.MaxDamp, opt.BlockSize)
 	}
 	if i := fp.FirstNonFinite(w); i >= 0 {
 		return fmt.Errorf("gptq: weight at row %d, column %d is %g", i/k, i%k, w[i])
+	}
+	return nil
+}
+
+// checkKQuant refuses what GPTQ cannot do with a k-quant scheme: rows of partial sub-blocks,
+// act-order with super-blocks fitted on the fly (they would follow the quantization order, and
+// k-quants have no g_idx to record it), and the MSE clipping search (ggml's fit chooses each
+// sub-block's range itself).
+func checkKQuant(k int, s quant.Scheme, opt Options) error {
+	if _, ok := s.KQuant(); !ok {
+		return nil
+	}
+	if err := s.CheckRowLength(k); err != nil {
+		return fmt.Errorf("gptq: %w", err)
+	}
+	switch {
+	case opt.ActOrder && !opt.StaticGroups:
+		return fmt.Errorf("gptq: %s has no act-order group index (g_idx); use act-order with static groups", s)
+	case opt.MSE && !opt.Weighted:
+		return fmt.Errorf("gptq: %s has no clipping search (MSE); ggml's fit searches each sub-block's range", s)
 	}
 	return nil
 }

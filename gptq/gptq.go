@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -27,8 +28,9 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 	perm := columnOrder(diag, dead, opt.ActOrder)
 	p := &problem{
 		t: newTensor(s, n, k), lay: newLayout(s, k, perm, opt.StaticGroups),
-		k: k, bs: opt.BlockSize, opt: opt,
+		k: k, groups: s.Groups(k), bs: opt.BlockSize, opt: opt,
 	}
+	p.kt, _ = kquant.TypeOf(s)
 	p.impOrig, p.imp = importance(diag, dead, perm)
 	if err := p.loadWeights(opt.Work, w, dead); err != nil {
 		return nil, st, err
@@ -61,12 +63,15 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 // inverse factor they are updated with, shared read-only by the row workers.
 type problem struct {
 	t   *quant.Tensor
+	kt  *kquant.Type // t's k-quant type, nil for other grids
 	lay layout
 	w   []float32 // N×K working weights, column i is original column perm[i]
 	u   []float32 // K×K upper Cholesky factor of the damped H⁻¹, in quantization order
 	k   int
-	bs  int
-	opt Options
+	// groups is the number of groups per row: the row stride of t.Scales (not for k-quants).
+	groups int
+	bs     int
+	opt    Options
 	// imp is diag H in quantization order, impOrig in the original order: the Weighted
 	// search's importance.
 	imp, impOrig []float32
@@ -139,10 +144,10 @@ func (p *problem) fitGroupsStartingIn(f *fitter, r int, row []float32, i1, i2 in
 // column i, err = (w − q)/U[i,i], W[i+1:i2] −= err·U[i, i+1:i2]. It stores the codes in original
 // column order and the errors in errs[0:i2−i1], and returns Σ err² (float64).
 func (p *problem) quantizeBlock(r int, row []float32, i1, i2 int, errs []float32) float64 {
-	t, k, groups := p.t, p.k, p.t.Scheme.Groups(p.k)
+	t, k := p.t, p.k
 	sum := 0.0
 	for i := i1; i < i2; i++ {
-		code, q := roundOne(t, row[i], r*groups+p.lay.group(i))
+		code, q := p.round(r, i, row[i])
 		urow := p.u[i*k : i*k+i2]
 		e := (row[i] - q) / urow[i]
 		for j := i + 1; j < i2; j++ {
@@ -153,6 +158,15 @@ func (p *problem) quantizeBlock(r int, row []float32, i1, i2 int, errs []float32
 		sum += float64(e) * float64(e)
 	}
 	return sum
+}
+
+// round rounds w, the weight of row r at quantization position i, with its group's fitted
+// parameters: its code and the value the code stands for.
+func (p *problem) round(r, i int, w float32) (uint8, float32) {
+	if p.kt != nil {
+		return p.kt.Round(p.t, r, p.lay.perm[i], w)
+	}
+	return roundOne(p.t, w, r*p.groups+p.lay.group(i))
 }
 
 // roundOne rounds one weight to the nearest value of t's grid with the parameters of group i
@@ -191,8 +205,11 @@ func (p *problem) loadWeights(ws *Workspace, w []float32, dead []bool) error {
 	return nil
 }
 
-// newTensor allocates an n×k tensor of scheme s (integer or NF4 grid).
+// newTensor allocates an n×k tensor of scheme s (integer, NF4 or k-quant grid).
 func newTensor(s quant.Scheme, n, k int) *quant.Tensor {
+	if s.Grid == quant.KQuant {
+		return quant.NewKQuantTensor(s, n, k)
+	}
 	ng := n * s.Groups(k)
 	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, ng)}
 	if s.Grid == quant.Integer {

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -66,7 +67,10 @@ type layout struct {
 
 func newLayout(s quant.Scheme, k int, perm []int, static bool) layout {
 	l := layout{size: s.GroupSize, perm: perm, static: static}
-	if s.GroupSize == quant.PerChannel {
+	switch {
+	case s.Grid == quant.KQuant:
+		l.size = quant.SuperBlock // a super-block's parameters are fitted together
+	case s.GroupSize == quant.PerChannel:
 		l.size, l.perChannel, l.static = k, true, false
 	}
 	return l
@@ -103,19 +107,30 @@ func (l layout) gIdx() []int32 {
 // fitter computes one group's parameters and stores them in the tensor.
 type fitter struct {
 	t     *quant.Tensor
+	kt    *kquant.Type      // the k-quant type of t, nil for other grids
 	opt   blockwise.Options // the search: Clip (MSE) or Weighted
 	codes []uint8           // scratch for the searches, len ≥ group size
 }
 
 func newFitter(t *quant.Tensor, opt Options, size int) *fitter {
-	return &fitter{t: t, opt: blockwise.Options{Clip: opt.MSE, Weighted: opt.Weighted}, codes: make([]uint8, size)}
+	kt, _ := kquant.TypeOf(t.Scheme)
+	return &fitter{t: t, kt: kt, opt: blockwise.Options{Clip: opt.MSE, Weighted: opt.Weighted}, codes: make([]uint8, size)}
 }
 
 // fit sets the parameters of row r, group g from the weights w of that group; imp (len(w) or
-// nil) weights the Weighted search.
+// nil) weights the Weighted search. A k-quant group is a super-block, fitted by ggml's
+// algorithm (with imp: its imatrix variant).
 func (f *fitter) fit(r, g int, w, imp []float32) error {
 	if !f.opt.Weighted {
 		imp = nil
+	}
+	if f.kt != nil {
+		p, err := f.kt.Fit(w, imp, f.codes)
+		if err != nil {
+			return fmt.Errorf("gptq: row %d, super-block %d: %w", r, g, err)
+		}
+		f.kt.Put(f.t, r, g, &p)
+		return nil
 	}
 	scale, zero := blockwise.GroupParams(f.t.Scheme, w, imp, f.opt, f.codes)
 	if math.IsInf(float64(scale), 0) {

@@ -126,10 +126,31 @@ func (t *Type) subBlock(p *Params, j int) (dl, ml float32) {
 // standing for w − (−ml) = 0 before the min, i.e. code o (0 with mins).
 func (t *Type) Code(p *Params, i int, w float32) uint8 {
 	dl, ml := t.subBlock(p, i/t.Sub)
+	return t.codeIn(w, dl, ml)
+}
+
+// codeIn is Code in a sub-block with factors dl and ml.
+func (t *Type) codeIn(w, dl, ml float32) uint8 {
 	if dl == 0 {
 		return uint8(t.Offset)
 	}
 	return t.code(w, dl, ml)
+}
+
+// Round is Code and Value for weight w at row n, column col of the k-quant tensor q, with the
+// parameters q holds for that weight's super-block and sub-block (as Put stored them): what a
+// column loop that refits only at super-block starts needs for every weight.
+func (t *Type) Round(q *quant.Tensor, n, col int, w float32) (code uint8, value float32) {
+	subs := q.K / t.Sub
+	b, j := n*q.Scheme.SuperBlocks(q.K)+col/quant.SuperBlock, n*subs+col/t.Sub
+	var dmin float32
+	var m uint8
+	if t.Mins {
+		dmin, m = q.Mins[b], q.SubMins[j]
+	}
+	dl, ml := t.SubBlock(q.Scales[b], dmin, q.SubScales[j], m)
+	code = t.codeIn(w, dl, ml)
+	return code, t.KQuantType.Value(dl, ml, code)
 }
 
 func (t *Type) code(w, dl, ml float32) uint8 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/qpack-dev/qpack/fp"
 	"github.com/qpack-dev/qpack/gguf"
+	"github.com/qpack-dev/qpack/internal/quanttest"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -344,6 +345,29 @@ func TestHandWorkedBlocks(t *testing.T) {
 		for e := range 256 {
 			if want := decodeByHand(kt.Bits, b, e); float64(deq[e]) != want {
 				t.Fatalf("%s weight %d: the block decodes by hand to %v, Dequantize gives %v", kt.Scheme, e, want, deq[e])
+			}
+		}
+	}
+}
+
+// Round reads a weight's parameters from the tensor itself: for any row and column of a tensor
+// of several rows and super-blocks (the last one short), it gives what Code and Value give with
+// the parameters Get returns for that super-block.
+func TestRoundReadsTheTensor(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 1))
+	for _, kt := range allTypes(t) {
+		const n, k = 3, 640
+		q := quanttest.RandomKQuant(r, kt.Scheme, n, k)
+		for range 2000 {
+			row, col := r.IntN(n), r.IntN(k)
+			w := float32(r.NormFloat64() * 0.05)
+			p := kt.Get(q, row, col/quant.SuperBlock)
+			code, value := kt.Round(q, row, col, w)
+			if want := kt.Code(&p, col%quant.SuperBlock, w); code != want {
+				t.Fatalf("%s row %d col %d: Round code %d, Code %d", kt.Scheme, row, col, code, want)
+			}
+			if want := kt.Value(&p, col%quant.SuperBlock, code); math.Float32bits(value) != math.Float32bits(want) {
+				t.Fatalf("%s row %d col %d: Round value %v, Value %v", kt.Scheme, row, col, value, want)
 			}
 		}
 	}

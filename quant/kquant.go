@@ -81,6 +81,15 @@ func (kt KQuantType) StoredScale(sc int8) uint8 { return uint8(int(sc) + kt.Scal
 // ScaleBits bits).
 func (kt KQuantType) LoadScale(v uint8) int8 { return int8(v - uint8(kt.ScaleBias)) }
 
+// CheckRowLength says whether rows of k weights can be quantized with s: k-quants need whole
+// sub-blocks; every other scheme takes any k.
+func (s Scheme) CheckRowLength(k int) error {
+	if kt, ok := s.KQuant(); ok && k%kt.Sub != 0 {
+		return fmt.Errorf("%s needs rows of whole sub-blocks of %d weights, not K = %d", s, kt.Sub, k)
+	}
+	return nil
+}
+
 // SuperBlocks is the number of k-quant super-blocks of a row of k weights.
 func (s Scheme) SuperBlocks(k int) int { return (k + SuperBlock - 1) / SuperBlock }
 
