@@ -1,6 +1,7 @@
 package alloc
 
 import (
+	"errors"
 	"fmt"
 	"math"
 )
@@ -64,13 +65,21 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 	var minFree int64
 	for f, i := range free {
 		t := p.tensors[i]
-		items[f] = item{name: t.Name, options: make([]option, len(rungs))}
+		items[f] = item{name: t.Name}
+		var unfit []error
 		for r, c := range rungs {
+			if err := fits(t, c); err != nil {
+				unfit = append(unfit, err)
+				continue
+			}
 			b, err := p.bytes(t, c)
 			if err != nil {
 				return nil, err
 			}
-			items[f].options[r].cost = b
+			items[f].options = append(items[f].options, option{cost: b, rung: r})
+		}
+		if len(items[f].options) == 0 {
+			return nil, fmt.Errorf("budget: tensor %s fits none of the ladder's rungs: %w", t.Name, errors.Join(unfit...))
 		}
 		minFree += minCost(items[f])
 	}
@@ -100,7 +109,8 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 	}
 
 	for f, i := range free {
-		for r, c := range rungs {
+		for o := range items[f].options {
+			c := rungs[items[f].options[o].rung]
 			if c.Keep {
 				continue // no quantization error
 			}
@@ -108,7 +118,7 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 			if err != nil {
 				return nil, err
 			}
-			items[f].options[r].err = s
+			items[f].options[o].err = s
 		}
 	}
 	sol, err := solveKnapsack(items, info.FreeBytes)
@@ -122,9 +132,18 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 		reason = fmt.Sprintf("budget: λ=%.4g error per MiB", sol.lambda*(1<<20))
 	}
 	for f, i := range free {
-		verdicts[i].choice, verdicts[i].reason = rungs[sol.picks[f]], reason
+		verdicts[i].choice, verdicts[i].reason = rungs[items[f].options[sol.picks[f]].rung], reason
 	}
 	return info, nil
+}
+
+// fits says whether tensor t can take choice c: k-quant rungs need rows of whole sub-blocks, so
+// a ladder can hold them even when some tensors' rows are too short or odd.
+func fits(t TensorDesc, c Choice) error {
+	if c.Keep {
+		return nil
+	}
+	return c.Scheme.CheckRowLength(t.Shape[1])
 }
 
 // ceilTo rounds x up to a multiple of 1/scale, so a printed minimum is itself achievable.

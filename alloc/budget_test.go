@@ -32,7 +32,7 @@ func TestBudgetMatchesBruteForce(t *testing.T) {
 			it := item{name: d.Name}
 			for _, c := range ladder {
 				e, _ := synthMeasure(d, c.Scheme)
-				it.options = append(it.options, option{gptqCost(c.Scheme, d.Shape[0], d.Shape[1]), e})
+				it.options = append(it.options, option{cost: gptqCost(c.Scheme, d.Shape[0], d.Shape[1]), err: e})
 			}
 			items = append(items, it)
 		}
@@ -165,5 +165,34 @@ func TestBudgetLarge(t *testing.T) {
 	}
 	if !strings.HasPrefix(plan.Entries[100].Reason, "budget: λ=") {
 		t.Errorf("reason %q", plan.Entries[100].Reason)
+	}
+}
+
+// A k-quant rung applies only to tensors whose rows hold whole sub-blocks: the others choose
+// among the remaining rungs, and a tensor that fits no rung is named in the error.
+func TestBudgetSkipsRungsATensorCannotTake(t *testing.T) {
+	descs := mustDescribe(llamaInfos(1, 256, 64, 48, 50)) // down_proj rows are 48 wide
+	ladder, _ := ParseLadder("q2_k,int4-g128-sym,int8-g128-sym")
+	p := newTestPlanner(t, descs, synthMeasure)
+	plan, err := p.Plan(Options{Strategy: StrategyBudget, Ladder: ladder, TargetBPW: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kquants := 0
+	for _, e := range plan.Entries {
+		if strings.HasPrefix(e.Scheme, "q2_k") {
+			kquants++
+			if strings.HasSuffix(e.Name, "down_proj.weight") {
+				t.Errorf("%s (K = 48) got %s", e.Name, e.Scheme)
+			}
+		}
+	}
+	if kquants == 0 {
+		t.Error("no tensor took the k-quant rung under a tight budget")
+	}
+	only, _ := ParseLadder("q4_k")
+	_, err = newTestPlanner(t, descs, synthMeasure).Plan(Options{Strategy: StrategyBudget, Ladder: only, TargetBPW: 5})
+	if err == nil || !strings.Contains(err.Error(), "down_proj.weight fits none of the ladder's rungs") || !strings.Contains(err.Error(), "not K = 48") {
+		t.Errorf("a tensor no rung fits: %v", err)
 	}
 }

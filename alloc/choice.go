@@ -90,16 +90,18 @@ func mustLadder(list string) []Choice {
 }
 
 // QPackLadder is the budget ladder for format qpack, which holds every scheme: asymmetric
-// integer grids from 2 to 8 bits at several group sizes and, with nf4, NF4 groups (RTN and
-// GPTQ quantize to NF4, AWQ does not). On the shared small-llama, GPTQ budget plans over it are
-// 0.03–0.09 perplexity lower at 4.2–5 bits/weight than over the integer-only ladder (README).
-func QPackLadder(nf4 bool) []Choice {
-	rungs := []string{"int2-g64-asym", "int2-g32-asym", "int3-g128-asym", "int3-g64-asym", "int3-g32-asym",
-		"nf4-g128", "int4-g128-asym", "nf4-g64", "int4-g64-asym", "nf4-g32", "int4-g32-asym",
-		"int5-g128-asym", "int5-g64-asym", "int6-g128-asym", "int8-g128-asym"}
-	if !nf4 {
-		rungs = slices.DeleteFunc(rungs, func(r string) bool { return strings.HasPrefix(r, "nf4") })
-	}
+// integer grids from 2 to 8 bits at several group sizes, in bits-per-weight order, with NF4
+// groups when nf4 is set (RTN and GPTQ quantize to them, AWQ does not) and llama.cpp's k-quants
+// q2_k … q6_k when kquants is set (RTN and GPTQ, without --clip). A k-quant rung is offered only
+// to tensors whose rows hold whole sub-blocks. On the shared small-llama, GPTQ budget plans over
+// the whole ladder are lower in perplexity than over the integer rungs alone (README).
+func QPackLadder(nf4, kquants bool) []Choice {
+	rungs := []string{"int2-g64-asym", "int2-g32-asym", "q2_k", "int3-g128-asym", "int3-g64-asym", "q3_k", "int3-g32-asym",
+		"nf4-g128", "int4-g128-asym", "nf4-g64", "int4-g64-asym", "nf4-g32", "q4_k", "int4-g32-asym",
+		"int5-g128-asym", "int5-g64-asym", "q5_k", "int6-g128-asym", "q6_k", "int8-g128-asym"}
+	rungs = slices.DeleteFunc(rungs, func(r string) bool {
+		return !nf4 && strings.HasPrefix(r, "nf4") || !kquants && strings.HasSuffix(r, "_k")
+	})
 	return mustLadder(strings.Join(rungs, ","))
 }
 

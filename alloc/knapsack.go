@@ -25,6 +25,7 @@ import (
 type option struct {
 	cost int64   // exact stored bytes
 	err  float64 // sensitivity
+	rung int     // index into the ladder's rungs (an item lists only the rungs that fit its shape)
 }
 
 type item struct {

@@ -111,7 +111,7 @@ func maxHullStep(items []item) float64 {
 }
 
 func TestKnapsackInfeasible(t *testing.T) {
-	items := []item{{"a", []option{{10, 1}, {20, 0}}}, {"b", []option{{5, 1}}}}
+	items := []item{{"a", []option{{cost: 10, err: 1}, {cost: 20}}}, {"b", []option{{cost: 5, err: 1}}}}
 	if _, err := solveKnapsack(items, 14); err == nil {
 		t.Error("capacity below the cheapest picks must fail")
 	}
@@ -124,7 +124,7 @@ func TestKnapsackInfeasible(t *testing.T) {
 func TestLowerHull(t *testing.T) {
 	// (cost, err): 25/0.6 is dominated by 20/0.5; 30/0.45 lies above the segment 20/0.5–40/0.1
 	// (it saves 0.005 per byte, the next step 0.035), so it is not on the hull.
-	opts := []option{{10, 1}, {20, 0.5}, {30, 0.45}, {25, 0.6}, {40, 0.1}}
+	opts := []option{{cost: 10, err: 1}, {cost: 20, err: 0.5}, {cost: 30, err: 0.45}, {cost: 25, err: 0.6}, {cost: 40, err: 0.1}}
 	got := lowerHull(opts)
 	want := []int{0, 1, 4}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -136,8 +136,8 @@ func TestLowerHull(t *testing.T) {
 // (1→11 bytes) does not fit after B's, but A's off-hull option at 4 bytes does.
 func TestLagrangianFill(t *testing.T) {
 	items := []item{
-		{"a", []option{{1, 1}, {4, 0.9}, {11, 0}}},
-		{"b", []option{{1, 1}, {5, 0.5}}},
+		{"a", []option{{cost: 1, err: 1}, {cost: 4, err: 0.9}, {cost: 11}}},
+		{"b", []option{{cost: 1, err: 1}, {cost: 5, err: 0.5}}},
 	}
 	sol := solveLagrangian(items, 10)
 	if fmt.Sprint(sol.picks) != "[1 1]" || sol.lambda != 0.1 {
@@ -145,20 +145,24 @@ func TestLagrangianFill(t *testing.T) {
 	}
 }
 
-// QPackLadder: valid, NF4 rungs only when asked for, every integer width from 2 to 8 but 7.
+// QPackLadder: valid, NF4 and k-quant rungs only when asked for, every integer width from 2 to
+// 8 but 7.
 func TestQPackLadder(t *testing.T) {
 	for _, nf4 := range []bool{true, false} {
-		l := QPackLadder(nf4)
-		if err := checkLadder(l); err != nil {
-			t.Fatal(err)
-		}
-		bits, hasNF4 := map[int]bool{}, false
-		for _, c := range l {
-			bits[c.Scheme.Bits] = bits[c.Scheme.Bits] || c.Scheme.Grid == quant.Integer
-			hasNF4 = hasNF4 || c.Scheme.Grid == quant.NF4
-		}
-		if hasNF4 != nf4 || !bits[2] || !bits[3] || !bits[4] || !bits[5] || !bits[6] || !bits[8] {
-			t.Errorf("QPackLadder(%v) = %v", nf4, l)
+		for _, kq := range []bool{true, false} {
+			l := QPackLadder(nf4, kq)
+			if err := checkLadder(l); err != nil {
+				t.Fatal(err)
+			}
+			bits, grids := map[int]bool{}, map[quant.Grid]int{}
+			for _, c := range l {
+				bits[c.Scheme.Bits] = bits[c.Scheme.Bits] || c.Scheme.Grid == quant.Integer
+				grids[c.Scheme.Grid]++
+			}
+			if (grids[quant.NF4] > 0) != nf4 || (grids[quant.KQuant] == 5) != kq || (!kq && grids[quant.KQuant] > 0) ||
+				!bits[2] || !bits[3] || !bits[4] || !bits[5] || !bits[6] || !bits[8] {
+				t.Errorf("QPackLadder(%v, %v) = %v", nf4, kq, l)
+			}
 		}
 	}
 }
