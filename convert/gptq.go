@@ -62,7 +62,7 @@ func newGPTQRunner(method string, items []Item, o GPTQOptions, clip, weighted bo
 		if it.Role == model.RoleEmbedding || it.Role == model.RoleClassifier || it.Info.Shape[0] <= 0 {
 			return nil, fmt.Errorf("tensor %s: %s quantizes decoder linears only; keep it (drop --quantize-embeddings/--quantize-head) or use --method rtn", it.Info.Name, method)
 		}
-		if g := it.Scheme.Grid; g != quant.Integer && (g != quant.NF4 || method != "gptq") {
+		if g := it.Scheme.Grid; g != quant.Integer && ((g != quant.NF4 && g != quant.KQuant) || method != "gptq") {
 			return nil, fmt.Errorf("tensor %s: %s needs %s scheme, not %s (use --method rtn for it)", it.Info.Name, method, gridsOf(method), it.Scheme)
 		}
 		r.schemes[it.Module] = *it.Scheme
@@ -74,7 +74,7 @@ func newGPTQRunner(method string, items []Item, o GPTQOptions, clip, weighted bo
 // gridsOf names the grids a method quantizes to, for errors.
 func gridsOf(method string) string {
 	if method == "gptq" {
-		return "an integer or NF4"
+		return "an integer, NF4 or k-quant"
 	}
 	return "an integer"
 }
@@ -226,7 +226,7 @@ func (r *gptqRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc)
 
 // useGPU makes the runner calibrate and solve on the GPU: the forward passes and Hessians
 // (gpuCapture), the column loop, factorisations and group fits, searched ones (MSE clipping,
-// --imatrix) included (gptq.GPUSolver). What the solver does not take (NF4; MSE where the GPU
+// --imatrix) included (gptq.GPUSolver). What the solver does not take (NF4, k-quants; MSE where the GPU
 // cannot reproduce the CPU's math.Pow) is solved on the CPU with the Hessians gathered on the
 // GPU.
 func (r *gptqRunner) useGPU(g *gpu) error {

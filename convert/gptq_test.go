@@ -23,7 +23,9 @@ func gptqOptions(t *testing.T, s quant.Scheme) Options {
 	return opt
 }
 
-// GPTQ through the whole pipeline, on the integer grid and on NF4: every linear is quantized,
+var q3k, _ = quant.KQuantScheme(3)
+
+// GPTQ through the whole pipeline, on the integer grid, NF4 and a k-quant: every linear is quantized,
 // the provenance records the calibration, and the weights differ from RTN's.
 func TestGPTQConvert(t *testing.T) {
 	for _, c := range []struct {
@@ -32,6 +34,7 @@ func TestGPTQConvert(t *testing.T) {
 	}{
 		{quant.Scheme{Bits: 3, GroupSize: 128}, "gptq"},
 		{quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true}, "qpack"},
+		{q3k, "qpack"},
 	} {
 		t.Run(c.s.String(), func(t *testing.T) { checkGPTQConvert(t, c.s, c.format) })
 	}
@@ -90,7 +93,7 @@ func TestGPTQRefusals(t *testing.T) {
 	}
 	opt = gptqOptions(t, quant.Scheme{Grid: quant.FP8E4M3, Bits: 8, GroupSize: quant.PerChannel, Sym: true})
 	opt.Format = "qpack"
-	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "needs an integer or NF4 scheme, not fp8") {
+	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "needs an integer, NF4 or k-quant scheme, not fp8") {
 		t.Errorf("gptq with fp8: %v", err)
 	}
 	opt = gptqOptions(t, quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true})

@@ -156,17 +156,25 @@ func TestTargetBPWImpliesBudget(t *testing.T) {
 	}
 }
 
-// A budget plan in format qpack defaults to alloc.QPackLadder (NF4 rungs included); in format
-// gptq to the allocator's default.
+// A budget plan in format qpack defaults to alloc.QPackLadder (NF4 and k-quant rungs included;
+// no k-quants under --clip, which they lack); in format gptq to the allocator's default.
 func TestBudgetDefaultLadder(t *testing.T) {
 	tiny := "../../testdata/models/tiny"
-	for format, want := range map[string]string{"qpack": `"nf4-g128"`, "gptq": `"int3-g128-sym"`} {
-		out, err := run(t, "plan", tiny, "--target-bpw", "4", "--format", format, "--json", "-q")
+	for _, c := range []struct {
+		flags         []string
+		want, notWant string
+	}{
+		{[]string{"--format", "qpack"}, `"q3_k"`, ""},
+		{[]string{"--format", "qpack"}, `"nf4-g128"`, ""},
+		{[]string{"--format", "qpack", "--clip"}, `"nf4-g128"`, `"q3_k"`},
+		{[]string{"--format", "gptq"}, `"int3-g128-sym"`, `"q3_k"`},
+	} {
+		out, err := run(t, append([]string{"plan", tiny, "--target-bpw", "4", "--json", "-q"}, c.flags...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(out, want) {
-			t.Errorf("--format %s budget plan does not list %s:\n%.400s", format, want, out)
+		if !strings.Contains(out, c.want) || c.notWant != "" && strings.Contains(out, c.notWant) {
+			t.Errorf("%v budget plan: want %s listed and %s not:\n%.400s", c.flags, c.want, c.notWant, out)
 		}
 	}
 }
