@@ -16,8 +16,8 @@ import (
 )
 
 // TestGPUCPUSolvedGPTQ: GPTQ with --imatrix or --clip on --device cuda solves on the GPU
-// (the searched group fits included); GPTQ on NF4 gathers the Hessians on the GPU and solves
-// on the CPU; RTN with --imatrix searches on the GPU and encodes on the CPU. Each output's
+// (the searched group fits included); GPTQ on NF4 and on k-quants gathers the Hessians on the
+// GPU and solves on the CPU; RTN with --imatrix searches on the GPU and encodes on the CPU. Each output's
 // activation-weighted error matches the all-CPU conversion's (TF32 activations, so not bit for
 // bit) within 3% on every linear of tiny.
 func TestGPUCPUSolvedGPTQ(t *testing.T) {
@@ -31,6 +31,7 @@ func TestGPUCPUSolvedGPTQ(t *testing.T) {
 		{"gptq", quant.Scheme{Bits: 3, GroupSize: 64}, true, false, "on cuda: relative loss"},
 		{"gptq", quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}, false, true, "on cuda: relative loss"},
 		{"gptq", quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true}, false, false, "on cpu (Hessians on cuda)"},
+		{"gptq", q3k, true, false, "on cpu (Hessians on cuda)"},
 		{"rtn", quant.Scheme{Bits: 3, GroupSize: 64}, true, false, "on cuda (search) and cpu"},
 	} {
 		name := c.method + "/" + c.s.String()
