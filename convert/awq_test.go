@@ -244,8 +244,8 @@ func TestAWQRefusals(t *testing.T) {
 }
 
 // small-llama int4-g128-asym with AWQ at the README's setting (128 × 512 tokens of calib.txt):
-// held-out perplexity below RTN's 8.950 (measured 8.904; the 8.90 target is not met yet).
-// Minutes on 2 cores: only with QPACK_EVAL=1.
+// held-out perplexity at most 8.90, the floor (RTN 8.950; measured 8.894 on the 2-core
+// machine). Minutes on 2 cores: only with QPACK_EVAL=1.
 func TestSmallLlamaAWQPerplexity(t *testing.T) {
 	if os.Getenv("QPACK_EVAL") != "1" || testing.Short() {
 		t.Skip("QPACK_EVAL=1 runs the small-llama AWQ conversion and evaluation")
@@ -273,8 +273,8 @@ func TestSmallLlamaAWQPerplexity(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("small-llama AWQ int4-g128-asym: perplexity %.4f", r.Perplexity)
-	if r.Perplexity >= 8.950 {
-		t.Errorf("perplexity %.4f not below RTN's 8.950", r.Perplexity)
+	if r.Perplexity > 8.90 {
+		t.Errorf("perplexity %.4f above the floor 8.90 (RTN 8.950)", r.Perplexity)
 	}
 }
 

@@ -30,10 +30,11 @@ type CalibrateOptions struct {
 	// ReleaseBlocks drops each block's weights once the next block's inputs are computed, so
 	// only one block is resident at a time; m is then not the updated model afterwards.
 	ReleaseBlocks bool
-	// ObserveOnly promises that the calibrator replaces no weights (it only gathers
-	// statistics): each block then runs once, its groups observed during the pass that makes
-	// the next block's inputs, and Update is called once per block with every group afterwards.
-	// TrueSequential does not apply.
+	// ObserveOnly runs each block once: its groups are observed during the pass that makes the
+	// next block's inputs, and Update is called once per block with every group afterwards.
+	// Weights that Update replaces therefore never reach a later block's inputs: for a
+	// calibrator that only gathers statistics, or AWQ, which (as AutoAWQ) feeds every block the
+	// unquantized model's activations. TrueSequential and Steps do not apply.
 	ObserveOnly bool
 	// Steps, when set, lists the groups observed and updated together, in order, instead of
 	// TrueSequential's choice; a group may appear in several steps (AWQ scales a block with all

@@ -104,6 +104,8 @@ func (e *GPU) observeBlock(b *Block, x *DeviceBatch, c GPUCalibrator, _ [][]Grou
 	if err := e.Synchronize(); err != nil {
 		return err
 	}
+	e.current = g // Update may read the weights where they are (LinearWeights)
+	defer func() { e.current = nil }()
 	return c.Update(b, Groups)
 }
 
