@@ -61,7 +61,9 @@ func (g *GPUWeighted) Close() error {
 }
 
 // Supports reports whether the search of scheme s runs here: integer grids.
-func (g *GPUWeighted) Supports(s quant.Scheme) bool { return s.Grid == quant.Integer && s.Validate() == nil }
+func (g *GPUWeighted) Supports(s quant.Scheme) bool {
+	return s.Grid == quant.Integer && s.Validate() == nil
+}
 
 // Params returns the parameters the Weighted search gives every group of W[n, k] (float32,
 // row-major) under scheme s, with per-input-channel importance imp (len k, or nil for plain

@@ -45,7 +45,7 @@ func TestGPUWeightedMatchesCPU(t *testing.T) {
 		{Bits: 4, GroupSize: quant.PerChannel}, {Bits: 3, GroupSize: quant.PerChannel, Sym: true}}
 	for seed, s := range schemes {
 		w := randomWeights(n, k, uint64(100+seed))
-		clear(w[5*k : 5*k+64])       // an all-zero group
+		clear(w[5*k : 5*k+64])                   // an all-zero group
 		w[7*k+3] = float32(math.Copysign(0, -1)) // −0
 		for c := range 32 {
 			w[9*k+c] = 0.01 // one value
