@@ -77,7 +77,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opt.Imatrix && opt.Method == "rtn" {
+	if opt.Imatrix && opt.Method == "rtn" && opt.importance == nil {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
 		if opt.importance, _, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, logf); err != nil {
 			return nil, err

@@ -5,6 +5,7 @@ import (
 
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -28,6 +29,7 @@ type gpu struct {
 	dev      *cuda.Device
 	q        *blockwise.GPUQuantizer
 	weighted *blockwise.GPUWeighted // --imatrix's search
+	kq       *kquant.GPUFitter      // k-quants, with or without --imatrix
 }
 
 // openGPU opens the first GPU as the device option asks. With "auto" a missing driver or
@@ -54,12 +56,20 @@ func openGPU(device string, slots int, logf func(format string, args ...any)) (*
 		dev.Close()
 		return nil, err
 	}
+	kq, err := kquant.NewGPUFitter(dev)
+	if err != nil {
+		weighted.Close()
+		q.Close()
+		dev.Close()
+		return nil, err
+	}
 	logf("quantizing on %s\n", dev.Info().Name)
-	return &gpu{dev: dev, q: q, weighted: weighted}, nil
+	return &gpu{dev: dev, q: q, weighted: weighted, kq: kq}, nil
 }
 
 func (g *gpu) close() {
 	if g != nil {
+		g.kq.Close()
 		g.weighted.Close()
 		g.q.Close()
 		g.dev.Close()
@@ -78,6 +88,12 @@ func (g *gpu) searches(s quant.Scheme, opt Options) bool {
 	return g != nil && opt.Imatrix && g.weighted.Supports(s)
 }
 
+// fits says whether the GPU fits this item's k-quant super-blocks (with their importance under
+// --imatrix; the CPU then packs the tensor it returns).
+func (g *gpu) fits(s quant.Scheme, opt Options) bool {
+	return g != nil && !opt.Clip && g.kq.Supports(s)
+}
+
 // checkDevicePlan refuses, with --device cuda, a plan that has a tensor the GPU cannot do:
 // the exit code promises the plan was carried out exactly as asked.
 func checkDevicePlan(g *gpu, device string, items []Item, f packing.Format, opt Options) error {
@@ -85,7 +101,7 @@ func checkDevicePlan(g *gpu, device string, items []Item, f packing.Format, opt 
 		return nil
 	}
 	for _, it := range items {
-		if it.Scheme != nil && !g.supports(*it.Scheme, f, opt) && !g.searches(*it.Scheme, opt) {
+		if it.Scheme != nil && !g.supports(*it.Scheme, f, opt) && !g.searches(*it.Scheme, opt) && !g.fits(*it.Scheme, opt) {
 			return fmt.Errorf("tensor %s: %s in the %s layout%s has no GPU kernel; use --device auto to run it on the CPU",
 				it.Info.Name, it.Scheme, f.Name(), searchFlag(opt))
 		}
