@@ -178,7 +178,11 @@ func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner
 		return nil, nil, err
 	}
 	if opt.Method != "gptq" && !isAWQ(opt.Method) {
-		if err := checkDevicePlan(g, opt.Device, items, f, opt); err != nil {
+		err := g.useKQuants(items)
+		if err == nil {
+			err = checkDevicePlan(g, opt.Device, items, f, opt)
+		}
+		if err != nil {
 			g.close()
 			return nil, nil, err
 		}

@@ -29,7 +29,7 @@ type gpu struct {
 	dev      *cuda.Device
 	q        *blockwise.GPUQuantizer
 	weighted *blockwise.GPUWeighted // --imatrix's search
-	kq       *kquant.GPUFitter      // k-quants, with or without --imatrix
+	kq       *kquant.GPUFitter      // k-quants (with or without --imatrix); nil until useKQuants
 }
 
 // openGPU opens the first GPU as the device option asks. With "auto" a missing driver or
@@ -56,20 +56,31 @@ func openGPU(device string, slots int, logf func(format string, args ...any)) (*
 		dev.Close()
 		return nil, err
 	}
-	kq, err := kquant.NewGPUFitter(dev)
-	if err != nil {
-		weighted.Close()
-		q.Close()
-		dev.Close()
-		return nil, err
-	}
 	logf("quantizing on %s\n", dev.Info().Name)
-	return &gpu{dev: dev, q: q, weighted: weighted, kq: kq}, nil
+	return &gpu{dev: dev, q: q, weighted: weighted}, nil
+}
+
+// useKQuants loads the k-quant fit when RTN has k-quant tensors to quantize: only then, as the
+// driver compiles its PTX on the first load (about a second) and other conversions need not wait.
+func (g *gpu) useKQuants(items []Item) error {
+	if g == nil {
+		return nil
+	}
+	for _, it := range items {
+		if it.Scheme != nil && it.Scheme.Grid == quant.KQuant {
+			var err error
+			g.kq, err = kquant.NewGPUFitter(g.dev)
+			return err
+		}
+	}
+	return nil
 }
 
 func (g *gpu) close() {
 	if g != nil {
-		g.kq.Close()
+		if g.kq != nil {
+			g.kq.Close()
+		}
 		g.weighted.Close()
 		g.q.Close()
 		g.dev.Close()
@@ -91,7 +102,7 @@ func (g *gpu) searches(s quant.Scheme, opt Options) bool {
 // fits says whether the GPU fits this item's k-quant super-blocks (with their importance under
 // --imatrix; the CPU then packs the tensor it returns).
 func (g *gpu) fits(s quant.Scheme, opt Options) bool {
-	return g != nil && !opt.Clip && g.kq.Supports(s)
+	return g != nil && g.kq != nil && !opt.Clip && g.kq.Supports(s)
 }
 
 // checkDevicePlan refuses, with --device cuda, a plan that has a tensor the GPU cannot do:

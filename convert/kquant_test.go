@@ -96,8 +96,8 @@ func TestKQuantRefusals(t *testing.T) {
 	if err := checkDevicePlan(g, DeviceCUDA, []Item{{Scheme: &int4}}, packing.QPack{}, Options{}); err != nil {
 		t.Errorf("int4 on the GPU refused: %v", err)
 	}
-	if g.fits(int4, Options{}) {
-		t.Error("int4 sent to the k-quant fit")
+	if g.fits(int4, Options{}) || (&gpu{}).fits(q4, Options{}) {
+		t.Error("int4, or a k-quant before useKQuants loaded the fit, sent to the k-quant fit")
 	}
 
 	// Without a GPU, --device cuda fails before anything is written, saying why.
