@@ -20,8 +20,9 @@ var hostCXX = flag.String("kquant.hostcxx", "", "compile kernels/kquant.cu for t
 // TestKernelOnCPU checks the transcription of the Go fit in kernels/kquant.cu without a GPU:
 // the kernel source, compiled for the CPU with kernels/host's stand-ins for the CUDA built-ins
 // (each operation rounded once; a NaN result is the GPU's canonical NaN), runs every super-block
-// of TestGPUFitMatchesCPU's tensors and must give QuantizeRow's tensors byte for byte. What it
-// cannot check is nvcc itself: that the intrinsics compile to single roundings on the GPU.
+// of TestGPUFitMatchesCPU's tensors and must give QuantizeRow's tensors byte for byte, and
+// TestGPUFitRefusals' errors. What it cannot check is nvcc itself: that the intrinsics compile to
+// single roundings on the GPU.
 func TestKernelOnCPU(t *testing.T) {
 	if *hostCXX == "" {
 		t.Skip("-kquant.hostcxx not set (a C++ compiler to run kernels/kquant.cu on the CPU)")
@@ -31,9 +32,11 @@ func TestKernelOnCPU(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v: %v\n%s", cmd, err, out)
 	}
-	checkFits(t, func(w []float32, n, k int, s quant.Scheme, imp []float32) (*quant.Tensor, error) {
+	quantize := func(w []float32, n, k int, s quant.Scheme, imp []float32) (*quant.Tensor, error) {
 		return fitTensor(w, n, k, s, imp, func(kt *Type, q *quant.Tensor) error { return runOnHost(bin, kt, q, w, imp) })
-	})
+	}
+	checkFits(t, quantize)
+	checkRefusals(t, quantize)
 }
 
 // runOnHost runs the kernel of kt on the CPU (kernels/host/host.cpp) and reads its outputs into q.

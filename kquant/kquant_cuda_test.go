@@ -198,13 +198,17 @@ func checkFits(t *testing.T, quantize quantizeFunc) {
 // row and column: non-finite weights, bad importance, weights beyond F16's range, schemes and
 // shapes that are not k-quant ones.
 func TestGPUFitRefusals(t *testing.T) {
-	g := openGPUFitter(t)
+	checkRefusals(t, openGPUFitter(t).Quantize)
+}
+
+// checkRefusals gives quantize what TestGPUFitRefusals lists.
+func checkRefusals(t *testing.T, quantize quantizeFunc) {
 	q4, _ := quant.KQuantScheme(4)
 	const n, k = 3, 320
 	w := make([]float32, n*k)
 	check := func(what string, w, imp []float32, s quant.Scheme, k int, want string) {
 		t.Helper()
-		if _, err := g.Quantize(w, len(w)/k, k, s, imp); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := quantize(w, len(w)/k, k, s, imp); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error containing %q", what, err, want)
 		}
 	}
@@ -245,7 +249,6 @@ func BenchmarkGPUFit(b *testing.B) {
 	cpuRate := 4 * n * k / time.Since(start).Seconds() / 1e6
 	var got *quant.Tensor
 	b.SetBytes(4 * n * k)
-	b.ResetTimer()
 	for b.Loop() {
 		if got, err = g.Quantize(w, n, k, q4, imp); err != nil {
 			b.Fatal(err)
