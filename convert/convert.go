@@ -77,7 +77,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opt.Imatrix && opt.Method == "rtn" {
+	if opt.Imatrix && opt.Method == "rtn" && opt.importance == nil {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
 		if opt.importance, _, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, logf); err != nil {
 			return nil, err
@@ -178,7 +178,11 @@ func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner
 		return nil, nil, err
 	}
 	if opt.Method != "gptq" && !isAWQ(opt.Method) {
-		if err := checkDevicePlan(g, opt.Device, items, f, opt); err != nil {
+		err := g.useKQuants(items)
+		if err == nil {
+			err = checkDevicePlan(g, opt.Device, items, f, opt)
+		}
+		if err != nil {
 			g.close()
 			return nil, nil, err
 		}

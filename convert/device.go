@@ -5,6 +5,7 @@ import (
 
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -28,6 +29,7 @@ type gpu struct {
 	dev      *cuda.Device
 	q        *blockwise.GPUQuantizer
 	weighted *blockwise.GPUWeighted // --imatrix's search
+	kq       *kquant.GPUFitter      // k-quants (with or without --imatrix); nil until useKQuants
 }
 
 // openGPU opens the first GPU as the device option asks. With "auto" a missing driver or
@@ -58,8 +60,27 @@ func openGPU(device string, slots int, logf func(format string, args ...any)) (*
 	return &gpu{dev: dev, q: q, weighted: weighted}, nil
 }
 
+// useKQuants loads the k-quant fit when RTN has k-quant tensors to quantize: only then, as the
+// driver compiles its PTX on the first load (about a second) and other conversions need not wait.
+func (g *gpu) useKQuants(items []Item) error {
+	if g == nil {
+		return nil
+	}
+	for _, it := range items {
+		if it.Scheme != nil && it.Scheme.Grid == quant.KQuant {
+			var err error
+			g.kq, err = kquant.NewGPUFitter(g.dev)
+			return err
+		}
+	}
+	return nil
+}
+
 func (g *gpu) close() {
 	if g != nil {
+		if g.kq != nil {
+			g.kq.Close()
+		}
 		g.weighted.Close()
 		g.q.Close()
 		g.dev.Close()
@@ -78,6 +99,12 @@ func (g *gpu) searches(s quant.Scheme, opt Options) bool {
 	return g != nil && opt.Imatrix && g.weighted.Supports(s)
 }
 
+// fits says whether the GPU fits this item's k-quant super-blocks (with their importance under
+// --imatrix; the CPU then packs the tensor it returns).
+func (g *gpu) fits(s quant.Scheme, opt Options) bool {
+	return g != nil && g.kq != nil && !opt.Clip && g.kq.Supports(s)
+}
+
 // checkDevicePlan refuses, with --device cuda, a plan that has a tensor the GPU cannot do:
 // the exit code promises the plan was carried out exactly as asked.
 func checkDevicePlan(g *gpu, device string, items []Item, f packing.Format, opt Options) error {
@@ -85,7 +112,7 @@ func checkDevicePlan(g *gpu, device string, items []Item, f packing.Format, opt 
 		return nil
 	}
 	for _, it := range items {
-		if it.Scheme != nil && !g.supports(*it.Scheme, f, opt) && !g.searches(*it.Scheme, opt) {
+		if it.Scheme != nil && !g.supports(*it.Scheme, f, opt) && !g.searches(*it.Scheme, opt) && !g.fits(*it.Scheme, opt) {
 			return fmt.Errorf("tensor %s: %s in the %s layout%s has no GPU kernel; use --device auto to run it on the CPU",
 				it.Info.Name, it.Scheme, f.Name(), searchFlag(opt))
 		}

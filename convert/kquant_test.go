@@ -7,7 +7,9 @@ import (
 	"testing"
 
 	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/internal/testenv"
+	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/safetensors"
@@ -49,7 +51,8 @@ func TestKQuantTiny(t *testing.T) {
 }
 
 // What k-quants cannot do is refused before anything is written, naming the tensor: another
-// layout, rows of partial sub-blocks, the GPU (--device cuda; auto falls back to the CPU).
+// layout, rows of partial sub-blocks. --device cuda (and auto) sends them to the GPU's k-quant fit,
+// with or without --imatrix; without a GPU, --device cuda fails clearly.
 func TestKQuantRefusals(t *testing.T) {
 	tiny := testenv.Testdata(t, "models/tiny")
 	q4, _ := quant.ParseScheme("q4_k")
@@ -79,19 +82,35 @@ func TestKQuantRefusals(t *testing.T) {
 		t.Error("a refused conversion left its output")
 	}
 
-	g := &gpu{q: &blockwise.GPUQuantizer{}, weighted: &blockwise.GPUWeighted{}} // no device is touched
+	g := &gpu{q: &blockwise.GPUQuantizer{}, weighted: &blockwise.GPUWeighted{}, kq: &kquant.GPUFitter{}} // no device is touched
 	items := []Item{{Info: safetensors.TensorInfo{Name: "model.layers.0.mlp.up_proj.weight"}, Scheme: &q4}}
 	for _, imatrix := range []bool{false, true} {
-		err := checkDevicePlan(g, DeviceCUDA, items, packing.QPack{}, Options{Imatrix: imatrix})
-		if err == nil || !strings.Contains(err.Error(), "tensor model.layers.0.mlp.up_proj.weight: q4_k in the qpack layout") || !strings.Contains(err.Error(), "--device auto") {
-			t.Errorf("--device cuda (imatrix %v): %v", imatrix, err)
+		if err := checkDevicePlan(g, DeviceCUDA, items, packing.QPack{}, Options{Imatrix: imatrix}); err != nil {
+			t.Errorf("--device cuda (imatrix %v) refused a k-quant: %v", imatrix, err)
 		}
-		if g.supports(q4, packing.QPack{}, Options{Imatrix: imatrix}) || g.searches(q4, Options{Imatrix: imatrix}) {
-			t.Error("--device auto would send a k-quant to the GPU")
+		if !g.fits(q4, Options{Imatrix: imatrix}) || g.supports(q4, packing.QPack{}, Options{Imatrix: imatrix}) || g.searches(q4, Options{Imatrix: imatrix}) {
+			t.Errorf("imatrix %v: a k-quant does not go to the GPU's k-quant fit", imatrix)
 		}
 	}
 	int4 := quant.Scheme{Bits: 4, GroupSize: 128}
 	if err := checkDevicePlan(g, DeviceCUDA, []Item{{Scheme: &int4}}, packing.QPack{}, Options{}); err != nil {
 		t.Errorf("int4 on the GPU refused: %v", err)
+	}
+	if g.fits(int4, Options{}) || (&gpu{}).fits(q4, Options{}) {
+		t.Error("int4, or a k-quant before useKQuants loaded the fit, sent to the k-quant fit")
+	}
+
+	// Without a GPU, --device cuda fails before anything is written, saying why.
+	if dev, err := cuda.Open(0); err == nil {
+		dev.Close()
+		return
+	}
+	opt.Device = DeviceCUDA
+	out := filepath.Join(dir, "cuda")
+	if _, err := Convert(tiny, out, opt); err == nil || !strings.Contains(err.Error(), "--device cuda: ") {
+		t.Errorf("q4_k with --device cuda and no GPU: %v", err)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Error("a conversion refused for want of a GPU left its output")
 	}
 }

@@ -137,10 +137,11 @@ func (m *packedModule) measureError(raws []packing.Raw, t *quant.Tensor) error {
 	return err
 }
 
-// quantizePack runs the fused GPU kernel when it supports the scheme and layout, else the CPU
-// method followed by the format's packer (which also returns the quant.Tensor), and hands the
-// packed tensors to use. On the GPU they are views of pinned memory, valid only during use.
-// It returns the device that quantized.
+// quantizePack runs the fused GPU kernel when it supports the scheme and layout (its packed
+// tensors are views of pinned memory, valid only during use), else the GPU's k-quant fit or
+// --imatrix search when they apply, else the CPU method, each of these followed by the format's
+// packer (which also returns the quant.Tensor), and hands the packed tensors to use. It returns
+// the device that quantized.
 func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error) (string, error) {
 	s := *m.item.Scheme
 	if m.gptq != nil {
@@ -160,6 +161,17 @@ func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error
 		err := m.gpu.q.QuantizePackWith(fill, string(m.item.Info.DType), m.item.N(), m.item.K(), s, m.format.Name(), m.item.Module,
 			func(raws []packing.Raw) error { return use(raws, nil) })
 		return DeviceCUDA, err
+	}
+	if m.gpu.fits(s, m.opt) {
+		t, err := m.fitKQuantOnGPU()
+		if err != nil {
+			return "", err
+		}
+		raws, err := m.format.Pack(m.item.Module, t)
+		if err != nil {
+			return "", err
+		}
+		return DeviceCUDA, use(raws, t)
 	}
 	if m.gpu.searches(s, m.opt) {
 		t, err := m.quantizeSearchedOnGPU()
@@ -192,6 +204,17 @@ func (m *packedModule) quantizeSearchedOnGPU() (*quant.Tensor, error) {
 		return nil, err
 	}
 	return blockwise.Quantize(w, n, k, s, bopt)
+}
+
+// fitKQuantOnGPU fits every super-block of a k-quant weight on the GPU, with its importance
+// under --imatrix: the tensor the CPU would make, bit for bit.
+func (m *packedModule) fitKQuantOnGPU() (*quant.Tensor, error) {
+	w, err := m.ck.Float32(m.item.Info.Name)
+	if err != nil {
+		return nil, err
+	}
+	imp := m.opt.blockwise(m.item.Module).Importance
+	return m.gpu.kq.Quantize(w, m.item.N(), m.item.K(), *m.item.Scheme, imp)
 }
 
 // quantizePackCPU quantizes and packs on the CPU; t is nil when the fused path packed directly.

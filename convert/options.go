@@ -22,9 +22,11 @@ type Options struct {
 	// Imatrix fits every integer/NF4 group with the importance-weighted scale search
 	// (blockwise.Options.Weighted): the parameters minimising Σ E[x_k²]·(w_k − ŵ_k)², E[x²]
 	// from the calibration data for RTN (which then needs Calib) and diag H inside GPTQ. The
-	// allocator's sensitivity is then measured with the same search. CPU only.
+	// allocator's sensitivity is then measured with the same search. On the GPU: the search of
+	// integer grids and the fit of k-quants.
 	Imatrix bool
-	// importance is each module's E[x²] per input channel when Imatrix is used with RTN.
+	// importance is each module's E[x²] per input channel when Imatrix is used with RTN;
+	// Convert measures it unless it is set (tests give two conversions the same one).
 	importance map[string][]float32
 	// GPTQ tunes --method gptq, which needs Calib.
 	GPTQ GPTQOptions

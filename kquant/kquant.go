@@ -86,10 +86,18 @@ func (t *Type) Fit(w, imp []float32, codes []uint8) (Params, error) {
 	} else {
 		p = t.impl(t, w, imp, codes)
 	}
-	if !finite(p.D) || !finite(p.DMin) {
-		return Params{}, fmt.Errorf("super-block scale d = %g, dmin = %g is not finite in F16 (weights too large)", p.D, p.DMin)
+	if err := checkScale(p.D, p.DMin); err != nil {
+		return Params{}, err
 	}
 	return p, nil
+}
+
+// checkScale refuses a fitted super-block whose d or dmin overflowed F16.
+func checkScale(d, dmin float32) error {
+	if !finite(d) || !finite(dmin) {
+		return fmt.Errorf("super-block scale d = %g, dmin = %g is not finite in F16 (weights too large)", d, dmin)
+	}
+	return nil
 }
 
 func (t *Type) checkBlock(w, imp []float32, codes []uint8) error {
@@ -106,12 +114,15 @@ func (t *Type) checkBlock(w, imp []float32, codes []uint8) error {
 		}
 	}
 	for i, v := range imp {
-		if !(v >= 0) || math.IsInf(float64(v), 1) {
+		if badImportance(v) {
 			return fmt.Errorf("importance %d is %g; want finite and ≥ 0", i, v)
 		}
 	}
 	return nil
 }
+
+// badImportance is an importance the fits refuse: negative, NaN or +Inf.
+func badImportance(v float32) bool { return !(v >= 0) || math.IsInf(float64(v), 1) }
 
 func finite(v float32) bool { return !math.IsInf(float64(v), 0) && v == v }
 
@@ -231,9 +242,15 @@ func (t *Type) QuantizeRow(q *quant.Tensor, n int, w, imp []float32) error {
 		}
 		p, err := t.Fit(w[lo:hi], bimp, codes[lo:hi])
 		if err != nil {
-			return fmt.Errorf("columns %d…%d: %w", lo, hi-1, err)
+			return t.blockError(q.K, b, err)
 		}
 		t.Put(q, n, b, &p)
 	}
 	return nil
+}
+
+// blockError names the columns of super-block b of a row of k in err.
+func (t *Type) blockError(k, b int, err error) error {
+	lo, hi, _ := t.blockRange(k, b)
+	return fmt.Errorf("columns %d…%d: %w", lo, hi-1, err)
 }

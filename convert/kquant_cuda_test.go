@@ -1,0 +1,77 @@
+package convert
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/qpack-dev/qpack/internal/gputest"
+	"github.com/qpack-dev/qpack/internal/testenv"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+var q4k, _ = quant.KQuantScheme(4)
+
+// TestGPUKQuantSameBytes: RTN to q4_k on --device cuda fits every linear of tiny on the GPU
+// (the log says "on cuda" for each) and writes exactly the files of --device cpu, byte for
+// byte; with --imatrix too, both conversions given the same importance (measured on the CPU:
+// the GPU's TF32 calibration gives slightly different E[x²]).
+func TestGPUKQuantSameBytes(t *testing.T) {
+	gputest.Open(t) // skips without a GPU
+	tiny := testenv.Testdata(t, "models/tiny")
+	for _, imatrix := range []bool{false, true} {
+		t.Run(map[bool]string{false: "rtn", true: "rtn-imatrix"}[imatrix], func(t *testing.T) {
+			opt := DefaultOptions()
+			opt.Alloc, opt.Format, opt.Imatrix = Uniform(q4k), "qpack", imatrix
+			if imatrix {
+				opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
+				calib, err := opt.calibration(tiny)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if opt.importance, _, err = measureImportance(context.Background(), tiny, calib, DeviceCPU, func(string, ...any) {}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dir := t.TempDir()
+			var log bytes.Buffer
+			gpu, cpu := opt, opt
+			gpu.Device, gpu.Log = DeviceCUDA, &log
+			cpu.Device = DeviceCPU
+			if _, err := Convert(tiny, filepath.Join(dir, "gpu"), gpu); err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Count(log.String(), " on cuda "); n != 28 || strings.Contains(log.String(), " on cpu ") {
+				t.Errorf("%d log lines say \"on cuda\", want every linear's (28):\n%s", n, log.String())
+			}
+			if _, err := Convert(tiny, filepath.Join(dir, "cpu"), cpu); err != nil {
+				t.Fatal(err)
+			}
+			sameFiles(t, filepath.Join(dir, "gpu"), filepath.Join(dir, "cpu"))
+		})
+	}
+}
+
+// sameFiles wants the directories to hold the same files with the same bytes.
+func sameFiles(t *testing.T, a, b string) {
+	t.Helper()
+	entries, err := os.ReadDir(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ea, _ := os.ReadDir(a); len(ea) != len(entries) {
+		t.Errorf("%d files in %s, %d in %s", len(ea), a, len(entries), b)
+	}
+	for _, e := range entries {
+		want, err := os.ReadFile(filepath.Join(b, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := os.ReadFile(filepath.Join(a, e.Name())); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s differs between the GPU's and the CPU's conversion (%v)", e.Name(), err)
+		}
+	}
+}
