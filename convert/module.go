@@ -144,51 +144,39 @@ func (m *packedModule) measureError(raws []packing.Raw, t *quant.Tensor) error {
 // the device that quantized.
 func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error) (string, error) {
 	s := *m.item.Scheme
-	if m.gptq != nil {
-		t, err := m.gptq.result(m.item.Module)
-		if err != nil {
-			return "", err
-		}
-		raws, err := m.format.Pack(m.item.Module, t)
-		if err != nil {
-			return "", err
-		}
-		return m.gptq.deviceFor(s), use(raws, t)
-	}
-	if m.gpu.supports(s, m.format, m.opt) {
+	switch {
+	case m.gptq != nil:
+		return m.packTensor(m.gptq.deviceFor(s), func() (*quant.Tensor, error) { return m.gptq.result(m.item.Module) }, use)
+	case m.gpu.supports(s, m.format, m.opt):
 		name := m.item.Info.Name
 		fill := func(dst []byte) error { return m.ck.ReadInto(name, dst) }
 		err := m.gpu.q.QuantizePackWith(fill, string(m.item.Info.DType), m.item.N(), m.item.K(), s, m.format.Name(), m.item.Module,
 			func(raws []packing.Raw) error { return use(raws, nil) })
 		return DeviceCUDA, err
-	}
-	if m.gpu.fits(s, m.opt) {
-		t, err := m.fitKQuantOnGPU()
-		if err != nil {
-			return "", err
-		}
-		raws, err := m.format.Pack(m.item.Module, t)
-		if err != nil {
-			return "", err
-		}
-		return DeviceCUDA, use(raws, t)
-	}
-	if m.gpu.searches(s, m.opt) {
-		t, err := m.quantizeSearchedOnGPU()
-		if err != nil {
-			return "", err
-		}
-		raws, err := m.format.Pack(m.item.Module, t)
-		if err != nil {
-			return "", err
-		}
-		return DeviceCUDA + " (search) and cpu", use(raws, t)
+	case m.gpu.fits(s, m.opt):
+		return m.packTensor(DeviceCUDA, m.fitKQuantOnGPU, use)
+	case m.gpu.searches(s, m.opt):
+		return m.packTensor(DeviceCUDA+" (search) and cpu", m.quantizeSearchedOnGPU, use)
 	}
 	raws, t, err := m.quantizePackCPU()
 	if err != nil {
 		return "", err
 	}
 	return DeviceCPU, use(raws, t)
+}
+
+// packTensor packs the tensor quantize makes in the module's format and hands it to use; device
+// is where it was quantized.
+func (m *packedModule) packTensor(device string, quantize func() (*quant.Tensor, error), use func([]packing.Raw, *quant.Tensor) error) (string, error) {
+	t, err := quantize()
+	if err != nil {
+		return "", err
+	}
+	raws, err := m.format.Pack(m.item.Module, t)
+	if err != nil {
+		return "", err
+	}
+	return device, use(raws, t)
 }
 
 // quantizeSearchedOnGPU runs the --imatrix search of every group on the GPU and encodes the
