@@ -116,17 +116,20 @@ func checkDecoded(t *testing.T, out, src string, typ gguf.Type, want func(name s
 
 // A k-quant qpack checkpoint exports losslessly: every linear becomes ggml blocks of its type
 // holding qpack's exact values, so the GGUF file decodes to the checkpoint's dequantization
-// bit for bit (and the model computes the same perplexity).
+// bit for bit (and the model computes the same perplexity). GPTQ's k-quant checkpoints too:
+// llama.cpp runs them as any Q3_K file.
 func TestExportKQuantIsLossless(t *testing.T) {
 	src := syntheticLlama(t)
 	for _, c := range []struct {
 		scheme  string
 		imatrix bool
-	}{{"q2_k", false}, {"q3_k", false}, {"q4_k", false}, {"q5_k", false}, {"q6_k", false}, {"q4_k", true}} {
+		method  string
+	}{{"q2_k", false, "rtn"}, {"q3_k", false, "rtn"}, {"q4_k", false, "rtn"}, {"q5_k", false, "rtn"}, {"q6_k", false, "rtn"},
+		{"q4_k", true, "rtn"}, {"q3_k", true, "gptq"}} {
 		s, _ := quant.ParseScheme(c.scheme)
 		dir := t.TempDir()
 		opt := convert.DefaultOptions()
-		opt.Alloc, opt.Format = convert.Uniform(s), "qpack"
+		opt.Alloc, opt.Format, opt.Method = convert.Uniform(s), "qpack", c.method
 		if c.imatrix {
 			opt.Imatrix, opt.Calib = true, convert.CalibOptions{File: filepath.Join(tinyDir(t), "heldout.txt"), Samples: 2, SeqLen: 64}
 		}
