@@ -65,6 +65,9 @@ func newGPTQRunner(method string, items []Item, o GPTQOptions, clip, weighted bo
 		if g := it.Scheme.Grid; g != quant.Integer && ((g != quant.NF4 && g != quant.KQuant) || method != "gptq") {
 			return nil, fmt.Errorf("tensor %s: %s needs %s scheme, not %s (use --method rtn for it)", it.Info.Name, method, gridsOf(method), it.Scheme)
 		}
+		if err := gptq.CheckScheme(*it.Scheme, it.K(), r.opt); err != nil { // before any calibration
+			return nil, fmt.Errorf("tensor %s: %w", it.Info.Name, err)
+		}
 		r.schemes[it.Module] = *it.Scheme
 		r.results[it.Module] = make(chan gptqResult, 1)
 	}

@@ -101,6 +101,15 @@ func TestGPTQRefusals(t *testing.T) {
 	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "needs an integer scheme, not nf4-g64") {
 		t.Errorf("awq with nf4: %v", err)
 	}
+	// What GPTQ cannot do with k-quants is refused before the calibration runs, naming the tensor.
+	for flag, want := range map[string]string{"act-order": "use act-order with static groups", "clip": "no clipping search"} {
+		opt = gptqOptions(t, q3k)
+		opt.Format, opt.GPTQ.ActOrder, opt.Clip = "qpack", flag == "act-order", flag == "clip"
+		_, err := Convert(tiny, dst, opt)
+		if err == nil || !strings.Contains(err.Error(), "tensor model.layers.0.") || !strings.Contains(err.Error(), "q3_k") || !strings.Contains(err.Error(), want) {
+			t.Errorf("gptq q3_k with --%s: %v", flag, err)
+		}
+	}
 	opt = gptqOptions(t, quant.Scheme{Bits: 4, GroupSize: 128})
 	opt.Calib.Samples = 100000
 	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "tokens") {

@@ -28,13 +28,7 @@ func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 	if len(w) != n*k {
 		return fmt.Errorf("gptq: %d weights for a %dx%d tensor", len(w), n, k)
 	}
-	if err := s.Validate(); err != nil {
-		return fmt.Errorf("gptq: %w", err)
-	}
-	if s.Grid != quant.Integer && s.Grid != quant.NF4 && s.Grid != quant.KQuant {
-		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer, NF4 and k-quant grids, not %s (use blockwise)", s, s.Grid)
-	}
-	if err := checkKQuant(k, s, opt); err != nil {
+	if err := CheckScheme(s, k, opt); err != nil {
 		return err
 	}
 	if opt.Damp < 0 || opt.MaxDamp < 0 || opt.BlockSize < 0 || math.IsNaN(opt.Damp) || math.IsNaN(opt.MaxDamp) {
@@ -44,6 +38,18 @@ func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 		return fmt.Errorf("gptq: weight at row %d, column %d is %g", i/k, i%k, w[i])
 	}
 	return nil
+}
+
+// CheckScheme says whether Quantize can quantize rows of k weights to scheme s with opt, before
+// any Hessian is gathered: the grid, and what k-quants cannot do (checkKQuant).
+func CheckScheme(s quant.Scheme, k int, opt Options) error {
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("gptq: %w", err)
+	}
+	if s.Grid != quant.Integer && s.Grid != quant.NF4 && s.Grid != quant.KQuant {
+		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer, NF4 and k-quant grids, not %s (use blockwise)", s, s.Grid)
+	}
+	return checkKQuant(k, s, opt)
 }
 
 // checkKQuant refuses what GPTQ cannot do with a k-quant scheme: rows of partial sub-blocks,
@@ -59,9 +65,9 @@ func checkKQuant(k int, s quant.Scheme, opt Options) error {
 	}
 	switch {
 	case opt.ActOrder && !opt.StaticGroups:
-		return fmt.Errorf("gptq: %s has no act-order group index (g_idx); use act-order with static groups", s)
+		return fmt.Errorf("gptq: %s has no act-order group index (g_idx); use act-order with static groups (--static-groups)", s)
 	case opt.MSE && !opt.Weighted:
-		return fmt.Errorf("gptq: %s has no clipping search (MSE); ggml's fit searches each sub-block's range", s)
+		return fmt.Errorf("gptq: %s has no clipping search (MSE, --clip); ggml's fit searches each sub-block's range", s)
 	}
 	return nil
 }

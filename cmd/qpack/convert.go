@@ -189,8 +189,8 @@ func strategyFromFlags(c *cli.Context) (string, error) {
 
 // ladderFromFlags: --ladder when given; otherwise uniform uses the scheme, evolved the scheme
 // and its 8-bit version, and budget alloc.QPackLadder in format qpack (the only one a mixed
-// plan can be written in; NF4 and k-quant rungs unless the method is AWQ's or --clip is on) or
-// the allocator's default.
+// plan can be written in; NF4 and k-quant rungs unless the method is AWQ's, and no k-quants with
+// --clip or with --act-order without --static-groups) or the allocator's default.
 func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.Choice, error) {
 	if l := c.String("ladder"); l != "" {
 		return alloc.ParseLadder(l)
@@ -205,7 +205,8 @@ func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.C
 	case alloc.StrategyBudget:
 		if c.String("format") == "qpack" {
 			awq := strings.HasPrefix(c.String("method"), "awq")
-			return alloc.QPackLadder(!awq, !awq && !c.Bool("clip")), nil
+			actOrderOnTheFly := c.Bool("act-order") && !c.Bool("static-groups") // k-quants have no g_idx
+			return alloc.QPackLadder(!awq, !awq && !c.Bool("clip") && !actOrderOnTheFly), nil
 		}
 		return nil, nil
 	}

@@ -157,7 +157,8 @@ func TestTargetBPWImpliesBudget(t *testing.T) {
 }
 
 // A budget plan in format qpack defaults to alloc.QPackLadder (NF4 and k-quant rungs included;
-// no k-quants under --clip, which they lack); in format gptq to the allocator's default.
+// no k-quants under --clip, which they lack, nor under --act-order without --static-groups); in
+// format gptq to the allocator's default.
 func TestBudgetDefaultLadder(t *testing.T) {
 	tiny := "../../testdata/models/tiny"
 	for _, c := range []struct {
@@ -167,6 +168,8 @@ func TestBudgetDefaultLadder(t *testing.T) {
 		{[]string{"--format", "qpack"}, `"q3_k"`, ""},
 		{[]string{"--format", "qpack"}, `"nf4-g128"`, ""},
 		{[]string{"--format", "qpack", "--clip"}, `"nf4-g128"`, `"q3_k"`},
+		{[]string{"--format", "qpack", "--act-order"}, `"nf4-g128"`, `"q3_k"`},
+		{[]string{"--format", "qpack", "--act-order", "--static-groups"}, `"q3_k"`, ""},
 		{[]string{"--format", "gptq"}, `"int3-g128-sym"`, `"q3_k"`},
 	} {
 		out, err := run(t, append([]string{"plan", tiny, "--target-bpw", "4", "--json", "-q"}, c.flags...)...)
