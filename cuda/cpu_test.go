@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -40,17 +41,44 @@ func TestMissingDriverIsErrNoDriver(t *testing.T) {
 	}
 }
 
-func TestOpenWithoutDriverSaysSo(t *testing.T) {
-	if _, err := loadedDriver(); err == nil {
-		t.Skip("a driver is present")
+// noGPUReason is why this machine has no usable GPU (ErrNoDriver or ErrNoGPU), or nil when it
+// has one.
+func noGPUReason(t *testing.T) error {
+	t.Helper()
+	_, err := Devices()
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, ErrNoDriver) && !errors.Is(err, ErrNoGPU) {
+		t.Fatalf("no GPU, for a reason that is neither ErrNoDriver nor ErrNoGPU: %v", err)
+	}
+	return err
+}
+
+func TestOpenWithoutGPUSaysSo(t *testing.T) {
+	reason := noGPUReason(t)
+	if reason == nil {
+		t.Skip("a GPU is present")
 	}
 	_, err := Open(0)
-	if !errors.Is(err, ErrNoDriver) {
-		t.Fatalf("Open without a driver: %v, want ErrNoDriver", err)
+	if !errors.Is(err, ErrNoDriver) && !errors.Is(err, ErrNoGPU) {
+		t.Fatalf("Open without a GPU: %v, want ErrNoDriver or ErrNoGPU", err)
 	}
 	r := Describe()
 	if r.DriverErr == nil || !strings.Contains(r.String(), "runs on the CPU") {
-		t.Errorf("Describe without driver:\n%s", r)
+		t.Errorf("Describe without a GPU:\n%s", r)
+	}
+}
+
+// A driver that sees no GPU answers CUDA_ERROR_NO_DEVICE; that, and only that code, is ErrNoGPU.
+func TestNoDeviceCodeIsErrNoGPU(t *testing.T) {
+	noDevice := &Error{Call: "cuInit", Code: 100, Name: "CUDA_ERROR_NO_DEVICE"}
+	if !errors.Is(noDevice, ErrNoGPU) || !errors.Is(fmt.Errorf("--device cuda: %w", noDevice), ErrNoGPU) {
+		t.Error("CUDA_ERROR_NO_DEVICE is not ErrNoGPU")
+	}
+	outOfMemory := &Error{Call: "cuMemAlloc_v2", Code: 2, Name: "CUDA_ERROR_OUT_OF_MEMORY"}
+	if errors.Is(outOfMemory, ErrNoGPU) || errors.Is(noDevice, ErrNoDriver) {
+		t.Error("an unrelated error matches ErrNoGPU, or no-device matches ErrNoDriver")
 	}
 }
 
@@ -95,7 +123,7 @@ func TestLibrarySearchTriesEnvDirFirst(t *testing.T) {
 }
 
 // TestSelect: "cpu" never opens a GPU, an unknown choice is an error naming it, and without a
-// driver "auto" falls back to the CPU silently while "cuda" fails saying why.
+// driver or without a GPU "auto" falls back to the CPU silently while "cuda" fails saying why.
 func TestSelect(t *testing.T) {
 	if dev, note, err := Select(ChoiceCPU); dev != nil || note != "" || err != nil {
 		t.Errorf("cpu: %v %q %v", dev, note, err)
@@ -103,13 +131,15 @@ func TestSelect(t *testing.T) {
 	if _, _, err := Select("tpu"); err == nil || !strings.Contains(err.Error(), `"tpu"`) {
 		t.Errorf("tpu: error %v", err)
 	}
-	if _, err := loadedDriver(); err == nil {
-		t.Skip("a driver is present")
+	reason := noGPUReason(t)
+	if reason == nil {
+		t.Skip("a GPU is present")
 	}
 	if dev, note, err := Select(ChoiceAuto); dev != nil || note != "" || err != nil {
-		t.Errorf("auto without a driver: %v %q %v", dev, note, err)
+		t.Errorf("auto without a GPU: %v %q %v", dev, note, err)
 	}
-	if _, _, err := Select(ChoiceCUDA); !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), "--device cuda") {
-		t.Errorf("cuda without a driver: error %v", err)
+	_, _, err := Select(ChoiceCUDA)
+	if err == nil || !strings.Contains(err.Error(), "--device cuda") || !strings.Contains(err.Error(), reason.Error()) {
+		t.Errorf("cuda without a GPU: error %v, want one naming --device cuda and %q", err, reason)
 	}
 }

@@ -114,7 +114,7 @@ type Device struct {
 }
 
 // Open retains the primary context of GPU ordinal. Without a driver the error wraps
-// ErrNoDriver.
+// ErrNoDriver; with a driver that sees no GPU it matches ErrNoGPU.
 func Open(ordinal int) (*Device, error) {
 	drv, err := loadedDriver()
 	if err != nil {
@@ -123,6 +123,9 @@ func Open(ordinal int) (*Device, error) {
 	var count int32
 	if err := drv.check("cuDeviceGetCount", drv.cuDeviceGetCount(&count)); err != nil {
 		return nil, err
+	}
+	if count == 0 {
+		return nil, fmt.Errorf("cuda: %w (the driver sees none)", ErrNoGPU)
 	}
 	if ordinal < 0 || ordinal >= int(count) {
 		return nil, fmt.Errorf("cuda: no GPU %d (the driver sees %d)", ordinal, count)

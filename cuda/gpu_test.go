@@ -19,6 +19,9 @@ func openTestDevice(tb testing.TB) *Device {
 	if errors.Is(err, ErrNoDriver) {
 		tb.Skip("no NVIDIA driver: ", err)
 	}
+	if errors.Is(err, ErrNoGPU) {
+		tb.Skip("driver present but no GPU: ", err)
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -14,7 +14,7 @@ const (
 
 // Select opens the device a --device flag names. It returns nil for the CPU: for "cpu", and for
 // "auto" when there is no usable GPU, with note saying why when the reason is not simply the
-// absence of an NVIDIA driver. "cuda" without a usable GPU is an error.
+// absence of an NVIDIA driver or of a GPU. "cuda" without a usable GPU is an error.
 func Select(choice string) (dev *Device, note string, err error) {
 	switch choice {
 	case ChoiceCPU:
@@ -30,7 +30,7 @@ func Select(choice string) (dev *Device, note string, err error) {
 	if choice == ChoiceCUDA {
 		return nil, "", fmt.Errorf("--device cuda: %w", err)
 	}
-	if errors.Is(err, ErrNoDriver) {
+	if errors.Is(err, ErrNoDriver) || errors.Is(err, ErrNoGPU) {
 		return nil, "", nil
 	}
 	return nil, fmt.Sprintf("GPU unavailable, running on the CPU: %v", err), nil

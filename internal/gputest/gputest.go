@@ -17,9 +17,7 @@ func Open(tb testing.TB) *cuda.Device {
 	if errors.Is(err, cuda.ErrNoDriver) {
 		tb.Skip("no NVIDIA driver: ", err)
 	}
-	// A driver library without a GPU (a container with NVIDIA's libraries, say) is no GPU.
-	var cerr *cuda.Error
-	if errors.As(err, &cerr) && cerr.Name == "CUDA_ERROR_NO_DEVICE" {
+	if errors.Is(err, cuda.ErrNoGPU) {
 		tb.Skip("driver present but no GPU: ", err)
 	}
 	if err != nil {
