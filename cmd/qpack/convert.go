@@ -34,7 +34,7 @@ func planFlags() []cli.Flag {
 		&cli.StringFlag{Name: "scheme", Usage: "full scheme name instead of --bits/--group-size/--sym, e.g. int4-g128-asym, nf4-g64, fp8, bin-g128-sym"},
 		&cli.StringFlag{Name: "format", Value: "gptq", Usage: "output layout: " + strings.Join(packing.Names(), ", ")},
 		&cli.BoolFlag{Name: "clip", Usage: "search an MSE-optimal clipping range per group"},
-		&cli.BoolFlag{Name: "imatrix", Usage: "importance-weighted scale search per group: least Σ E[x²]·(w−ŵ)² (RTN: E[x²] from --calib; GPTQ: diag H); CPU only"},
+		&cli.BoolFlag{Name: "imatrix", Usage: "importance-weighted scale search per group: least Σ E[x²]·(w−ŵ)² (RTN: E[x²] from --calib; GPTQ: diag H); on by default under --method awq+gptq (--imatrix=false turns it off)"},
 		&cli.StringFlag{Name: "strategy", Value: "uniform", Usage: "precision per tensor: uniform (the scheme everywhere), evolved (protect edges, measure the middle) or budget (least error under --target-bpw/--target-size)"},
 		&cli.StringFlag{Name: "ladder", Usage: "candidate schemes, lowest precision first, comma-separated (keep = input dtype); default: evolved uses the scheme and its 8-bit version, budget int2..int8 g128 sym and keep"},
 		&cli.StringSliceFlag{Name: "override", Usage: "'REGEX=SCHEME' pins matching tensors (first match wins; SCHEME may be keep); repeatable"},
@@ -126,6 +126,11 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	opt.Format = c.String("format")
 	opt.Clip = c.Bool("clip")
 	opt.Imatrix = c.Bool("imatrix")
+	if !c.IsSet("imatrix") {
+		// Under awq+gptq the weighted group fit stands in for AWQ's clipping search, which cannot
+		// run before GPTQ (clipped weights would be GPTQ's target); README, AWQ.
+		opt.Imatrix = opt.Method == "awq+gptq"
+	}
 	opt.GPTQ = convert.GPTQOptions{Damp: c.Float64("damp"), ActOrder: c.Bool("act-order"), StaticGroups: c.Bool("static-groups"),
 		TrueSequential: !c.Bool("no-true-sequential")}
 	opt.AWQ = convert.AWQOptions{SearchTokens: c.Int("awq-search-tokens"), NoClip: c.Bool("awq-no-clip"), Duo: c.Bool("awq-duo")}

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/safetensors"
 )
 
 // run executes the CLI in-process and returns stdout.
@@ -198,5 +202,41 @@ func TestExportONNXCommand(t *testing.T) {
 	}
 	if _, err := run(t, "export", "onnx", "../../testdata/models/tiny", "-o", dir, "--overwrite", "--onnx-ops", "tflite"); err == nil {
 		t.Errorf("export onnx --onnx-ops tflite should fail")
+	}
+}
+
+// Under --method awq+gptq the importance-weighted group fit is on unless --imatrix=false says
+// otherwise (it stands in for AWQ's clipping search); under gptq it is off unless asked for. The
+// output's provenance records which.
+func TestAWQGPTQImatrixDefault(t *testing.T) {
+	tiny := "../../testdata/models/tiny"
+	for _, c := range []struct {
+		flags []string
+		want  bool
+	}{
+		{[]string{"--method", "awq+gptq"}, true},
+		{[]string{"--method", "awq+gptq", "--imatrix=false"}, false},
+		{[]string{"--method", "gptq"}, false},
+		{[]string{"--method", "gptq", "--imatrix"}, true},
+	} {
+		out := filepath.Join(t.TempDir(), "q")
+		args := append([]string{"convert", tiny, "-o", out, "-q", "--device", "cpu", "--bits", "4", "--format", "qpack",
+			"--calib", tiny + "/heldout.txt", "--calib-samples", "2", "--calib-seqlen", "64"}, c.flags...)
+		if _, err := run(t, args...); err != nil {
+			t.Fatalf("%v: %v", c.flags, err)
+		}
+		ck, err := safetensors.Open(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var prov convert.Provenance
+		err = json.Unmarshal([]byte(ck.Metadata()[convert.ProvenanceKey]), &prov)
+		ck.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := prov.Options["imatrix"]; got != c.want {
+			t.Errorf("%v: provenance imatrix %v, want %v", c.flags, got, c.want)
+		}
 	}
 }
