@@ -1,9 +1,7 @@
 package convert
 
 import (
-	"bytes"
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -47,25 +45,15 @@ func TestGPUCPUSolvedGPTQ(t *testing.T) {
 
 func checkAgainstCPU(t *testing.T, method string, s quant.Scheme, imatrix, clip bool, where string) {
 	tiny := testenv.Testdata(t, "models/tiny")
-	dir := t.TempDir()
 	opt := DefaultOptions()
 	opt.Method, opt.Alloc, opt.Format, opt.Imatrix, opt.Clip = method, Uniform(s), "qpack", imatrix, clip
 	opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
-	var log bytes.Buffer
-	gpu, cpu := opt, opt
-	gpu.Device, gpu.Log = DeviceCUDA, &log
-	cpu.Device = DeviceCPU
-	if _, err := Convert(tiny, filepath.Join(dir, "gpu"), gpu); err != nil {
-		t.Fatal(err)
+	gpuDir, cpuDir, log := convertOnBoth(t, tiny, opt)
+	if n := strings.Count(log, where); n < 28 { // one per linear, two for GPTQ's
+		t.Errorf("%d log lines say %q, want one per linear (28):\n%s", n, where, log)
 	}
-	if n := strings.Count(log.String(), where); n < 28 { // one per linear, two for GPTQ's
-		t.Errorf("%d log lines say %q, want one per linear (28):\n%s", n, where, log.String())
-	}
-	if strings.HasPrefix(where, "on cuda:") && strings.Contains(log.String(), "on cpu") {
-		t.Errorf("some linears ran on the CPU:\n%s", log.String())
-	}
-	if _, err := Convert(tiny, filepath.Join(dir, "cpu"), cpu); err != nil {
-		t.Fatal(err)
+	if strings.HasPrefix(where, "on cuda:") && strings.Contains(log, "on cpu") {
+		t.Errorf("some linears ran on the CPU:\n%s", log)
 	}
 	calib, err := opt.calibration(tiny)
 	if err != nil {
@@ -75,12 +63,12 @@ func checkAgainstCPU(t *testing.T, method string, s quant.Scheme, imatrix, clip 
 	if err != nil {
 		t.Fatal(err)
 	}
-	gc, err := quantized.Open(filepath.Join(dir, "gpu"))
+	gc, err := quantized.Open(gpuDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer gc.Close()
-	cc, _ := quantized.Open(filepath.Join(dir, "cpu"))
+	cc, _ := quantized.Open(cpuDir)
 	defer cc.Close()
 	in, _ := safetensors.Open(tiny)
 	defer in.Close()

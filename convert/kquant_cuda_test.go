@@ -36,23 +36,32 @@ func TestGPUKQuantSameBytes(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			dir := t.TempDir()
-			var log bytes.Buffer
-			gpu, cpu := opt, opt
-			gpu.Device, gpu.Log = DeviceCUDA, &log
-			cpu.Device = DeviceCPU
-			if _, err := Convert(tiny, filepath.Join(dir, "gpu"), gpu); err != nil {
-				t.Fatal(err)
+			gpuDir, cpuDir, log := convertOnBoth(t, tiny, opt)
+			if n := strings.Count(log, " on cuda "); n != 28 || strings.Contains(log, " on cpu ") {
+				t.Errorf("%d log lines say \"on cuda\", want every linear's (28):\n%s", n, log)
 			}
-			if n := strings.Count(log.String(), " on cuda "); n != 28 || strings.Contains(log.String(), " on cpu ") {
-				t.Errorf("%d log lines say \"on cuda\", want every linear's (28):\n%s", n, log.String())
-			}
-			if _, err := Convert(tiny, filepath.Join(dir, "cpu"), cpu); err != nil {
-				t.Fatal(err)
-			}
-			sameFiles(t, filepath.Join(dir, "gpu"), filepath.Join(dir, "cpu"))
+			sameFiles(t, gpuDir, cpuDir)
 		})
 	}
+}
+
+// convertOnBoth converts src with opt on --device cuda and on --device cpu, into two temporary
+// directories, and returns them with the GPU conversion's log.
+func convertOnBoth(t *testing.T, src string, opt Options) (gpuDir, cpuDir, gpuLog string) {
+	t.Helper()
+	dir := t.TempDir()
+	gpuDir, cpuDir = filepath.Join(dir, "gpu"), filepath.Join(dir, "cpu")
+	var log bytes.Buffer
+	gpu, cpu := opt, opt
+	gpu.Device, gpu.Log = DeviceCUDA, &log
+	cpu.Device = DeviceCPU
+	if _, err := Convert(src, gpuDir, gpu); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Convert(src, cpuDir, cpu); err != nil {
+		t.Fatal(err)
+	}
+	return gpuDir, cpuDir, log.String()
 }
 
 // sameFiles wants the directories to hold the same files with the same bytes.
