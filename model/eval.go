@@ -111,11 +111,7 @@ func CompareProgress(ref, test *Model, ids []int, seqLen, maxSeqs int, progress 
 		if err != nil {
 			return Comparison{}, fmt.Errorf("test model: %w", err)
 		}
-		for t := 0; t+1 < len(seq); t++ {
-			logSoftmax(lpRef, lr[t*vocab:(t+1)*vocab])
-			logSoftmax(lpTest, lt[t*vocab:(t+1)*vocab])
-			st.add(-lpRef[seq[t+1]], -lpTest[seq[t+1]], klDivergence(lpRef, lpTest), argmax(lpRef) == argmax(lpTest))
-		}
+		st.compareLogits(lr, lt, seq, lpRef, lpTest)
 		progress.report(i+1, len(seqs))
 	}
 	return st.comparison(len(seqs), seqLen), nil
@@ -134,6 +130,17 @@ func (st *tokenStats) add(nllRef, nllTest, kl float64, agree bool) {
 	st.kls = append(st.kls, kl)
 	if agree {
 		st.agree++
+	}
+}
+
+// compareLogits adds the predicted tokens of seq, given the reference's logits lr and the
+// test's lt [len(seq), Vocab]; lpRef and lpTest are work space of Vocab values.
+func (st *tokenStats) compareLogits(lr, lt []float32, seq []int, lpRef, lpTest []float64) {
+	vocab := len(lpRef)
+	for t := 0; t+1 < len(seq); t++ {
+		logSoftmax(lpRef, lr[t*vocab:(t+1)*vocab])
+		logSoftmax(lpTest, lt[t*vocab:(t+1)*vocab])
+		st.add(-lpRef[seq[t+1]], -lpTest[seq[t+1]], klDivergence(lpRef, lpTest), argmax(lpRef) == argmax(lpTest))
 	}
 }
 

@@ -156,13 +156,19 @@ func (e *GPU) comparePass(ref, test *Model, seqs [][]int, st *tokenStats) error 
 		return fmt.Errorf("test model: %w", err)
 	}
 	defer xt.Free()
+	return e.compareStates(ref, test, xr.X, xt.X, seqs, st)
+}
+
+// compareStates adds to st the predicted tokens of seqs, given the final hidden states of
+// ref at xr and of test at xt [len(seqs), T, Hidden].
+func (e *GPU) compareStates(ref, test *Model, xr, xt cuda.DevicePtr, seqs [][]int, st *tokenStats) error {
 	return e.perToken(seqs, 4, func(row, n int, out, targets cuda.DevicePtr) error {
 		at := 4 * row * e.cfg.Hidden
-		lr, err := e.head(ref, xr.X.Add(at), n, "logits")
+		lr, err := e.head(ref, xr.Add(at), n, "logits")
 		if err != nil {
 			return err
 		}
-		lt, err := e.head(test, xt.X.Add(at), n, "logits.test")
+		lt, err := e.head(test, xt.Add(at), n, "logits.test")
 		if err != nil {
 			return err
 		}

@@ -373,3 +373,35 @@ func TestGPUEvalProgress(t *testing.T) {
 		t.Errorf("compare: progress ended at %d after %d calls", last, calls)
 	}
 }
+
+// TestGPULinearKLMatchesCPU: the GPU probe gives the CPU probe's KL for every linear of fresh
+// random models of every family, in one sweep and in one sweep per block.
+func TestGPULinearKLMatchesCPU(t *testing.T) {
+	for _, tc := range gpuTestConfigs {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mustConfig(t, tc.json)
+			e := openGPU(t, cfg, GPUOptions{}, 20) // several chunks per block pass
+			r := freshRand(t)
+			m := randomModel(t, cfg, tc.bias, r)
+			seqs := probeSeqs(r, 3, 11, cfg.Vocab)
+			want, err := LinearKL(m, seqs, noisy(0.2), 1<<30, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mem := range []int64{1 << 30, 9 * streamBytes(m, seqs)} {
+				got, err := e.LinearKL(m, seqs, noisy(0.2), mem, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(got) != len(want) {
+					t.Fatalf("%d probes on the GPU, %d on the CPU", len(got), len(want))
+				}
+				for name, w := range want {
+					if g := got[name]; math.Abs(g-w) > 1e-3*w+1e-9 {
+						t.Errorf("memory %d: %s: GPU KL %g, CPU %g", mem, name, g, w)
+					}
+				}
+			}
+		})
+	}
+}
