@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 )
 
 // budget picks, for every free candidate, the rung that minimises Σ_t e_t(rung) subject to the
@@ -108,18 +110,8 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 		info.FreeBytes = min(info.FreeBytes, opts.TargetBytes-fixedAll)
 	}
 
-	for f, i := range free {
-		for o := range items[f].options {
-			c := rungs[items[f].options[o].rung]
-			if c.Keep {
-				continue // no quantization error
-			}
-			s, err := p.sensitivity(p.tensors[i], c.Scheme)
-			if err != nil {
-				return nil, err
-			}
-			items[f].options[o].err = s
-		}
+	if err := p.measureItems(items, rungs, free); err != nil {
+		return nil, err
 	}
 	sol, err := solveKnapsack(items, info.FreeBytes)
 	if err != nil {
@@ -135,6 +127,40 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 		verdicts[i].choice, verdicts[i].reason = rungs[items[f].options[sol.picks[f]].rung], reason
 	}
 	return info, nil
+}
+
+// measureItems fills in every option's sensitivity, tensors in parallel on GOMAXPROCS
+// goroutines (each tensor's rungs one after another on one of them, as MeasureFunc promises).
+func (p *Planner) measureItems(items []item, rungs []Choice, free []int) error {
+	work := make(chan int)
+	errs := make([]error, len(free))
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(free)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for f := range work {
+				for o := range items[f].options {
+					c := rungs[items[f].options[o].rung]
+					if c.Keep {
+						continue // no quantization error
+					}
+					s, err := p.sensitivity(p.tensors[free[f]], c.Scheme)
+					if err != nil {
+						errs[f] = err
+						break
+					}
+					items[f].options[o].err = s
+				}
+			}
+		}()
+	}
+	for f := range free {
+		work <- f
+	}
+	close(work)
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // fits says whether tensor t can take choice c: k-quant rungs need rows of whole sub-blocks, so

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
@@ -22,7 +23,9 @@ const (
 type CostFunc func(s quant.Scheme, n, k int) int64
 
 // MeasureFunc gives the relative error of t quantized with s: weight-space without
-// calibration, activation-weighted tr(ΔW H ΔWᵀ)/tr(W H Wᵀ) with it; the caller decides.
+// calibration, activation-weighted tr(ΔW H ΔWᵀ)/tr(W H Wᵀ) with it; the caller decides. The
+// budget strategy calls it concurrently for different tensors; the calls for one tensor come
+// one after another from one goroutine.
 type MeasureFunc func(t TensorDesc, s quant.Scheme) (float64, error)
 
 // Options say how to plan.
@@ -44,6 +47,7 @@ type Options struct {
 // Planner plans one checkpoint. It caches sensitivities per (tensor, scheme), so plans for
 // several budgets or strategies measure each pair once. It is not safe for concurrent use.
 type Planner struct {
+	mu       sync.Mutex   // guards sens, used and calls while the budget strategy measures in parallel
 	tensors  []TensorDesc // sorted by name
 	cost     CostFunc
 	supports SupportsFunc
@@ -79,13 +83,17 @@ func (p *Planner) Measurements() int { return p.calls }
 // sensitivity returns the cached or newly measured sensitivity of t under s.
 func (p *Planner) sensitivity(t TensorDesc, s quant.Scheme) (float64, error) {
 	key := s.String()
+	p.mu.Lock()
 	v, ok := p.sens[t.Name][key]
+	p.mu.Unlock()
 	if !ok {
 		var err error
 		if v, err = p.measureOnce(t, s); err != nil {
 			return 0, err
 		}
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.used[t.Name] == nil {
 		p.used[t.Name] = map[string]float64{}
 	}
@@ -98,7 +106,9 @@ func (p *Planner) measureOnce(t TensorDesc, s quant.Scheme) (float64, error) {
 	if p.measure == nil {
 		return 0, fmt.Errorf("alloc: strategy needs sensitivities but no measure function was given")
 	}
+	p.mu.Lock()
 	p.calls++
+	p.mu.Unlock()
 	v, err := p.measure(t, s)
 	if err != nil {
 		return 0, fmt.Errorf("measuring %s at %s: %w", t.Name, key, err)
@@ -106,6 +116,8 @@ func (p *Planner) measureOnce(t TensorDesc, s quant.Scheme) (float64, error) {
 	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 		return 0, fmt.Errorf("measuring %s at %s: sensitivity %v is not a finite non-negative number", t.Name, key, v)
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.sens[t.Name] == nil {
 		p.sens[t.Name] = map[string]float64{}
 	}
