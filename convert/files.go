@@ -247,6 +247,9 @@ func outputMetadata(items []Item, plan *alloc.Plan, calib *Calibration, inputs [
 	}
 	prov := Provenance{Tool: "qpack", Version: opt.Version, Method: opt.Method, Format: f.Name(), Plan: plan,
 		Calibration: calib, Options: map[string]any{"clip": opt.Clip, "imatrix": opt.Imatrix}}
+	if calib != nil && opt.Plan == nil && opt.Alloc.Strategy == alloc.StrategyBudget {
+		prov.Options["output_probe"] = opt.OutputProbe
+	}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue

@@ -35,6 +35,9 @@ type Options struct {
 	// Alloc says how the allocator chooses each tensor's scheme (strategy, ladder, overrides,
 	// budget, whether embeddings and lm_head are candidates).
 	Alloc alloc.Options
+	// OutputProbe weighs a budget plan's measurements with calibration by each linear's
+	// measured cost to the model's output (outputCoefficients). On in DefaultOptions.
+	OutputProbe bool
 	// Calib, when its File is set, runs the model over calibration data; the allocator then
 	// measures sensitivity as the activation-weighted error instead of the weight error.
 	Calib CalibOptions
@@ -80,7 +83,7 @@ var DefaultScheme = quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}
 
 // DefaultOptions: RTN with the default scheme on every decoder linear, GPTQ layout.
 func DefaultOptions() Options {
-	return Options{Method: "rtn", Format: "gptq", Alloc: Uniform(DefaultScheme), GPTQ: GPTQOptions{TrueSequential: true}}
+	return Options{Method: "rtn", Format: "gptq", Alloc: Uniform(DefaultScheme), GPTQ: GPTQOptions{TrueSequential: true}, OutputProbe: true}
 }
 
 // Uniform is the allocator setting that gives every candidate tensor scheme s.

@@ -2,7 +2,9 @@ package convert
 
 import (
 	"fmt"
+	"runtime"
 	"sort"
+	"sync"
 
 	"github.com/qpack-dev/qpack/alloc"
 	"github.com/qpack-dev/qpack/blockwise"
@@ -70,19 +72,23 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 			return nil, err
 		}
 	}
-	var sample weightSample // the planner measures a tensor's rungs one after another
-	measured, linears := 0, countLinears(descs)
+	var alpha map[string]float64 // per module; nil: every tensor's relative error counts alike
+	if calib != nil && opt.Alloc.Strategy == alloc.StrategyBudget && opt.OutputProbe {
+		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
+		if alpha, err = outputCoefficients(opt.context(), ck.Dir, calib, importance, opt.Device, logf); err != nil {
+			return nil, err
+		}
+	}
+	otherAlpha := medianCoefficient(alpha)
+	samples := &sampleCache{ck: ck, linears: countLinears(descs), progress: opt.Progress,
+		m: map[string]*weightSample{}, seen: map[string]bool{}}
 	measure := func(t alloc.TensorDesc, s quant.Scheme) (float64, error) {
-		if sample.name != t.Name {
-			if err := opt.context().Err(); err != nil {
-				return 0, err
-			}
-			if err := sample.read(ck, t.Name, sensitivityRows); err != nil {
-				return 0, err
-			}
-			if measured++; opt.Progress != nil {
-				opt.Progress(measured, max(measured, linears), 0, 0)
-			}
+		if err := opt.context().Err(); err != nil {
+			return 0, err
+		}
+		sample, err := samples.get(t.Name)
+		if err != nil {
+			return 0, err
 		}
 		imp := importance[model.ParseTensorName(t.Name).Module]
 		if isAWQ(opt.Method) {
@@ -93,7 +99,14 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 			bopt.Importance = imp
 		}
 		e, err := sample.relativeError(s, bopt, imp)
-		return e * e, err
+		if alpha == nil {
+			return e * e, err
+		}
+		a, ok := alpha[model.ParseTensorName(t.Name).Module]
+		if !ok {
+			a = otherAlpha
+		}
+		return a * e * e, err
 	}
 	planner, err := alloc.NewPlanner(descs, f.Bytes, f.Supports, measure)
 	if err != nil {
@@ -147,6 +160,47 @@ type weightSample struct {
 	w       []float32
 	rows, k int
 	scaled  bool // columns scaled by AWQ's planning scale (awqScaled)
+}
+
+// sampleCache holds the weight samples of the tensors being measured: the budget planner
+// measures several tensors at once, each tensor's rungs one after another. A sample evicted
+// while its tensor is still being measured is read again, so the bound costs no correctness.
+type sampleCache struct {
+	ck       *safetensors.Checkpoint
+	linears  int
+	progress ProgressFunc
+	mu       sync.Mutex
+	m        map[string]*weightSample
+	seen     map[string]bool // tensors read so far, for the progress count
+}
+
+func (c *sampleCache) get(name string) (*weightSample, error) {
+	c.mu.Lock()
+	ws := c.m[name]
+	c.mu.Unlock()
+	if ws != nil {
+		return ws, nil
+	}
+	ws = &weightSample{}
+	if err := ws.read(c.ck, name, sensitivityRows); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= 4*runtime.GOMAXPROCS(0) {
+		for k := range c.m {
+			delete(c.m, k)
+			break
+		}
+	}
+	c.m[name] = ws
+	if !c.seen[name] {
+		c.seen[name] = true
+		if c.progress != nil {
+			c.progress(len(c.seen), max(len(c.seen), c.linears), 0, 0)
+		}
+	}
+	return ws, nil
 }
 
 // relativeError quantizes the sample with RTN and returns ‖W − Ŵ‖/‖W‖, each input channel k

@@ -38,6 +38,7 @@ func planFlags() []cli.Flag {
 		&cli.StringFlag{Name: "strategy", Value: "uniform", Usage: "precision per tensor: uniform (the scheme everywhere), evolved (protect edges, measure the middle) or budget (least error under --target-bpw/--target-size)"},
 		&cli.StringFlag{Name: "ladder", Usage: "candidate schemes, lowest precision first, comma-separated (keep = input dtype); default: evolved uses the scheme and its 8-bit version, budget int2..int8 g128 sym and keep"},
 		&cli.StringSliceFlag{Name: "override", Usage: "'REGEX=SCHEME' pins matching tensors (first match wins; SCHEME may be keep); repeatable"},
+		&cli.BoolFlag{Name: "output-probe", Value: true, Usage: "budget with --calib: weigh each linear's error by its measured cost to the output (the KL when it alone is quantized); --output-probe=false counts every tensor's relative error alike"},
 		&cli.Float64Flag{Name: "target-bpw", Usage: "budget: at most this many bits per weight over the quantized tensors (scales and zeros counted)"},
 		&cli.StringFlag{Name: "target-size", Usage: "budget: at most this many bytes for the whole output (e.g. 4GB)"},
 		&cli.BoolFlag{Name: "quantize-embeddings", Usage: "quantize the token embedding too"},
@@ -134,6 +135,7 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	opt.GPTQ = convert.GPTQOptions{Damp: c.Float64("damp"), ActOrder: c.Bool("act-order"), StaticGroups: c.Bool("static-groups"),
 		TrueSequential: !c.Bool("no-true-sequential")}
 	opt.AWQ = convert.AWQOptions{SearchTokens: c.Int("awq-search-tokens"), NoClip: c.Bool("awq-no-clip"), Duo: c.Bool("awq-duo")}
+	opt.OutputProbe = c.Bool("output-probe")
 	opt.Calib = convert.CalibOptions{File: c.String("calib"), Samples: c.Int("calib-samples"), SeqLen: c.Int("calib-seqlen")}
 	if p := c.String("plan"); p != "" {
 		f, err := os.Open(p)
