@@ -10,7 +10,7 @@ type Pair struct {
 	Prev  *model.Linear
 }
 
-// Pairs lists what AWQ scales in a block (algorithms.md §2.3): input norm → q/k/v; v → o only
+// Pairs lists what AWQ scales in a block (docs/reference/algorithms.md §2.3): input norm → q/k/v; v → o only
 // when o's input is v's output channel for channel (no GQA), as AutoAWQ does; post-attention
 // norm → gate/up; up → down.
 func Pairs(b *model.Block) []Pair {

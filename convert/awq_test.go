@@ -85,7 +85,7 @@ func TestAWQConvertTiny(t *testing.T) {
 	}
 }
 
-// The AWQ GEMM layout as formats.md §2.1 describes it, decoded here independently of package
+// The AWQ GEMM layout as docs/reference/formats.md §2.1 describes it, decoded here independently of package
 // packing: qweight [K, N/8] packed along N with ORDER = [0,2,4,6,1,3,5,7], zeros as is, F16
 // scales [K/G, N]; W[n,k] = (q − z)·scale must equal the engine's reading of the file.
 func TestAWQLayoutDecodesIndependently(t *testing.T) {

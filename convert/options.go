@@ -78,7 +78,7 @@ type Options struct {
 	Calibrations *CalibrationCache
 }
 
-// DefaultScheme is the interoperable default: 4-bit, group 128, symmetric (formats.md §7).
+// DefaultScheme is the interoperable default: 4-bit, group 128, symmetric (docs/reference/formats.md §7).
 var DefaultScheme = quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}
 
 // DefaultOptions: RTN with the default scheme on every decoder linear, GPTQ layout.

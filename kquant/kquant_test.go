@@ -271,7 +271,7 @@ func TestFitRefusesBadInput(t *testing.T) {
 }
 
 // decodeByHand reads element e of one ggml block b of type bits from ggml-common.h's layout
-// (formats.md §5.2), bit by bit, in float64.
+// (docs/reference/formats.md §5.2), bit by bit, in float64.
 func decodeByHand(bits int, b []byte, e int) float64 {
 	half := func(at int) float64 { return float64(fp.F16ToF32(binary.LittleEndian.Uint16(b[at:]))) }
 	bit := func(at, i int) int { return int(b[at]>>i) & 1 }

@@ -131,7 +131,7 @@ func TestExportOddGroups(t *testing.T) {
 // TestExportDefaultOptimizationLevel runs exports at onnxruntime's default level ("all"), where
 // it fuses and rewrites the graph: MatMulNBits exports stay within 1e-3; qdq ones within 5e-2,
 // since DQ→MatMul becomes MatMulNBits with int8 activations there (≈ 2% on tiny's logits, by
-// design, onnx.md §1.5; the README says to run qdq exports at level basic).
+// design, docs/reference/onnx.md §1.5; the README says to run qdq exports at level basic).
 func TestExportDefaultOptimizationLevel(t *testing.T) {
 	ids := heldout(t, tinyDir(t), 64)
 	src := convertTiny(t, "int4-g128-sym", "gptq", false)

@@ -15,7 +15,7 @@ import (
 	"github.com/qpack-dev/qpack/npy"
 )
 
-// ortVersion is the onnxruntime-node release the tests run the exports in (onnx.md §4.1: its
+// ortVersion is the onnxruntime-node release the tests run the exports in (docs/reference/onnx.md §4.1: its
 // npm tarball carries the CPU runtime; MatMulNBits 2/4/8 bits and DQ-25 int2 need ≥ 1.24).
 const ortVersion = "1.30.0"
 

@@ -6,7 +6,7 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// AWQ is AutoAWQ's GEMM layout (formats.md §2.1), 4-bit asymmetric only. For W[N, K]:
+// AWQ is AutoAWQ's GEMM layout (docs/reference/formats.md §2.1), 4-bit asymmetric only. For W[N, K]:
 //
 //	P.qweight I32 [K, N/8]   codes packed along N with the AWQOrder interleave (PackAWQ4)
 //	P.qzeros  I32 [K/G, N/8] zero points z (no offset), packed the same way

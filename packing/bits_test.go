@@ -164,7 +164,7 @@ func TestAWQInterleave(t *testing.T) {
 	if w[0] != 0x75316420 {
 		t.Fatalf("got %08x, want 75316420", w[0])
 	}
-	// The reverse description (formats.md §2.1): column 8c+j sits at shift 4·REV[j].
+	// The reverse description (docs/reference/formats.md §2.1): column 8c+j sits at shift 4·REV[j].
 	rev := [8]int{0, 4, 1, 5, 2, 6, 3, 7}
 	rng := rand.New(rand.NewPCG(7, 8))
 	codes := randomCodes(rng, 64, 4)

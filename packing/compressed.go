@@ -6,7 +6,7 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// CompressedTensors is compressed-tensors' "pack-quantized" layout (formats.md §3.1) for
+// CompressedTensors is compressed-tensors' "pack-quantized" layout (docs/reference/formats.md §3.1) for
 // integer 2/4/8-bit schemes. For W[N, K] with ng groups:
 //
 //	P.weight_packed     I32 [N, ⌈K·b/32⌉]  each row's codes packed along K (PackStream)
@@ -37,7 +37,7 @@ func (CompressedTensors) Supports(s quant.Scheme) error {
 		return fmt.Errorf("format compressed-tensors: loaders take 2-, 3-, 4- and 8-bit codes, not %s: use format qpack", s)
 	}
 	if s.Bits == 3 {
-		// formats.md §3.1/§8.2: 3-bit packing changed in 2026 (wasted bits → dense stream).
+		// docs/reference/formats.md §3.1/§8.2: 3-bit packing changed in 2026 (wasted bits → dense stream).
 		return fmt.Errorf("format compressed-tensors packs 3-bit codes differently across versions, so %s would not load everywhere: use format gptq or qpack", s)
 	}
 	return nil

@@ -24,7 +24,7 @@ func (c Config) Meta() map[string]string {
 	return map[string]string{SchemeKey: c.Scheme.String()}
 }
 
-// ctVersion is the compressed-tensors version written into its config (formats.md §3.4).
+// ctVersion is the compressed-tensors version written into its config (docs/reference/formats.md §3.4).
 const ctVersion = "0.12.2"
 
 // groupSizeJSON maps PerChannel to the −1 every format's config uses for it.
@@ -36,7 +36,7 @@ func groupSizeJSON(s quant.Scheme) int {
 }
 
 // QuantizationConfig returns the "quantization_config" object for config.json (for GPTQ the
-// same object is also quantize_config.json), per formats.md §1.7, §2.3 and §3.4.
+// same object is also quantize_config.json), per docs/reference/formats.md §1.7, §2.3 and §3.4.
 func QuantizationConfig(c Config) (map[string]any, error) {
 	f, err := Lookup(c.Format)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// sameJSON compares a built config with a literal from formats.md, as JSON values.
+// sameJSON compares a built config with a literal from docs/reference/formats.md, as JSON values.
 func sameJSON(t *testing.T, got map[string]any, literal string) {
 	t.Helper()
 	b, err := json.Marshal(got)
@@ -33,7 +33,7 @@ func sameJSON(t *testing.T, got map[string]any, literal string) {
 func TestConfigsMatchReference(t *testing.T) {
 	int4sym := quant.Scheme{Grid: quant.Integer, Bits: 4, GroupSize: 128, Sym: true}
 	int4asym := quant.Scheme{Grid: quant.Integer, Bits: 4, GroupSize: 128}
-	// formats.md §1.7, "Recommended minimal config".
+	// docs/reference/formats.md §1.7, "Recommended minimal config".
 	g, err := QuantizationConfig(Config{Format: "gptq", Scheme: int4sym, Ignore: []string{"lm_head"}})
 	if err != nil {
 		t.Fatal(err)
@@ -42,13 +42,13 @@ func TestConfigsMatchReference(t *testing.T) {
 		"damp_percent":0.01,"true_sequential":true,"static_groups":false,
 		"checkpoint_format":"gptq","lm_head":false,"pack_dtype":"int32",
 		"model_name_or_path":null,"model_file_base_name":"model"}`)
-	// formats.md §2.3.
+	// docs/reference/formats.md §2.3.
 	a, err := QuantizationConfig(Config{Format: "awq", Scheme: int4asym})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sameJSON(t, a, `{"quant_method":"awq","zero_point":true,"group_size":128,"bits":4,"version":"gemm","modules_to_not_convert":null}`)
-	// formats.md §3.4.
+	// docs/reference/formats.md §3.4.
 	c, err := QuantizationConfig(Config{Format: "compressed-tensors", Scheme: int4sym, Ignore: []string{"lm_head"}})
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// GPTQ is the AutoGPTQ/GPTQModel layout (formats.md §1). For a module prefix P and W[N, K]:
+// GPTQ is the AutoGPTQ/GPTQModel layout (docs/reference/formats.md §1). For a module prefix P and W[N, K]:
 //
 //	P.qweight I32 [K·b/32, N]     codes packed along K, column n a dense bitstream (PackStream)
 //	P.qzeros  I32 [ng, ⌈N·b/32⌉]  zero points packed along N, one bitstream per group
@@ -170,7 +170,7 @@ func packGPTQWeights(data []byte, t *quant.Tensor) error {
 }
 
 // PackGPTQRows packs rows c0 … c0+len(codes)/k−1 of an n×k tensor of b-bit codes into qweight,
-// the data of the GPTQ layout's I32 [K·b/32, N] (formats.md §1): codes holds just those rows,
+// the data of the GPTQ layout's I32 [K·b/32, N] (docs/reference/formats.md §1): codes holds just those rows,
 // row-major. Column c of qweight holds row c of the codes as one dense bitstream along K, cut
 // into blocks of 32 codes (b whole words) packed by PackStream; 4-bit codes take
 // packGPTQ4Rows. Blocks of rows packed this way give the bytes of PackInto.

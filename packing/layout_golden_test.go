@@ -9,7 +9,7 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// The expected tensors below are built from formats.md's descriptions with specWords (a
+// The expected tensors below are built from docs/reference/formats.md's descriptions with specWords (a
 // bit-by-bit loop) or explicit index formulas, never with the packers.
 
 func word(r Raw, i int) uint32  { return binary.LittleEndian.Uint32(r.Data[4*i:]) }
@@ -81,7 +81,7 @@ func TestGPTQLayoutGolden(t *testing.T) {
 }
 
 func TestGPTQSymmetricZeroWords(t *testing.T) {
-	// formats.md §1.3: the v1 packed qzeros of symmetric schemes are constants.
+	// docs/reference/formats.md §1.3: the v1 packed qzeros of symmetric schemes are constants.
 	want := map[int]uint32{2: 0x55555555, 4: 0x77777777, 8: 0x7F7F7F7F}
 	rng := rand.New(rand.NewPCG(23, 24))
 	for bits, w := range want {
@@ -179,7 +179,7 @@ func TestCompressedTensorsLayoutGolden(t *testing.T) {
 	}
 }
 
-// formats.md §3.1: symmetric 4-bit weight_packed is GPTQ's qweight transposed.
+// docs/reference/formats.md §3.1: symmetric 4-bit weight_packed is GPTQ's qweight transposed.
 func TestCompressedTensorsIsTransposedGPTQ(t *testing.T) {
 	rng := rand.New(rand.NewPCG(29, 30))
 	x := randomTensor(rng, quant.Scheme{Grid: quant.Integer, Bits: 4, GroupSize: 128, Sym: true}, 48, 256, false)

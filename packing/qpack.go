@@ -15,7 +15,7 @@ import (
 //
 //	int<b>-g<G>-sym|asym   integer grid, b ∈ 2…8:  w = scale·(q − z)
 //	int<b>-pc-sym|asym     the same with one group per output row
-//	nf4-g<G> / nf4-pc      w = scale·NF4[q] (the bitsandbytes NF4 table, formats.md §4.2)
+//	nf4-g<G> / nf4-pc      w = scale·NF4[q] (the bitsandbytes NF4 table, docs/reference/formats.md §4.2)
 //	fp8                    q is an FP8 E4M3FN byte: w = scale·e4m3(q), one scale per row
 //	bin-g<G>-sym|asym      1-bit: w = offset + scale·(2q − 1), offset 0 when symmetric
 //	q2_k … q6_k            llama.cpp's k-quants (quant/kquant.go): per super-block of 256

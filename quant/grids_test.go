@@ -21,7 +21,7 @@ func bruteNF4(x float32) uint8 {
 }
 
 func TestNF4TableMatchesBitsandbytes(t *testing.T) {
-	// get_4bit_type("nf4") as printed by bitsandbytes (formats.md §4.2), parsed independently.
+	// get_4bit_type("nf4") as printed by bitsandbytes (docs/reference/formats.md §4.2), parsed independently.
 	want := []float64{-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
 		-0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
 		0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
