@@ -15,7 +15,7 @@
 //	K-quant: ggml's fitting of each super-block of 256 weights of a row (package kquant):
 //	         quantize_row_qX_K_ref, or quantize_row_qX_K_impl with Options.Importance.
 //
-// p = 1 unless Options.Clip chose a smaller one. Options.Weighted instead searches the parameters
+// p = 1 unless Options.Clip chose a smaller one. Options.Imatrix instead searches the parameters
 // that minimise the importance-weighted squared error (weighted.go): shrunk ranges as above plus
 // weighted least-squares refits of the scale and zero, so its scales need not be a range/maxq.
 // Groups run along K; the last may be partial.
@@ -36,19 +36,19 @@ type Options struct {
 	// Σ imp_k·|Q(w) − w|^2.4 (GPTQ reference, mse=True). Asymmetric integer grids recompute the
 	// zero point per candidate; symmetric ones keep it.
 	Clip bool
-	// Weighted searches, per group, the parameters minimising Σ imp_k·(w_k − ŵ_k)² (squared
+	// Imatrix searches, per group, the parameters minimising Σ imp_k·(w_k − ŵ_k)² (squared
 	// error weighted by Importance, plain squared error without it): shrunk ranges and weighted
 	// least-squares refits of the scale (and zero), see weightedSearch. It replaces Clip's search
 	// when both are set. Every grid takes it; integer and NF4 groups also get the refit.
 	// K-quants fit every super-block with ggml's search anyway; Importance (which needs
-	// Weighted) switches it to ggml's imatrix variant.
-	Weighted bool
+	// Imatrix) switches it to ggml's imatrix variant.
+	Imatrix bool
 	// Importance, when set, weights the clip or weighted search per input channel (length K,
 	// finite, ≥ 0), e.g. the mean x² of each input channel over calibration data (llama.cpp's
-	// imatrix). It needs Clip or Weighted.
+	// imatrix). It needs Clip or Imatrix.
 	Importance []float32
-	// Params, when set, are every group's parameters, found beforehand (GPUWeighted runs the
-	// Weighted search on a GPU); the groups are then only encoded with them. Integer grids.
+	// Params, when set, are every group's parameters, found beforehand (GPUImatrix runs the
+	// imatrix search on a GPU); the groups are then only encoded with them. Integer grids.
 	Params *FittedGroups
 }
 
@@ -191,8 +191,8 @@ func checkArgs(n, k int, s quant.Scheme, opt Options) error {
 	if opt.Importance == nil {
 		return nil
 	}
-	if !opt.Clip && !opt.Weighted {
-		return fmt.Errorf("blockwise: importance weights are only used by the clip or weighted search; set Clip or Weighted")
+	if !opt.Clip && !opt.Imatrix {
+		return fmt.Errorf("blockwise: importance weights are only used by the clip or weighted search; set Clip or Imatrix")
 	}
 	if len(opt.Importance) != k {
 		return fmt.Errorf("blockwise: %d importance weights for %d input channels", len(opt.Importance), k)
@@ -293,7 +293,7 @@ func rowError(src rowSource, row, from, k int, buf []float32, err error) error {
 }
 
 func fitGroup(q groupQuantizer, w []float32, r span, imp []float32, codes []uint8, opt Options) params {
-	if opt.Weighted {
+	if opt.Imatrix {
 		return weightedSearch(q, w, r, imp, codes)
 	}
 	if opt.Clip {

@@ -4,7 +4,7 @@ import "github.com/qpack-dev/qpack/quant"
 
 // GroupParams returns the scale and, on the integer grid, the zero point that Quantize gives
 // one group of weights w of an integer or NF4 scheme: the plain fit (min-max, absmax) or the
-// search opt asks for (Clip, Weighted; imp: optional per-weight importance, len(w),
+// search opt asks for (Clip, Imatrix; imp: optional per-weight importance, len(w),
 // opt.Importance is ignored). codes (len ≥ len(w)) is scratch. GPTQ fits its groups with it,
 // so both methods share one search.
 func GroupParams(s quant.Scheme, w, imp []float32, opt Options, codes []uint8) (scale float32, zero uint8) {

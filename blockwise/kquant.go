@@ -24,7 +24,7 @@ func rowQuantizerFor(s quant.Scheme, k int, opt Options) (rowQuantizer, int) {
 }
 
 // kquantRow fits each super-block of a row with ggml's k-quant fitting (kquant.Type.Fit): the
-// imatrix variant when importance is given (Options.Weighted with Importance), else ggml's
+// imatrix variant when importance is given (Options.Imatrix with Importance), else ggml's
 // reference one, which already searches each sub-block's scale and min.
 func kquantRow(kt *kquant.Type, imp []float32) rowQuantizer {
 	return func(dst *quant.Tensor, src rowSource, row int, _ []uint8, buf []float32) error {

@@ -11,7 +11,7 @@ import (
 )
 
 // RTN to a k-quant is kquant's fitting of every row (ggml's reference fitting; its imatrix
-// variant with Weighted and Importance), on float32 and BF16 input alike, whole and partial
+// variant with Imatrix and Importance), on float32 and BF16 input alike, whole and partial
 // super-blocks.
 func TestKQuantRows(t *testing.T) {
 	const n, k = 37, 320 // one whole super-block and a short one of 64 per row
@@ -28,7 +28,7 @@ func TestKQuantRows(t *testing.T) {
 	}
 	for _, s := range quant.KQuantSchemes() {
 		kt, _ := kquant.TypeOf(s)
-		for _, opt := range []Options{{}, {Weighted: true, Importance: imp}} {
+		for _, opt := range []Options{{}, {Imatrix: true, Importance: imp}} {
 			want := quant.NewKQuantTensor(s, n, k)
 			for r := range n {
 				if err := kt.QuantizeRow(want, r, wb[r*k:(r+1)*k], opt.Importance); err != nil {
@@ -61,7 +61,7 @@ func TestKQuantRefusals(t *testing.T) {
 		{320, Options{}, "weight at row 2, column 300 is +Inf"},
 		{48, Options{}, "whole sub-blocks of 32 weights, not K = 48"},
 		{320, Options{Clip: true}, "no clipping search"},
-		{320, Options{Importance: make([]float32, 320)}, "set Clip or Weighted"},
+		{320, Options{Importance: make([]float32, 320)}, "set Clip or Imatrix"},
 	}
 	for _, c := range cases {
 		_, err := Quantize(w[:3*c.k], 3, c.k, q4, c.opt)
@@ -69,7 +69,7 @@ func TestKQuantRefusals(t *testing.T) {
 			t.Errorf("K=%d %+v: %v, want an error containing %q", c.k, c.opt, err, c.want)
 		}
 	}
-	if (&GPUWeighted{}).Supports(q4) {
+	if (&GPUImatrix{}).Supports(q4) {
 		t.Error("the GPU search claims k-quants")
 	}
 }

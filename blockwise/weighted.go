@@ -6,7 +6,7 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// The importance-weighted scale search (Options.Weighted), llama.cpp's imatrix idea on qpack's
+// The importance-weighted scale search (Options.Imatrix), llama.cpp's imatrix idea on qpack's
 // grids: per group, the parameters that minimise Σ imp_k·(w_k − ŵ_k)², imp_k the importance of
 // input channel k (calibration E[x²], or diag H inside GPTQ; 1 without importance). Candidates
 // are the min-max fit of the range shrunk by p = 1 − i/50 (i = 0..39, down to 0.22), for an

@@ -18,11 +18,11 @@ var (
 	weightedSource []byte
 )
 
-// GPUWeighted runs the importance-weighted search (Options.Weighted) of integer-grid groups
+// GPUImatrix runs the importance-weighted search (Options.Imatrix) of integer-grid groups
 // on a GPU, one thread per group (kernels/weighted.cu): the scales and zero points the CPU's
 // search finds, bit for bit, at GPU speed. Quantize then encodes with them (Options.Params).
 // It is safe for concurrent use; calls run one at a time.
-type GPUWeighted struct {
+type GPUImatrix struct {
 	mu     sync.Mutex
 	dev    *cuda.Device
 	mod    *cuda.Module
@@ -30,10 +30,10 @@ type GPUWeighted struct {
 	stream cuda.Stream
 }
 
-// NewGPUWeighted loads the kernel on dev.
-func NewGPUWeighted(dev *cuda.Device) (*GPUWeighted, error) { return newGPUWeighted(dev, weightedPTX) }
+// NewGPUImatrix loads the kernel on dev.
+func NewGPUImatrix(dev *cuda.Device) (*GPUImatrix, error) { return newGPUImatrix(dev, weightedPTX) }
 
-func newGPUWeighted(dev *cuda.Device, ptx []byte) (*GPUWeighted, error) {
+func newGPUImatrix(dev *cuda.Device, ptx []byte) (*GPUImatrix, error) {
 	m, err := dev.LoadModule(ptx)
 	if err != nil {
 		return nil, fmt.Errorf("blockwise: loading kernels/weighted.ptx: %w", err)
@@ -42,7 +42,7 @@ func newGPUWeighted(dev *cuda.Device, ptx []byte) (*GPUWeighted, error) {
 	if err == nil {
 		var s cuda.Stream
 		if s, err = dev.NewStream(); err == nil {
-			return &GPUWeighted{dev: dev, mod: m, fn: fn, stream: s}, nil
+			return &GPUImatrix{dev: dev, mod: m, fn: fn, stream: s}, nil
 		}
 	}
 	m.Unload()
@@ -50,7 +50,7 @@ func newGPUWeighted(dev *cuda.Device, ptx []byte) (*GPUWeighted, error) {
 }
 
 // Close releases the kernel and its stream.
-func (g *GPUWeighted) Close() error {
+func (g *GPUImatrix) Close() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	err := g.dev.DestroyStream(g.stream)
@@ -61,18 +61,18 @@ func (g *GPUWeighted) Close() error {
 }
 
 // Supports reports whether the search of scheme s runs here: integer grids.
-func (g *GPUWeighted) Supports(s quant.Scheme) bool {
+func (g *GPUImatrix) Supports(s quant.Scheme) bool {
 	return s.Grid == quant.Integer && s.Validate() == nil
 }
 
-// Params returns the parameters the Weighted search gives every group of W[n, k] (float32,
+// Params returns the parameters the imatrix search gives every group of W[n, k] (float32,
 // row-major) under scheme s, with per-input-channel importance imp (len k, or nil for plain
 // squared error). W must be finite (Quantize reports where it is not).
-func (g *GPUWeighted) Params(w []float32, n, k int, s quant.Scheme, imp []float32) (*FittedGroups, error) {
+func (g *GPUImatrix) Params(w []float32, n, k int, s quant.Scheme, imp []float32) (*FittedGroups, error) {
 	if !g.Supports(s) {
 		return nil, fmt.Errorf("blockwise: the GPU search takes integer grids, not %s", s)
 	}
-	if err := checkArgs(n, k, s, Options{Weighted: true, Importance: imp}); err != nil {
+	if err := checkArgs(n, k, s, Options{Imatrix: true, Importance: imp}); err != nil {
 		return nil, err
 	}
 	if len(w) != n*k {
@@ -107,7 +107,7 @@ func (g *GPUWeighted) Params(w []float32, n, k int, s quant.Scheme, imp []float3
 
 // upload allocates the kernel's buffers — weights, importance (0 when nil), scales, zero
 // points — and copies the inputs in. The caller frees them.
-func (g *GPUWeighted) upload(w, imp []float32, ng int) ([]cuda.DevicePtr, error) {
+func (g *GPUImatrix) upload(w, imp []float32, ng int) ([]cuda.DevicePtr, error) {
 	var bufs []cuda.DevicePtr
 	fail := func(err error) ([]cuda.DevicePtr, error) {
 		g.free(bufs)
@@ -134,7 +134,7 @@ func (g *GPUWeighted) upload(w, imp []float32, ng int) ([]cuda.DevicePtr, error)
 	return bufs, nil
 }
 
-func (g *GPUWeighted) free(bufs []cuda.DevicePtr) {
+func (g *GPUImatrix) free(bufs []cuda.DevicePtr) {
 	for _, p := range bufs {
 		if p != 0 {
 			g.dev.Free(p)

@@ -22,10 +22,10 @@ func TestWeightedPTXIsFresh(t *testing.T) {
 	}
 }
 
-func openGPUWeighted(tb testing.TB) *GPUWeighted {
+func openGPUImatrix(tb testing.TB) *GPUImatrix {
 	tb.Helper()
 	dev := gputest.Open(tb)
-	g, err := newGPUWeighted(dev, gputest.PTX(tb, weightedPTX, *weightedGPUPTX))
+	g, err := newGPUImatrix(dev, gputest.PTX(tb, weightedPTX, *weightedGPUPTX))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -38,7 +38,7 @@ func openGPUWeighted(tb testing.TB) *GPUWeighted {
 // CPU search's scales and zero points bit for bit, for every integer width, both symmetries,
 // groups that end early, and per-channel; quantizing with them gives the CPU's tensor.
 func TestGPUWeightedMatchesCPU(t *testing.T) {
-	g := openGPUWeighted(t)
+	g := openGPUImatrix(t)
 	const n, k = 37, 300
 	schemes := []quant.Scheme{{Bits: 2, GroupSize: 64}, {Bits: 3, GroupSize: 128}, {Bits: 4, GroupSize: 32, Sym: true},
 		{Bits: 4, GroupSize: 48}, {Bits: 5, GroupSize: 64}, {Bits: 6, GroupSize: 16, Sym: true}, {Bits: 8, GroupSize: 128},
@@ -54,7 +54,7 @@ func TestGPUWeightedMatchesCPU(t *testing.T) {
 		imp[11], imp[40] = 0, 0
 		for _, im := range [][]float32{imp, nil} {
 			t.Run(fmt.Sprintf("%s/importance=%v", s, im != nil), func(t *testing.T) {
-				cpu := mustQuantize(t, w, n, k, s, Options{Weighted: true, Importance: im})
+				cpu := mustQuantize(t, w, n, k, s, Options{Imatrix: true, Importance: im})
 				p, err := g.Params(w, n, k, s, im)
 				if err != nil {
 					t.Fatal(err)
@@ -74,7 +74,7 @@ func TestGPUWeightedMatchesCPU(t *testing.T) {
 }
 
 func TestGPUWeightedRefusals(t *testing.T) {
-	g := openGPUWeighted(t)
+	g := openGPUImatrix(t)
 	w := randomWeights(4, 64, 1)
 	if _, err := g.Params(w, 4, 64, quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 32, Sym: true}, nil); err == nil {
 		t.Error("nf4 accepted")
@@ -88,7 +88,7 @@ func TestGPUWeightedRefusals(t *testing.T) {
 // BenchmarkGPUWeightedParams: the search of a 4096×11008 int4-g128 weight (7B MLP shape) with
 // importance, on the GPU, against BenchmarkWeightedSearch's CPU rate on the same machine.
 func BenchmarkGPUWeightedParams(b *testing.B) {
-	g := openGPUWeighted(b)
+	g := openGPUImatrix(b)
 	const n, k = 4096, 11008
 	w := randomWeights(n, k, 3)
 	imp := skewedImportance(k, 4)

@@ -53,7 +53,7 @@ func TestWeightedNeverWorseThanRTN(t *testing.T) {
 	for _, s := range weightedSchemes() {
 		for _, importance := range [][]float32{nil, imp} {
 			plain := mustQuantize(t, w, n, k, s, Options{}).Dequantize(nil)
-			searched := mustQuantize(t, w, n, k, s, Options{Weighted: true, Importance: importance}).Dequantize(nil)
+			searched := mustQuantize(t, w, n, k, s, Options{Imatrix: true, Importance: importance}).Dequantize(nil)
 			var totalPlain, totalSearched float64
 			for row := range n {
 				for g := range s.Groups(k) {
@@ -89,8 +89,8 @@ func TestImportanceBeatsUnweightedSearch(t *testing.T) {
 	w := randomWeights(n, k, 23)
 	imp := skewedImportance(k, 24)
 	for _, s := range weightedSchemes() {
-		with := mustQuantize(t, w, n, k, s, Options{Weighted: true, Importance: imp}).Dequantize(nil)
-		without := mustQuantize(t, w, n, k, s, Options{Weighted: true}).Dequantize(nil)
+		with := mustQuantize(t, w, n, k, s, Options{Imatrix: true, Importance: imp}).Dequantize(nil)
+		without := mustQuantize(t, w, n, k, s, Options{Imatrix: true}).Dequantize(nil)
 		clip := mustQuantize(t, w, n, k, s, Options{Clip: true, Importance: imp}).Dequantize(nil)
 		ew, eu, ec := weightedError(w, with, imp), weightedError(w, without, imp), weightedError(w, clip, imp)
 		if ew >= 0.97*eu {
@@ -102,13 +102,13 @@ func TestImportanceBeatsUnweightedSearch(t *testing.T) {
 	}
 }
 
-// GroupParams with Weighted gives the parameters Quantize chose for that group.
+// GroupParams with Imatrix gives the parameters Quantize chose for that group.
 func TestGroupParamsWeightedMatchesQuantize(t *testing.T) {
 	const n, k = 4, 256
 	w := randomWeights(n, k, 25)
 	imp := skewedImportance(k, 26)
 	s := quant.Scheme{Bits: 3, GroupSize: 128}
-	opt := Options{Weighted: true, Importance: imp}
+	opt := Options{Imatrix: true, Importance: imp}
 	q := mustQuantize(t, w, n, k, s, opt)
 	codes := make([]uint8, 128)
 	for row := range n {
@@ -127,7 +127,7 @@ func TestGroupParamsWeightedMatchesQuantize(t *testing.T) {
 func BenchmarkWeightedSearch(b *testing.B) {
 	const n, k = 1024, 1024
 	w := randomWeights(n, k, 27)
-	opt := Options{Weighted: true, Importance: skewedImportance(k, 28)}
+	opt := Options{Imatrix: true, Importance: skewedImportance(k, 28)}
 	s := quant.Scheme{Bits: 3, GroupSize: 128}
 	b.SetBytes(4 * n * k)
 	dst := new(quant.Tensor)
@@ -144,7 +144,7 @@ func TestQuantizeWithFittedParams(t *testing.T) {
 	const n, k = 9, 200
 	w := randomWeights(n, k, 41)
 	for _, s := range []quant.Scheme{{Bits: 3, GroupSize: 64}, {Bits: 6, GroupSize: quant.PerChannel, Sym: true}} {
-		want := mustQuantize(t, w, n, k, s, Options{Weighted: true, Importance: skewedImportance(k, 42)})
+		want := mustQuantize(t, w, n, k, s, Options{Imatrix: true, Importance: skewedImportance(k, 42)})
 		got := mustQuantize(t, w, n, k, s, Options{Params: &FittedGroups{Scales: want.Scales, Zeros: want.Zeros}})
 		if !slices.Equal(got.Codes, want.Codes) || !slices.Equal(got.Scales, want.Scales) || !slices.Equal(got.Zeros, want.Zeros) {
 			t.Errorf("%s: encoding with the searched parameters differs from the search's tensor", s)

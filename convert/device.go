@@ -26,10 +26,10 @@ const DefaultGPUSlots = 4
 
 // gpu is the GPU side of a conversion: nil means everything runs on the CPU.
 type gpu struct {
-	dev      *cuda.Device
-	q        *blockwise.GPUQuantizer
-	weighted *blockwise.GPUWeighted // --imatrix's search
-	kq       *kquant.GPUFitter      // k-quants (with or without --imatrix); nil until useKQuants
+	dev     *cuda.Device
+	q       *blockwise.GPUQuantizer
+	imatrix *blockwise.GPUImatrix // --imatrix's search
+	kq      *kquant.GPUFitter     // k-quants (with or without --imatrix); nil until useKQuants
 }
 
 // openGPU opens the first GPU as the device option asks. With "auto" a missing driver or
@@ -50,14 +50,14 @@ func openGPU(device string, slots int, logf func(format string, args ...any)) (*
 		dev.Close()
 		return nil, err
 	}
-	weighted, err := blockwise.NewGPUWeighted(dev)
+	weighted, err := blockwise.NewGPUImatrix(dev)
 	if err != nil {
 		q.Close()
 		dev.Close()
 		return nil, err
 	}
 	logf("quantizing on %s\n", dev.Info().Name)
-	return &gpu{dev: dev, q: q, weighted: weighted}, nil
+	return &gpu{dev: dev, q: q, imatrix: weighted}, nil
 }
 
 // useKQuants loads the k-quant fit when RTN has k-quant tensors to quantize: only then, as the
@@ -81,7 +81,7 @@ func (g *gpu) close() {
 		if g.kq != nil {
 			g.kq.Close()
 		}
-		g.weighted.Close()
+		g.imatrix.Close()
 		g.q.Close()
 		g.dev.Close()
 	}
@@ -96,7 +96,7 @@ func (g *gpu) supports(s quant.Scheme, f packing.Format, opt Options) bool {
 // searches says whether the GPU runs the --imatrix search of this item's groups (the CPU then
 // encodes with the parameters found): integer grids.
 func (g *gpu) searches(s quant.Scheme, opt Options) bool {
-	return g != nil && opt.Imatrix && g.weighted.Supports(s)
+	return g != nil && opt.Imatrix && g.imatrix.Supports(s)
 }
 
 // fits says whether the GPU fits this item's k-quant super-blocks (with their importance under

@@ -54,7 +54,7 @@ type gptqRunner struct {
 func newGPTQRunner(method string, items []Item, o GPTQOptions, clip, weighted bool, logf func(string, ...any)) (*gptqRunner, error) {
 	r := &gptqRunner{method: method, schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
 		results: map[string]chan gptqResult{}, ctx: context.Background(),
-		opt: gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, MSE: clip, Weighted: weighted, BaselineLoss: true}}
+		opt: gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, Clip: clip, Imatrix: weighted, BaselineLoss: true}}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue
@@ -228,8 +228,8 @@ func (r *gptqRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc)
 }
 
 // useGPU makes the runner calibrate and solve on the GPU: the forward passes and Hessians
-// (gpuCapture), the column loop, factorisations and group fits, searched ones (MSE clipping,
-// --imatrix) included (gptq.GPUSolver). What the solver does not take (NF4, k-quants; MSE where the GPU
+// (gpuCapture), the column loop, factorisations and group fits, searched ones (the clip search,
+// --imatrix) included (gptq.GPUSolver). What the solver does not take (NF4, k-quants; clip search where the GPU
 // cannot reproduce the CPU's math.Pow) is solved on the CPU with the Hessians gathered on the
 // GPU.
 func (r *gptqRunner) useGPU(g *gpu) error {

@@ -103,7 +103,7 @@ func (r *gptqRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), 
 			}
 			return t, st, err
 		}
-		if host == nil { // NF4, k-quants (or MSE off amd64): the CPU solves
+		if host == nil { // NF4, k-quants (or the clip search off amd64): the CPU solves
 			var err error
 			if host, err = r.hostHessian(gr); err != nil {
 				return nil, gptq.Stats{}, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)

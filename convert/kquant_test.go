@@ -82,7 +82,7 @@ func TestKQuantRefusals(t *testing.T) {
 		t.Error("a refused conversion left its output")
 	}
 
-	g := &gpu{q: &blockwise.GPUQuantizer{}, weighted: &blockwise.GPUWeighted{}, kq: &kquant.GPUFitter{}} // no device is touched
+	g := &gpu{q: &blockwise.GPUQuantizer{}, imatrix: &blockwise.GPUImatrix{}, kq: &kquant.GPUFitter{}} // no device is touched
 	items := []Item{{Info: safetensors.TensorInfo{Name: "model.layers.0.mlp.up_proj.weight"}, Scheme: &q4}}
 	for _, imatrix := range []bool{false, true} {
 		if err := checkDevicePlan(g, DeviceCUDA, items, packing.QPack{}, Options{Imatrix: imatrix}); err != nil {

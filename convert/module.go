@@ -188,7 +188,7 @@ func (m *packedModule) quantizeSearchedOnGPU() (*quant.Tensor, error) {
 	}
 	n, k, s := m.item.N(), m.item.K(), *m.item.Scheme
 	bopt := m.opt.blockwise(m.item.Module)
-	if bopt.Params, err = m.gpu.weighted.Params(w, n, k, s, bopt.Importance); err != nil {
+	if bopt.Params, err = m.gpu.imatrix.Params(w, n, k, s, bopt.Importance); err != nil {
 		return nil, err
 	}
 	return blockwise.Quantize(w, n, k, s, bopt)

@@ -20,7 +20,7 @@ type Options struct {
 	Format string // output layout: a packing registry name
 	Clip   bool   // MSE-optimal clipping search per group (rtn; gptq's mse option)
 	// Imatrix fits every integer/NF4 group with the importance-weighted scale search
-	// (blockwise.Options.Weighted): the parameters minimising Σ E[x_k²]·(w_k − ŵ_k)², E[x²]
+	// (blockwise.Options.Imatrix): the parameters minimising Σ E[x_k²]·(w_k − ŵ_k)², E[x²]
 	// from the calibration data for RTN (which then needs Calib) and diag H inside GPTQ. The
 	// allocator's sensitivity is then measured with the same search. On the GPU: the search of
 	// integer grids and the fit of k-quants.
@@ -122,7 +122,7 @@ func (o *Options) validate() (packing.Format, error) {
 
 // blockwise returns the RTN options for module (its importance when Imatrix).
 func (o *Options) blockwise(module string) blockwise.Options {
-	b := blockwise.Options{Clip: o.Clip, Weighted: o.Imatrix}
+	b := blockwise.Options{Clip: o.Clip, Imatrix: o.Imatrix}
 	if o.Imatrix {
 		b.Importance = o.importance[module]
 	}

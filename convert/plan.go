@@ -94,7 +94,7 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 		if isAWQ(opt.Method) {
 			imp = sample.awqScaled(meanAbs[model.ParseTensorName(t.Name).Module], imp)
 		}
-		bopt := blockwise.Options{Clip: opt.Clip, Weighted: opt.Imatrix}
+		bopt := blockwise.Options{Clip: opt.Clip, Imatrix: opt.Imatrix}
 		if opt.Imatrix {
 			bopt.Importance = imp
 		}

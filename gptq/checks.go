@@ -66,7 +66,7 @@ func checkKQuant(k int, s quant.Scheme, opt Options) error {
 	switch {
 	case opt.ActOrder && !opt.StaticGroups:
 		return fmt.Errorf("gptq: %s has no act-order group index (g_idx); use act-order with static groups (--static-groups)", s)
-	case opt.MSE && !opt.Weighted:
+	case opt.Clip && !opt.Imatrix:
 		return fmt.Errorf("gptq: %s has no clipping search (MSE, --clip); ggml's fit searches each sub-block's range", s)
 	}
 	return nil

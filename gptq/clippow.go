@@ -6,7 +6,7 @@ import (
 	"sync"
 )
 
-// The MSE clip search (blockwise's clipSearch, Options.MSE) sums |Q(w) − w|^2.4 with
+// The MSE clip search (blockwise's clipSearch, Options.Clip) sums |Q(w) − w|^2.4 with
 // math.Pow. Its result is not correctly rounded, so the GPU reproduces it by doing what Go's
 // math.Pow does on amd64, step by step: the pure-Go pow (Modf, Frexp, Ldexp and the squaring
 // loop) around the assembly Log (math/log_amd64.s) and Exp (math/exp_amd64.s). Exp has two

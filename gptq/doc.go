@@ -29,9 +29,9 @@
 //
 // Every integer scheme of package quant (2, 3, 4, 8 bits; per-channel or groups; symmetric
 // or not) is supported, with min-max parameters or the reference's MSE clipping search
-// (Options.MSE, shared with blockwise), and so are NF4 groups (nearest NF4 value) and the
+// (Options.Clip, shared with blockwise), and so are NF4 groups (nearest NF4 value) and the
 // k-quants q2_k … q6_k: each super-block of 256 columns is a group, fitted by ggml's algorithm
-// (package kquant; with Options.Weighted its imatrix variant, importance diag H) when the column
+// (package kquant; with Options.Imatrix its imatrix variant, importance diag H) when the column
 // loop reaches it, or before any update with static groups; every weight is then coded with
 // those fixed parameters. K-quants have no g_idx, so act-order needs static groups with them.
 // Other grids are refused.

@@ -72,7 +72,7 @@ type problem struct {
 	groups int
 	bs     int
 	opt    Options
-	// imp is diag H in quantization order, impOrig in the original order: the Weighted
+	// imp is diag H in quantization order, impOrig in the original order: the Imatrix
 	// search's importance.
 	imp, impOrig []float32
 }

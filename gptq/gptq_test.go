@@ -30,7 +30,7 @@ func TestBeatsRTN(t *testing.T) {
 				if err := gt.Validate(); err != nil {
 					t.Fatal(err)
 				}
-				rt, err := blockwise.Quantize(w, n, k, v.s, blockwise.Options{Clip: v.opt.MSE})
+				rt, err := blockwise.Quantize(w, n, k, v.s, blockwise.Options{Clip: v.opt.Clip})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -58,7 +58,7 @@ func TestMatchesSlowReference(t *testing.T) {
 		r := rand.New(rand.NewPCG(uint64(si), 11))
 		w, h := randomWeights(r, n, k), testHessian(t, r, k)
 		for _, v := range variants() {
-			if v.s.Bits == 3 && !v.opt.MSE || v.s.Bits == 8 && v.s.GroupSize == 32 || k > 500 && v.s.Bits != 4 {
+			if v.s.Bits == 3 && !v.opt.Clip || v.s.Bits == 8 && v.s.GroupSize == 32 || k > 500 && v.s.Bits != 4 {
 				continue // keep the test quick; the other bit widths cover the same code paths
 			}
 			if k > 500 && testing.Short() {

@@ -108,20 +108,20 @@ func (l layout) gIdx() []int32 {
 type fitter struct {
 	t     *quant.Tensor
 	kt    *kquant.Type      // the k-quant type of t, nil for other grids
-	opt   blockwise.Options // the search: Clip (MSE) or Weighted
+	opt   blockwise.Options // the search: Clip or Imatrix
 	codes []uint8           // scratch for the searches, len ≥ group size
 }
 
 func newFitter(t *quant.Tensor, opt Options, size int) *fitter {
 	kt, _ := kquant.TypeOf(t.Scheme)
-	return &fitter{t: t, kt: kt, opt: blockwise.Options{Clip: opt.MSE, Weighted: opt.Weighted}, codes: make([]uint8, size)}
+	return &fitter{t: t, kt: kt, opt: blockwise.Options{Clip: opt.Clip, Imatrix: opt.Imatrix}, codes: make([]uint8, size)}
 }
 
 // fit sets the parameters of row r, group g from the weights w of that group; imp (len(w) or
-// nil) weights the Weighted search. A k-quant group is a super-block, fitted by ggml's
+// nil) weights the imatrix search. A k-quant group is a super-block, fitted by ggml's
 // algorithm (with imp: its imatrix variant).
 func (f *fitter) fit(r, g int, w, imp []float32) error {
-	if !f.opt.Weighted {
+	if !f.opt.Imatrix {
 		imp = nil
 	}
 	if f.kt != nil {
@@ -176,7 +176,7 @@ func copyZeroingDead(dst, src []float32, dead []bool) {
 }
 
 // importance returns diag H as float32 in the original column order and in quantization
-// order (position i: column perm[i]), the weights of the Weighted search; dead columns get 0.
+// order (position i: column perm[i]), the weights of the imatrix search; dead columns get 0.
 func importance(diag []float64, dead []bool, perm []int) (orig, ordered []float32) {
 	orig = make([]float32, len(diag))
 	ordered = make([]float32, len(diag))

@@ -114,8 +114,8 @@ func variants() []variant {
 		vs = append(vs, variant{s.String(), s, Options{}}, variant{s.String() + "-act", s, Options{ActOrder: true}})
 	}
 	s := quant.Scheme{Bits: 4, GroupSize: 128}
-	vs = append(vs, variant{s.String() + "-mse", s, Options{MSE: true}})
+	vs = append(vs, variant{s.String() + "-mse", s, Options{Clip: true}})
 	s = quant.Scheme{Bits: 3, GroupSize: 32, Sym: true}
-	vs = append(vs, variant{s.String() + "-act-mse", s, Options{MSE: true, ActOrder: true}})
+	vs = append(vs, variant{s.String() + "-act-mse", s, Options{Clip: true, ActOrder: true}})
 	return vs
 }

@@ -25,8 +25,8 @@ func TestKQuantBeatsRTN(t *testing.T) {
 			diag[c] = float32(h[c*k+c])
 		}
 		for _, s := range quant.KQuantSchemes() {
-			for _, o := range []Options{{}, {Weighted: true}, {ActOrder: true, StaticGroups: true, Weighted: true}} {
-				t.Run(fmt.Sprintf("K%d/%s/weighted=%v,act=%v", k, s, o.Weighted, o.ActOrder), func(t *testing.T) {
+			for _, o := range []Options{{}, {Imatrix: true}, {ActOrder: true, StaticGroups: true, Imatrix: true}} {
+				t.Run(fmt.Sprintf("K%d/%s/weighted=%v,act=%v", k, s, o.Imatrix, o.ActOrder), func(t *testing.T) {
 					gt, st, err := Quantize(w, n, k, h, s, o)
 					if err != nil {
 						t.Fatal(err)
@@ -37,8 +37,8 @@ func TestKQuantBeatsRTN(t *testing.T) {
 					if gt.GIdx != nil {
 						t.Fatal("a k-quant tensor got a g_idx")
 					}
-					bopt := blockwise.Options{Weighted: o.Weighted}
-					if o.Weighted {
+					bopt := blockwise.Options{Imatrix: o.Imatrix}
+					if o.Imatrix {
 						bopt.Importance = diag
 					}
 					rt, err := blockwise.Quantize(w, n, k, s, bopt)
@@ -75,13 +75,13 @@ func TestKQuantDiagonalHessianIsRTN(t *testing.T) {
 		h[c*k+c] = float64(imp[c])
 	}
 	for _, s := range quant.KQuantSchemes() {
-		for _, o := range []Options{{}, {Weighted: true}, {StaticGroups: true}} {
+		for _, o := range []Options{{}, {Imatrix: true}, {StaticGroups: true}} {
 			gt, _, err := Quantize(w, n, k, h, s, o)
 			if err != nil {
 				t.Fatal(err)
 			}
-			bopt := blockwise.Options{Weighted: o.Weighted}
-			if o.Weighted {
+			bopt := blockwise.Options{Imatrix: o.Imatrix}
+			if o.Imatrix {
 				bopt.Importance = imp
 			}
 			rt, err := blockwise.Quantize(w, n, k, s, bopt)
@@ -102,7 +102,7 @@ func TestKQuantDiagonalHessianIsRTN(t *testing.T) {
 }
 
 // What GPTQ cannot do with k-quants is refused by name: rows of partial sub-blocks, act-order
-// with super-blocks fitted on the fly, and the MSE clipping search.
+// with super-blocks fitted on the fly, and the clip search.
 func TestKQuantRefusals(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 9))
 	q4, _ := quant.KQuantScheme(4)
@@ -113,7 +113,7 @@ func TestKQuantRefusals(t *testing.T) {
 	}{
 		{k: 48, want: "sub-blocks of 32"},
 		{k: 256, opt: Options{ActOrder: true}, want: "static groups"},
-		{k: 256, opt: Options{MSE: true}, want: "clipping"},
+		{k: 256, opt: Options{Clip: true}, want: "clipping"},
 	} {
 		w, h := randomWeights(r, 8, c.k), testHessian(t, r, c.k)
 		_, _, err := Quantize(w, 8, c.k, h, q4, c.opt)

@@ -24,15 +24,15 @@ type Options struct {
 	// StaticGroups fits every group's parameters on the original weights before any update,
 	// in the original column order, so GIdx stays trivial even with ActOrder.
 	StaticGroups bool
-	// MSE fits group parameters with the reference quantizer's clipping search (mse=True; the
+	// Clip fits group parameters with the reference quantizer's clipping search (mse=True; the
 	// same search as blockwise's Options.Clip) instead of plain min-max.
-	MSE bool
-	// Weighted fits group parameters with blockwise's importance-weighted scale search
-	// (Options.Weighted): the scale and zero minimising Σ_k H_kk·(w_k − ŵ_k)² over the group's
+	Clip bool
+	// Imatrix fits group parameters with blockwise's importance-weighted scale search
+	// (Options.Imatrix): the scale and zero minimising Σ_k H_kk·(w_k − ŵ_k)² over the group's
 	// weights as they stand when the group is fitted, H_kk being the Hessian's diagonal
 	// (2·E[x_k²], the imatrix). It takes precedence over MSE. GPUSolver runs both searches too,
 	// with the same results.
-	Weighted bool
+	Imatrix bool
 	// BaselineLoss also computes tr(W H Wᵀ) for Stats.RelativeLoss. It costs as much as
 	// the quantization's own updates (N·K² multiply-adds), so it is off by default.
 	BaselineLoss bool

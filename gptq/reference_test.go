@@ -56,7 +56,7 @@ func slowGPTQ(w []float32, n, k int, h []float64, s quant.Scheme, opt Options, f
 		})
 	}
 	fit := func(x []float32) (float32, uint8) {
-		return blockwise.GroupParams(s, x, nil, blockwise.Options{Clip: opt.MSE}, make([]uint8, len(x)))
+		return blockwise.GroupParams(s, x, nil, blockwise.Options{Clip: opt.Clip}, make([]uint8, len(x)))
 	}
 	// H⁻¹ of the damped, permuted Hessian by Gauss-Jordan elimination.
 	mean := 0.0

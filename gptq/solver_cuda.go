@@ -32,8 +32,8 @@ const (
 // factor in float64 (cuSOLVER's Cholesky, then cuBLAS's triangular solve against the identity
 // for the inverse of the factor), the column loop of each
 // block of 128 columns in one kernel (a warp per row), and each block's trailing update as a
-// cuBLAS float32 GEMM. Groups are fitted min-max, or with the searches of Options.Weighted and
-// Options.MSE (gptq_fit_search: a warp per group, the CPU's arithmetic in the CPU's order):
+// cuBLAS float32 GEMM. Groups are fitted min-max, or with the searches of Options.Imatrix and
+// Options.Clip (gptq_fit_search: a warp per group, the CPU's arithmetic in the CPU's order):
 // per-channel and static groups before the column loop, on-the-fly groups when their block
 // begins. It keeps its kernels, handles and device buffers (grown to the largest
 // problem seen) between calls; it is not safe for concurrent use.
@@ -84,8 +84,8 @@ const (
 	slotBaseW           // N×K float64 live weights, for the baseline loss
 	slotBaseWH          // N×K float64 W·H
 	slotBaseRows        // N float64 row sums of W·H∘W
-	slotImpOrig         // K float32 diag H in the original order (Options.Weighted)
-	slotImpPos          // K float32 diag H in quantization order (Options.Weighted)
+	slotImpOrig         // K float32 diag H in the original order (Options.Imatrix)
+	slotImpPos          // K float32 diag H in quantization order (Options.Imatrix)
 	numGPUSlots
 )
 
@@ -228,8 +228,8 @@ func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme,
 }
 
 // Supports reports whether the GPU solver handles scheme s with options opt: integer grids,
-// with min-max, Weighted or MSE group fits, in blocks of 128 columns. GPTQ on NF4 runs on the
-// CPU (Quantize), and so does MSE where the GPU cannot reproduce this process's math.Pow (not
+// with min-max, imatrix or clip group fits, in blocks of 128 columns. GPTQ on NF4 runs on the
+// CPU (Quantize), and so does clip search where the GPU cannot reproduce this process's math.Pow (not
 // amd64).
 func (g *GPUSolver) Supports(s quant.Scheme, opt Options) bool { return g.supports(s, opt) == nil }
 
@@ -240,9 +240,9 @@ func (g *GPUSolver) supports(s quant.Scheme, opt Options) error {
 	if opt.BlockSize != 0 && opt.BlockSize != gpuBlockSize {
 		return fmt.Errorf("gptq: the GPU path uses blocks of %d columns, not %d", gpuBlockSize, opt.BlockSize)
 	}
-	if opt.MSE && !opt.Weighted {
+	if opt.Clip && !opt.Imatrix {
 		if _, ok := clipPowPath(); !ok {
-			return fmt.Errorf("gptq: the GPU cannot reproduce math.Pow on %s, which the MSE clip search uses (use gptq.Quantize)", runtime.GOARCH)
+			return fmt.Errorf("gptq: the GPU cannot reproduce math.Pow on %s, which the clip search uses (use gptq.Quantize)", runtime.GOARCH)
 		}
 	}
 	return nil
@@ -393,8 +393,8 @@ type gpuPlan struct {
 	perm      []int
 	lay       layout
 	meanDiag  float64
-	// search: groups are fitted by gptq_fit_search (Weighted or MSE); impOrig and impPos are
-	// the Weighted search's importance (importance), useFMA the Exp path of the MSE search's
+	// search: groups are fitted by gptq_fit_search (Imatrix or Clip); impOrig and impPos are
+	// the imatrix search's importance (importance), useFMA the Exp path of the clip search's
 	// math.Pow (clipPowPath).
 	search          bool
 	impOrig, impPos []float32
@@ -417,10 +417,10 @@ func (g *GPUSolver) plan(n, k int, diag []float64, s quant.Scheme, opt Options) 
 	p.dead, p.deadCount = deadColumns(diag)
 	p.perm = columnOrder(diag, p.dead, opt.ActOrder)
 	p.lay = newLayout(s, k, p.perm, opt.StaticGroups)
-	p.search = opt.Weighted || opt.MSE
-	if opt.Weighted {
+	p.search = opt.Imatrix || opt.Clip
+	if opt.Imatrix {
 		p.impOrig, p.impPos = importance(diag, p.dead, p.perm)
-	} else if opt.MSE {
+	} else if opt.Clip {
 		p.useFMA, _ = clipPowPath()
 	}
 	for i := range k {
@@ -559,7 +559,7 @@ func (g *GPUSolver) uploadPlan(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error
 	}{
 		{slotPerm, cuda.Bytes(int32s(p.perm))}, {slotRev, cuda.Bytes(int32s(rev))},
 		{slotPosGroup, cuda.Bytes(int32s(posGroup))}, {slotColGroup, cuda.Bytes(int32s(colGroup))}, {slotDead, dead},
-		{slotImpOrig, cuda.Bytes(p.impOrig)}, {slotImpPos, cuda.Bytes(p.impPos)}, // empty unless Weighted
+		{slotImpOrig, cuda.Bytes(p.impOrig)}, {slotImpPos, cuda.Bytes(p.impPos)}, // empty unless Imatrix
 	} {
 		if err := g.dev.CopyToDevice(ptr[u.slot], u.data); err != nil {
 			return fmt.Errorf("gptq: %w", err)
@@ -734,14 +734,14 @@ func (g *GPUSolver) columns(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error {
 }
 
 // fitSearch launches gptq_fit_search for groups first .. first+count−1 of every row of src
-// (N×K, row-major): the Weighted search with importance imp, or the MSE clip search. dead, when
+// (N×K, row-major): the imatrix search with importance imp, or the clip search. dead, when
 // not 0, zeroes those columns' weights.
 func (g *GPUSolver) fitSearch(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr, src, dead, imp cuda.DevicePtr, first, count int) error {
 	weighted, useFMA, sym := int32(0), int32(0), int32(0)
-	if p.opt.Weighted {
+	if p.opt.Imatrix {
 		weighted = 1
 	} else {
-		imp = 0 // the MSE search weighs every weight alike (the fitter passes no importance)
+		imp = 0 // the clip search weighs every weight alike (the fitter passes no importance)
 	}
 	if p.useFMA {
 		useFMA = 1

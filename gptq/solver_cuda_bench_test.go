@@ -102,7 +102,7 @@ func BenchmarkGPUQuantize(b *testing.B) {
 func ms(d time.Duration) float64 { return d.Seconds() * 1e3 }
 
 // BenchmarkGPUQuantizeSearched times a 4096×11008 int3-g128 solve (a 7B MLP projection's
-// shape; groups fitted on the fly) with min-max groups, with the Weighted search (--imatrix)
+// shape; groups fitted on the fly) with min-max groups, with the imatrix search (--imatrix)
 // and with the MSE clip search (--clip), asymmetric and symmetric: W and H already on the GPU,
 // results downloaded, median of 3 after a warm-up, then one profiled run for the breakdown
 // (fit: gptq_fit_search). Each line gives the ratio to min-max's median in the same run. Run
@@ -124,7 +124,7 @@ func BenchmarkGPUQuantizeSearched(b *testing.B) {
 		s := quant.Scheme{Bits: 3, GroupSize: 128, Sym: sym}
 		var plain time.Duration
 		for _, fit := range []string{"minmax", "weighted", "mse"} {
-			opt := Options{Weighted: fit == "weighted", MSE: fit == "mse"}
+			opt := Options{Imatrix: fit == "weighted", Clip: fit == "mse"}
 			b.Run(fmt.Sprintf("%s/%s", s, fit), func(b *testing.B) {
 				once := func() (Stats, time.Duration) {
 					start := time.Now()

@@ -15,7 +15,7 @@ import (
 
 // fitSearchOnGPU runs gptq_fit_search alone over every group of W[n, k] (groups of s along
 // each row, dead columns zeroed when dead is given), with importance imp (nil: none) and the
-// Weighted search or the MSE one, and returns the scales, zero points and overflow status.
+// imatrix search or the MSE one, and returns the scales, zero points and overflow status.
 func fitSearchOnGPU(t *testing.T, g *GPUSolver, w []float32, n, k int, s quant.Scheme, weighted bool, dead []bool, imp []float32) ([]float32, []uint8, uint64) {
 	t.Helper()
 	perm := make([]int, k)
@@ -107,7 +107,7 @@ func awkwardWeights(r *rand.Rand, n, k int) []float32 {
 }
 
 // TestGPUFitSearchMatchesCPU: gptq_fit_search gives, group for group, blockwise.GroupParams's
-// scale and zero point bit for bit — the Weighted search and the MSE clip search, with and
+// scale and zero point bit for bit — the imatrix search and the MSE clip search, with and
 // without importance (zeros in it) and dead columns, every integer width, both symmetries,
 // groups that end early and per-channel — and flags the first group whose scale overflows.
 func TestGPUFitSearchMatchesCPU(t *testing.T) {
@@ -143,7 +143,7 @@ func TestGPUFitSearchMatchesCPU(t *testing.T) {
 					if size == quant.PerChannel {
 						size = k
 					}
-					opt := blockwise.Options{Weighted: weighted, Clip: !weighted}
+					opt := blockwise.Options{Imatrix: weighted, Clip: !weighted}
 					row, codes := make([]float32, k), make([]uint8, k)
 					firstInf := uint64(math.MaxUint64)
 					for rr := range n {
@@ -210,7 +210,7 @@ func TestGPUSearchedGroupsMatchCPU(t *testing.T) {
 							bits = 2
 						}
 						s := quant.Scheme{Bits: bits, GroupSize: gs, Sym: sym}
-						o.Weighted, o.MSE = search == "weighted", search == "mse"
+						o.Imatrix, o.Clip = search == "weighted", search == "mse"
 						t.Run(fmt.Sprintf("%dx%d/%s/%s/act=%v/static=%v", n, k, s, search, o.ActOrder, o.StaticGroups), func(t *testing.T) {
 							w := randomWeights(r, n, k)
 							codes, params := compareWithCPUCounts(t, g, w, n, k, h, s, o)

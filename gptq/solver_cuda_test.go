@@ -161,17 +161,17 @@ func TestGPULargerShapes(t *testing.T) {
 		{130, 520, quant.Scheme{Bits: 8, GroupSize: quant.PerChannel}, Options{ActOrder: true}},
 		{130, 520, quant.Scheme{Bits: 6, GroupSize: 128}, Options{}},
 		{130, 520, quant.Scheme{Bits: 5, GroupSize: 32, Sym: true}, Options{ActOrder: true}},
-		{301, 1000, quant.Scheme{Bits: 3, GroupSize: 128}, Options{Weighted: true}},
-		{250, 640, quant.Scheme{Bits: 3, GroupSize: 64}, Options{ActOrder: true, Weighted: true}},
-		{250, 640, quant.Scheme{Bits: 2, GroupSize: 96}, Options{ActOrder: true, StaticGroups: true, Weighted: true}},
-		{130, 520, quant.Scheme{Bits: 4, GroupSize: quant.PerChannel, Sym: true}, Options{Weighted: true}},
-		{250, 640, quant.Scheme{Bits: 4, GroupSize: 256}, Options{MSE: true}},
-		{130, 520, quant.Scheme{Bits: 3, GroupSize: 32, Sym: true}, Options{ActOrder: true, MSE: true}},
+		{301, 1000, quant.Scheme{Bits: 3, GroupSize: 128}, Options{Imatrix: true}},
+		{250, 640, quant.Scheme{Bits: 3, GroupSize: 64}, Options{ActOrder: true, Imatrix: true}},
+		{250, 640, quant.Scheme{Bits: 2, GroupSize: 96}, Options{ActOrder: true, StaticGroups: true, Imatrix: true}},
+		{130, 520, quant.Scheme{Bits: 4, GroupSize: quant.PerChannel, Sym: true}, Options{Imatrix: true}},
+		{250, 640, quant.Scheme{Bits: 4, GroupSize: 256}, Options{Clip: true}},
+		{130, 520, quant.Scheme{Bits: 3, GroupSize: 32, Sym: true}, Options{ActOrder: true, Clip: true}},
 	} {
 		h := testHessian(t, r, c.k)
 		w := randomWeights(r, c.n, c.k)
 		for _, trtri := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%dx%d/%s/act=%v/static=%v/weighted=%v/mse=%v/trtri=%v", c.n, c.k, c.s, c.opt.ActOrder, c.opt.StaticGroups, c.opt.Weighted, c.opt.MSE, trtri), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%dx%d/%s/act=%v/static=%v/weighted=%v/mse=%v/trtri=%v", c.n, c.k, c.s, c.opt.ActOrder, c.opt.StaticGroups, c.opt.Imatrix, c.opt.Clip, trtri), func(t *testing.T) {
 				g.inverseByTRTRI = trtri
 				defer func() { g.inverseByTRTRI = false }()
 				diff := compareWithCPU(t, g, w, c.n, c.k, h, c.s, c.opt)
@@ -220,17 +220,17 @@ func TestGPURefusesWhatItCannotDo(t *testing.T) {
 	if _, _, err := g.Quantize(w, n, k, h, s, Options{BlockSize: 64}); err == nil || !strings.Contains(err.Error(), "blocks of 128") {
 		t.Errorf("block size 64: %v", err)
 	}
-	if g.Supports(s, Options{BlockSize: 64}) || g.Supports(quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true}, Options{Weighted: true}) {
+	if g.Supports(s, Options{BlockSize: 64}) || g.Supports(quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true}, Options{Imatrix: true}) {
 		t.Errorf("Supports accepts blocks of 64 or NF4")
 	}
-	if !g.Supports(s, Options{Weighted: true, ActOrder: true}) || !g.Supports(s, Options{MSE: true, StaticGroups: true}) {
+	if !g.Supports(s, Options{Imatrix: true, ActOrder: true}) || !g.Supports(s, Options{Clip: true, StaticGroups: true}) {
 		t.Errorf("Supports refuses the searched group fits")
 	}
 	if _, _, err := g.Quantize(w[:10], n, k, h, s, Options{}); err == nil {
 		t.Errorf("short weights accepted")
 	}
 	w[5] = 1e30 // the scale of its group overflows F16
-	for _, opt := range []Options{{}, {Weighted: true}, {Weighted: true, StaticGroups: true}} {
+	for _, opt := range []Options{{}, {Imatrix: true}, {Imatrix: true, StaticGroups: true}} {
 		if _, _, err := g.Quantize(w, n, k, h, s, opt); err == nil || !strings.Contains(err.Error(), "row 0, group 0: scale overflows") {
 			t.Errorf("overflowing scale, %+v: %v", opt, err)
 		}

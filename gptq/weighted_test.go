@@ -7,7 +7,7 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// The importance-weighted group fitting (Options.Weighted, diag H as importance) must lower
+// The importance-weighted group fitting (Options.Imatrix, diag H as importance) must lower
 // GPTQ's proxy loss tr(ΔW H ΔWᵀ) against min-max groups at low bit widths, for on-the-fly,
 // static and act-order groups, and its Stats.Loss must still be the direct loss.
 func TestWeightedGroupsLowerProxyLoss(t *testing.T) {
@@ -20,7 +20,7 @@ func TestWeightedGroupsLowerProxyLoss(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			o.Weighted = true
+			o.Imatrix = true
 			weighted, st, err := Quantize(w, n, k, h, s, o)
 			if err != nil {
 				t.Fatal(err)
