@@ -64,7 +64,7 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 		}
 	}
 	items := make([]item, len(free))
-	var minFree int64
+	var minFree, maxFree int64
 	for f, i := range free {
 		t := p.tensors[i]
 		items[f] = item{name: t.Name}
@@ -84,6 +84,7 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 			return nil, fmt.Errorf("budget: tensor %s fits none of the ladder's rungs: %w", t.Name, errors.Join(unfit...))
 		}
 		minFree += minCost(items[f])
+		maxFree += maxCost(items[f])
 	}
 	info := &Budget{TargetBPW: opts.TargetBPW, TargetBytes: opts.TargetBytes}
 	info.FreeBytes = math.MaxInt64
@@ -108,6 +109,10 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 				opts.TargetBytes, minFree+fixedAll)
 		}
 		info.FreeBytes = min(info.FreeBytes, opts.TargetBytes-fixedAll)
+	}
+	if maxFree <= info.FreeBytes {
+		plan.Warnings = append(plan.Warnings, fmt.Sprintf("the target is at or above the ladder's top: every candidate fits its most "+
+			"expensive rung (%s), so the budget does not limit the plan", topOf(rungs)))
 	}
 
 	if err := p.measureItems(items, rungs, free); err != nil {
@@ -171,6 +176,9 @@ func fits(t TensorDesc, c Choice) error {
 	}
 	return c.Scheme.CheckRowLength(t.Shape[1])
 }
+
+// topOf names the ladder's most precise rung, for messages.
+func topOf(rungs []Choice) string { return rungs[len(rungs)-1].String() }
 
 // ceilTo rounds x up to a multiple of 1/scale, so a printed minimum is itself achievable.
 func ceilTo(x, scale float64) float64 { return math.Ceil(x*scale) / scale }

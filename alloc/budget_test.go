@@ -43,6 +43,22 @@ func TestBudgetMatchesBruteForce(t *testing.T) {
 	}
 }
 
+// A target at or above what the ladder's top costs says so: the budget does not limit the plan.
+func TestBudgetAboveTheTopSaysSo(t *testing.T) {
+	descs := mustDescribe(llamaInfos(1, 128, 32, 256, 50))
+	ladder, _ := ParseLadder("int2-g64-asym,int4-g128-sym,int8-g128-sym")
+	for target, want := range map[float64]bool{20: true, 8.5: true, 4.5: false} {
+		plan, err := newTestPlanner(t, descs, synthMeasure).Plan(Options{Strategy: StrategyBudget, Ladder: ladder, TargetBPW: target})
+		if err != nil {
+			t.Fatal(err)
+		}
+		said := strings.Contains(strings.Join(plan.Warnings, "\n"), "at or above the ladder's top")
+		if said != want {
+			t.Errorf("target %g: warnings %q", target, plan.Warnings)
+		}
+	}
+}
+
 func TestBudgetSizeTargetAndKeepRung(t *testing.T) {
 	descs := mustDescribe(llamaInfos(2, 128, 32, 256, 50))
 	var input int64

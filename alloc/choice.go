@@ -2,7 +2,6 @@ package alloc
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/qpack-dev/qpack/quant"
@@ -90,19 +89,15 @@ func mustLadder(list string) []Choice {
 }
 
 // QPackLadder is the budget ladder for format qpack, which holds every scheme: asymmetric
-// integer grids from 2 to 8 bits at several group sizes, in bits-per-weight order, with NF4
-// groups when nf4 is set (RTN and GPTQ quantize to them, AWQ does not) and llama.cpp's k-quants
-// q2_k … q6_k when kquants is set (RTN and GPTQ, without --clip). A k-quant rung is offered only
-// to tensors whose rows hold whole sub-blocks. On the shared small-llama, GPTQ budget plans over
-// the whole ladder are lower in perplexity than over the integer rungs alone (README).
-func QPackLadder(nf4, kquants bool) []Choice {
-	rungs := []string{"int2-g64-asym", "int2-g32-asym", "q2_k", "int3-g128-asym", "int3-g64-asym", "q3_k", "int3-g32-asym",
-		"nf4-g128", "int4-g128-asym", "nf4-g64", "int4-g64-asym", "nf4-g32", "q4_k", "int4-g32-asym",
-		"int5-g128-asym", "int5-g64-asym", "q5_k", "int6-g128-asym", "q6_k", "int8-g128-asym"}
-	rungs = slices.DeleteFunc(rungs, func(r string) bool {
-		return !nf4 && strings.HasPrefix(r, "nf4") || !kquants && strings.HasSuffix(r, "_k")
-	})
-	return mustLadder(strings.Join(rungs, ","))
+// integer grids from 2 to 8 bits at several group sizes, NF4 groups and llama.cpp's k-quants
+// q2_k … q6_k, in bits-per-weight order. A method that cannot produce a rung leaves it out
+// (convert's Method.Takes), and a k-quant rung is offered only to tensors whose rows hold whole
+// sub-blocks. On the shared small-llama, GPTQ budget plans over the whole ladder are lower in
+// perplexity than over the integer rungs alone (docs/results.md).
+func QPackLadder() []Choice {
+	return mustLadder("int2-g64-asym,int2-g32-asym,q2_k,int3-g128-asym,int3-g64-asym,q3_k,int3-g32-asym," +
+		"nf4-g128,int4-g128-asym,nf4-g64,int4-g64-asym,nf4-g32,q4_k,int4-g32-asym," +
+		"int5-g128-asym,int5-g64-asym,q5_k,int6-g128-asym,q6_k,int8-g128-asym")
 }
 
 // DefaultLadder is the ladder a strategy uses when Options.Ladder is empty. GPTQ-style

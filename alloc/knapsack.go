@@ -50,6 +50,14 @@ func minCost(it item) int64 {
 	return m
 }
 
+func maxCost(it item) int64 {
+	m := it.options[0].cost
+	for _, o := range it.options[1:] {
+		m = max(m, o.cost)
+	}
+	return m
+}
+
 func solveKnapsack(items []item, capacity int64) (solution, error) {
 	var base int64
 	for _, it := range items {

@@ -145,24 +145,18 @@ func TestLagrangianFill(t *testing.T) {
 	}
 }
 
-// QPackLadder: valid, NF4 and k-quant rungs only when asked for, every integer width from 2 to
-// 8 but 7.
+// QPackLadder: valid, with NF4 and every k-quant, every integer width from 2 to 8 but 7.
 func TestQPackLadder(t *testing.T) {
-	for _, nf4 := range []bool{true, false} {
-		for _, kq := range []bool{true, false} {
-			l := QPackLadder(nf4, kq)
-			if err := checkLadder(l); err != nil {
-				t.Fatal(err)
-			}
-			bits, grids := map[int]bool{}, map[quant.Grid]int{}
-			for _, c := range l {
-				bits[c.Scheme.Bits] = bits[c.Scheme.Bits] || c.Scheme.Grid == quant.Integer
-				grids[c.Scheme.Grid]++
-			}
-			if (grids[quant.NF4] > 0) != nf4 || (grids[quant.KQuant] == 5) != kq || (!kq && grids[quant.KQuant] > 0) ||
-				!bits[2] || !bits[3] || !bits[4] || !bits[5] || !bits[6] || !bits[8] {
-				t.Errorf("QPackLadder(%v, %v) = %v", nf4, kq, l)
-			}
-		}
+	l := QPackLadder()
+	if err := checkLadder(l); err != nil {
+		t.Fatal(err)
+	}
+	bits, grids := map[int]bool{}, map[quant.Grid]int{}
+	for _, c := range l {
+		bits[c.Scheme.Bits] = bits[c.Scheme.Bits] || c.Scheme.Grid == quant.Integer
+		grids[c.Scheme.Grid]++
+	}
+	if grids[quant.NF4] == 0 || grids[quant.KQuant] != 5 || !bits[2] || !bits[3] || !bits[4] || !bits[5] || !bits[6] || !bits[8] {
+		t.Errorf("QPackLadder() = %v", l)
 	}
 }

@@ -65,6 +65,8 @@ type Options struct {
 	// Context stops the batch when cancelled: the running jobs stop and remove their staging
 	// directories, finished jobs stay, and the jobs not started are reported as interrupted.
 	Context context.Context
+	// Shard, when set, runs only that slice of the jobs (see Shard); its summary records it.
+	Shard *Shard
 }
 
 // Job statuses in a batch summary.
@@ -111,6 +113,8 @@ type Summary struct {
 	// ExitCode is what the command exits with: 0 all passed, 1 a verify threshold failed,
 	// 2 a job could not run or the batch was interrupted.
 	ExitCode int `json:"exit_code"`
+	// Shard, for a batch run with Options.Shard, says which jobs of the file it ran.
+	Shard *Shard `json:"shard,omitempty"`
 }
 
 // CheckJobs refuses a batch that cannot run as written, before any job runs: a job without a
@@ -118,31 +122,49 @@ type Summary struct {
 func CheckJobs(jobs []Job) error {
 	names, outputs := map[string]bool{}, map[string]string{}
 	for i, j := range jobs {
-		where := fmt.Sprintf("job %d (%s)", i+1, j.Name)
+		fail := func(format string, args ...any) error {
+			return &JobError{Index: i, Name: j.Name, Err: fmt.Errorf(format, args...)}
+		}
 		switch {
 		case j.Name == "":
-			return fmt.Errorf("job %d has no name", i+1)
+			return fail("no name")
 		case names[j.Name]:
-			return fmt.Errorf("%s: another job has the same name", where)
+			return fail("another job has the same name")
 		case j.Source == "":
-			return fmt.Errorf("%s: no source", where)
+			return fail("no source")
 		case j.Output == "":
-			return fmt.Errorf("%s: no output", where)
+			return fail("no output")
 		}
 		names[j.Name] = true
 		out := filepath.Clean(j.Output)
 		if other, ok := outputs[out]; ok {
-			return fmt.Errorf("%s: job %s writes the same output %s", where, other, j.Output)
+			return fail("job %s writes the same output %s", other, j.Output)
 		}
 		outputs[out] = j.Name
 		for _, kind := range j.Export {
 			if Exporters[kind] == nil {
-				return fmt.Errorf("%s: export %q is not available (available: %s)", where, kind, strings.Join(exportKinds(), ", "))
+				return fail("export %q is not available (available: %s)", kind, strings.Join(exportKinds(), ", "))
 			}
 		}
 	}
 	return nil
 }
+
+// JobError is what is wrong with one job of a batch, by its place in the jobs file.
+type JobError struct {
+	Index int    // from 0, in file order
+	Name  string // empty when the job has none
+	Err   error
+}
+
+func (e *JobError) Error() string {
+	if e.Name == "" {
+		return fmt.Sprintf("job %d: %v", e.Index+1, e.Err)
+	}
+	return fmt.Sprintf("job %d (%s): %v", e.Index+1, e.Name, e.Err)
+}
+
+func (e *JobError) Unwrap() error { return e.Err }
 
 func exportKinds() []string {
 	var kinds []string
@@ -162,6 +184,15 @@ func exportKinds() []string {
 func Run(jobs []Job, opt Options) (*Summary, error) {
 	if err := CheckJobs(jobs); err != nil {
 		return nil, err
+	}
+	var shard *Shard
+	if opt.Shard != nil {
+		s := *opt.Shard
+		var err error
+		if jobs, err = s.Select(jobs); err != nil {
+			return nil, err
+		}
+		shard = &s
 	}
 	start := time.Now()
 	ctx := opt.Context
@@ -207,7 +238,7 @@ func Run(jobs []Job, opt Options) (*Summary, error) {
 		})
 	}
 	wg.Wait()
-	s := &Summary{Jobs: results, Seconds: time.Since(start).Seconds()}
+	s := &Summary{Jobs: results, Seconds: time.Since(start).Seconds(), Shard: shard}
 	s.count()
 	return s, nil
 }

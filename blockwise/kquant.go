@@ -39,17 +39,27 @@ func kquantRow(kt *kquant.Type, imp []float32) rowQuantizer {
 	}
 }
 
-// checkKQuant refuses what k-quants cannot do: rows of partial sub-blocks and the clipping
-// search (their fit chooses each sub-block's range itself).
-func checkKQuant(k int, s quant.Scheme, opt Options) error {
-	if _, ok := s.KQuant(); !ok {
-		return nil
-	}
-	if err := s.CheckRowLength(k); err != nil {
+// Takes says whether round-to-nearest with opt quantizes to scheme s at all, whatever the
+// tensor: k-quants have no clipping search (their fit chooses each sub-block's range itself).
+func Takes(s quant.Scheme, opt Options) error {
+	if err := s.Validate(); err != nil {
 		return fmt.Errorf("blockwise: %w", err)
 	}
-	if opt.Clip {
+	if _, ok := s.KQuant(); ok && opt.Clip {
 		return fmt.Errorf("blockwise: %s has no clipping search (--clip); its fit searches each sub-block's scale and min, with importance under --imatrix", s)
+	}
+	return nil
+}
+
+// checkKQuant is Takes for rows of k weights: k-quants also need rows of whole sub-blocks.
+func checkKQuant(k int, s quant.Scheme, opt Options) error {
+	if err := Takes(s, opt); err != nil {
+		return err
+	}
+	if _, ok := s.KQuant(); ok {
+		if err := s.CheckRowLength(k); err != nil {
+			return fmt.Errorf("blockwise: %w", err)
+		}
 	}
 	return nil
 }

@@ -28,8 +28,6 @@ type AWQOptions struct {
 // of 128 × 512 (AutoAWQ uses all of them).
 const DefaultAWQSearchTokens = 8192
 
-func isAWQ(method string) bool { return method == "awq" || method == "awq+gptq" }
-
 // awqScaler runs AWQ inside a block-by-block calibration (model.Calibrate): for each block it
 // gathers every group's inputs with the block as loaded, searches the four scales, folds them
 // into the block, then either clips and quantizes (awq) or lets GPTQ quantize the scaled block
@@ -40,7 +38,7 @@ func isAWQ(method string) bool { return method == "awq" || method == "awq+gptq" 
 // weights are put back and the next block's inputs come from the quantized block, as GPTQ's
 // pipeline needs.
 type awqScaler struct {
-	r      *gptqRunner // delivers results, holds the plan; quantizes with GPTQ under awq+gptq
+	r      *blockRunner // delivers results, holds the plan; quantizes with GPTQ under awq+gptq
 	opt    awq.Options
 	gptq   bool
 	noClip bool
@@ -59,8 +57,8 @@ type awqScaler struct {
 
 // useAWQ turns the runner into an AWQ runner: on the GPU when g is not nil (the forward passes
 // and both searches; under awq+gptq also GPTQ's Hessians and solver), else on the CPU.
-func useAWQ(r *gptqRunner, items []Item, opt Options, g *gpu) error {
-	s := &awqScaler{r: r, opt: awq.Options{Duo: opt.AWQ.Duo}, gptq: opt.Method == "awq+gptq", noClip: opt.AWQ.NoClip, tokens: opt.AWQ.SearchTokens,
+func useAWQ(r *blockRunner, items []Item, opt Options, g *gpu) error {
+	s := &awqScaler{r: r, opt: awq.Options{Duo: opt.AWQ.Duo}, gptq: opt.Method.Solves(), noClip: opt.AWQ.NoClip, tokens: opt.AWQ.SearchTokens,
 		inputs: map[string]groupInputs{}, scaled: map[int]bool{}, kept: map[string]bool{}, gpuInput: map[model.Group]*awq.DeviceInputs{}}
 	if s.tokens <= 0 {
 		s.tokens = DefaultAWQSearchTokens
@@ -120,7 +118,7 @@ func foldable(name string) bool {
 }
 
 // changes says whether the kept tensor name is delivered by the calibration run.
-func (r *gptqRunner) changes(name string) bool {
+func (r *blockRunner) changes(name string) bool {
 	return r != nil && r.awq != nil && r.awq.kept[name]
 }
 
@@ -396,7 +394,7 @@ func (s *awqScaler) deliverKept(b *model.Block) {
 }
 
 // changedUnit writes a kept tensor with the values the calibration run delivers, in its dtype.
-func changedUnit(r *gptqRunner, it Item, writes *writeTimer) unit {
+func changedUnit(r *blockRunner, it Item, writes *writeTimer) unit {
 	return func(out *safetensors.CheckpointWriter) error {
 		v, err := r.value(it.Info.Name)
 		if err != nil {
@@ -437,7 +435,7 @@ func (ws *weightSample) awqScaled(meanAbs, importance []float32) []float32 {
 
 // awqPhases are AWQ's parts of the time breakdown. Each is final once the last module's result
 // has been delivered (it is added to before the delivery), so the writer's end may read them.
-func (r *gptqRunner) awqPhases() []Phase {
+func (r *blockRunner) awqPhases() []Phase {
 	if r == nil || r.awq == nil {
 		return nil
 	}

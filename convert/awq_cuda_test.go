@@ -20,8 +20,8 @@ func TestGPUAWQ(t *testing.T) {
 	gputest.Open(t) // skips without a GPU
 	tiny := testenv.Testdata(t, "models/tiny")
 	s := quant.Scheme{Bits: 3, GroupSize: 64}
-	for _, method := range []string{"awq", "awq+gptq"} {
-		t.Run(method, func(t *testing.T) {
+	for _, method := range []Method{AWQ, AWQGPTQ} {
+		t.Run(method.String(), func(t *testing.T) {
 			dir := t.TempDir()
 			var log bytes.Buffer
 			gpu, cpu := awqOptions(t, method, s), awqOptions(t, method, s)

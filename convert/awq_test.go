@@ -19,7 +19,7 @@ import (
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
-func awqOptions(t *testing.T, method string, s quant.Scheme) Options {
+func awqOptions(t *testing.T, method Method, s quant.Scheme) Options {
 	opt := DefaultOptions()
 	opt.Method = method
 	opt.Alloc = Uniform(s)
@@ -59,13 +59,13 @@ func TestAWQConvertTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	pRTN := tinyPerplexity(t, filepath.Join(dir, "rtn"))
-	for _, method := range []string{"awq", "awq+gptq"} {
-		out := filepath.Join(dir, method)
+	for _, method := range []Method{AWQ, AWQGPTQ} {
+		out := filepath.Join(dir, method.String())
 		r, err := Convert(tiny, out, awqOptions(t, method, s))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Quantized != 28 || r.Method != method {
+		if r.Quantized != 28 || r.Method != method.String() {
 			t.Fatalf("report %d quantized, method %s", r.Quantized, r.Method)
 		}
 		in, _ := safetensors.Open(tiny)
@@ -227,7 +227,7 @@ func TestAWQRefusals(t *testing.T) {
 
 	opt = awqOptions(t, "awq", quant.Scheme{Bits: 4, GroupSize: 64, Grid: quant.NF4, Sym: true})
 	opt.Format = "qpack"
-	check("nf4", tiny, opt, "integer scheme")
+	check("nf4", tiny, opt, "awq quantizes to integer grids, not nf4-g64")
 
 	// Finite weights whose activations overflow.
 	nan := copyTiny(t, nil, "model.layers.0.input_layernorm.weight", func(v []float32) {
@@ -257,15 +257,14 @@ func TestSmallLlamaAWQPerplexity(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		method  string
-		imatrix bool // what the CLI's default is for the method
-		floor   float64
+		method Method
+		floor  float64
 	}{
-		{"awq", false, 8.90},     // issue 12; RTN 8.950
-		{"awq+gptq", true, 8.82}, // issue 12; GPTQ 8.831
+		{AWQ, 8.90},     // issue 12; RTN 8.950
+		{AWQGPTQ, 8.82}, // issue 12; GPTQ 8.831
 	} {
-		opt := DefaultOptions()
-		opt.Method, opt.Format, opt.Imatrix = c.method, "qpack", c.imatrix
+		opt := c.method.DefaultOptions() // awq+gptq: the imatrix search on
+		opt.Format = "qpack"
 		opt.Alloc = Uniform(quant.Scheme{Bits: 4, GroupSize: 128})
 		opt.Calib = CalibOptions{File: testenv.Shared(t, "models/calib.txt")}
 		out := filepath.Join(t.TempDir(), "q")
@@ -295,8 +294,8 @@ func TestAWQBudget(t *testing.T) {
 	tiny := testenv.Testdata(t, "models/tiny")
 	budget := alloc.Options{Strategy: alloc.StrategyBudget, TargetBPW: 6,
 		Ladder: []alloc.Choice{alloc.SchemeChoice(quant.Scheme{Bits: 2, GroupSize: 128}), alloc.SchemeChoice(quant.Scheme{Bits: 4, GroupSize: 128}), alloc.Keep}}
-	plans := map[string]*alloc.Plan{}
-	for _, method := range []string{"gptq", "awq"} {
+	plans := map[Method]*alloc.Plan{}
+	for _, method := range []Method{GPTQ, AWQ} {
 		opt := awqOptions(t, method, quant.Scheme{})
 		opt.Alloc, opt.Format = budget, "qpack"
 		p, err := Plan(tiny, opt)
@@ -307,8 +306,8 @@ func TestAWQBudget(t *testing.T) {
 	}
 	var kept []string
 	differ := 0
-	for i, e := range plans["awq"].Entries {
-		if e.Sensitivity["int4-g128-asym"] != plans["gptq"].Entries[i].Sensitivity["int4-g128-asym"] {
+	for i, e := range plans[AWQ].Entries {
+		if e.Sensitivity["int4-g128-asym"] != plans[GPTQ].Entries[i].Sensitivity["int4-g128-asym"] {
 			differ++
 		}
 		if e.Scheme == "keep" && strings.HasSuffix(e.Name, "_proj.weight") {
@@ -322,7 +321,7 @@ func TestAWQBudget(t *testing.T) {
 		t.Fatal("the budget kept no linear in 16 bits; raise the target")
 	}
 	opt := awqOptions(t, "awq", quant.Scheme{})
-	opt.Format, opt.Plan = "qpack", plans["awq"]
+	opt.Format, opt.Plan = "qpack", plans[AWQ]
 	out := filepath.Join(t.TempDir(), "awq")
 	if _, err := Convert(tiny, out, opt); err != nil {
 		t.Fatal(err)

@@ -2,8 +2,11 @@ package convert
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/qpack-dev/qpack/internal/staged"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/safetensors"
 )
@@ -57,11 +60,11 @@ type Report struct {
 // Convert quantizes the checkpoint at src into a new checkpoint directory dst.
 func Convert(src, dst string, opt Options) (*Report, error) {
 	start := time.Now()
-	f, err := opt.validate()
+	f, err := opt.check()
 	if err != nil {
 		return nil, err
 	}
-	if err := checkDestination(dst, opt.Overwrite); err != nil {
+	if err := staged.CheckDestination(dst, opt.Overwrite); err != nil {
 		return nil, err
 	}
 	ck, err := safetensors.Open(src)
@@ -77,7 +80,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opt.Imatrix && opt.Method == "rtn" && opt.importance == nil {
+	if opt.Imatrix && !opt.Method.Calibrates() && opt.importance == nil {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
 		if opt.importance, _, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, logf); err != nil {
 			return nil, err
@@ -87,8 +90,14 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	for _, w := range plan.Warnings {
+		fmt.Fprintf(opt.Log, "warning: %s\n", w)
+	}
 	items, err := planItems(ck, plan)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkQuantizes(items, plan); err != nil {
 		return nil, err
 	}
 	if err := checkMixed(items, f); err != nil {
@@ -101,7 +110,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	defer g.close()
 	defer runner.close()
 	opt.Log = &lockedWriter{w: opt.Log} // units log from several goroutines
-	report := &Report{Source: src, Output: dst, Method: opt.Method, Format: f.Name()}
+	report := &Report{Source: src, Output: dst, Method: opt.Method.String(), Format: f.Name()}
 	tensors, units, err := buildOutput(ck, items, f, opt, g, runner, report)
 	if err != nil {
 		return nil, err
@@ -119,7 +128,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	defer runner.start(ck.Dir, calib, opt.GPTQ.TrueSequential)()
-	err = writeStaged(dst, opt.Overwrite, func(dir string) error {
+	err = staged.Dir(dst, opt.Overwrite, opt.Log, func(dir string) error {
 		out, err := safetensors.NewCheckpointWriter(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)
 		if err != nil {
 			return err
@@ -169,15 +178,15 @@ func commitOutput(out *safetensors.CheckpointWriter, hashes *inputHashes, report
 	return nil
 }
 
-// setupMethod opens the GPU as the device option asks and, for GPTQ, makes the runner that
-// will feed the writer (solving on the GPU when there is one). Either may be nil.
-func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner, error) {
+// setupMethod opens the GPU as the device option asks and, for a method that calibrates, makes
+// the runner that will feed the writer (on the GPU when there is one). Either may be nil.
+func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *blockRunner, error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
 	g, err := openGPU(opt.Device, opt.GPUSlots, logf)
 	if err != nil {
 		return nil, nil, err
 	}
-	if opt.Method != "gptq" && !isAWQ(opt.Method) {
+	if !opt.Method.Calibrates() {
 		err := g.useKQuants(items)
 		if err == nil {
 			err = checkDevicePlan(g, opt.Device, items, f, opt)
@@ -188,11 +197,8 @@ func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *gptqRunner
 		}
 		return g, nil, nil
 	}
-	runner, err := newGPTQRunner(opt.Method, items, opt.GPTQ, opt.Clip, opt.Imatrix, logf)
-	if err == nil {
-		runner.ctx = opt.context()
-	}
-	if err == nil && isAWQ(opt.Method) {
+	runner, err := newBlockRunner(opt, items, logf)
+	if err == nil && opt.Method.Scales() {
 		err = useAWQ(runner, items, opt, g)
 	} else if err == nil {
 		err = runner.useGPU(g)
@@ -213,7 +219,7 @@ type outTensor struct {
 // buildOutput turns the plan into the output tensors' descriptions and the units that write
 // them: kept tensors are copied from the input, and each quantized weight becomes its
 // format's packed tensors, all written by one unit.
-func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, g *gpu, runner *gptqRunner, report *Report) ([]outTensor, []unit, error) {
+func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt Options, g *gpu, runner *blockRunner, report *Report) ([]outTensor, []unit, error) {
 	report.Tensors = make([]TensorReport, len(items))
 	layouts := layoutCache{}
 	total := 0
@@ -235,7 +241,7 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 			if runner.changes(it.Info.Name) {
 				units = append(units, changedUnit(runner, it, &report.writes))
 			} else {
-				units = append(units, keptUnit(ck, it.Info.Name, &report.writes))
+				units = append(units, keptUnit(ck, it, &report.writes))
 			}
 			unitShard, unitBytes = append(unitShard, it.ShardIdx), append(unitBytes, it.Info.Size)
 			continue
@@ -263,12 +269,18 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 	return out, units, nil
 }
 
-// keptUnit copies an input tensor unchanged, straight from the mapped file.
-func keptUnit(ck *safetensors.Checkpoint, name string, writes *writeTimer) unit {
+// keptUnit copies an input tensor unchanged, straight from the mapped file, once it has checked
+// that a float tensor holds no NaN or ±Inf (a norm weight with one would poison every token).
+func keptUnit(ck *safetensors.Checkpoint, it Item, writes *writeTimer) unit {
+	name := it.Info.Name
 	return func(out *safetensors.CheckpointWriter) error {
 		b, err := ck.Bytes(name)
 		if err != nil {
 			return err
+		}
+		if i := safetensors.FirstNonFinite(it.Info.DType, b); i >= 0 {
+			ck.Release(name)
+			return fmt.Errorf("tensor %s (%s): element %s is not finite", name, it.Info.File, elementAt(i, it.Info.Shape))
 		}
 		err = writes.write(out, name, b)
 		ck.Release(name)
@@ -325,6 +337,18 @@ func (r *Report) finish(elapsed time.Duration) {
 	if r.OutBytes > 0 {
 		r.Compression = float64(r.InBytes) / float64(r.OutBytes)
 	}
+}
+
+// elementAt names element i of a tensor of this shape by its indices, e.g. "[3, 17]".
+func elementAt(i int, shape []int) string {
+	idx := make([]string, len(shape))
+	for d := len(shape) - 1; d >= 0; d-- {
+		if shape[d] > 0 {
+			idx[d] = strconv.Itoa(i % shape[d])
+			i /= shape[d]
+		}
+	}
+	return "[" + strings.Join(idx, ", ") + "]"
 }
 
 func numel(shape []int) int64 {

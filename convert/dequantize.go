@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/internal/staged"
 	"github.com/qpack-dev/qpack/quantized"
 	"github.com/qpack-dev/qpack/safetensors"
 )
@@ -21,7 +22,7 @@ func Dequantize(src, dst string, dtype safetensors.DType, overwrite bool) error 
 	if dtype != safetensors.F16 && dtype != safetensors.BF16 && dtype != safetensors.F32 {
 		return fmt.Errorf("dequantize: dtype %s is not one of F16, BF16, F32", dtype)
 	}
-	if err := checkDestination(dst, overwrite); err != nil {
+	if err := staged.CheckDestination(dst, overwrite); err != nil {
 		return err
 	}
 	c, err := quantized.Open(src)
@@ -36,7 +37,7 @@ func Dequantize(src, dst string, dtype safetensors.DType, overwrite bool) error 
 	if err != nil {
 		return err
 	}
-	return writeStaged(dst, overwrite, func(dir string) error {
+	return staged.Dir(dst, overwrite, nil, func(dir string) error {
 		if _, err := safetensors.WriteShards(dir, shards, map[string]string{"qpack.dequantized_from": c.Format.Name()}); err != nil {
 			return err
 		}

@@ -28,53 +28,6 @@ import (
 	"lukechampine.com/blake3"
 )
 
-// checkDestination refuses to start when dst exists, unless overwriting was asked for.
-func checkDestination(dst string, overwrite bool) error {
-	if _, err := os.Stat(dst); err == nil && !overwrite {
-		return fmt.Errorf("output %s already exists (use --overwrite to replace it)", dst)
-	}
-	return nil
-}
-
-// WriteStaged is writeStaged for other writers of output directories (the ONNX export): dst
-// must not exist unless overwrite is set.
-func WriteStaged(dst string, overwrite bool, write func(dir string) error) error {
-	if err := checkDestination(dst, overwrite); err != nil {
-		return err
-	}
-	return writeStaged(dst, overwrite, write)
-}
-
-// writeStaged builds the output in a temporary sibling directory and renames it to dst only
-// when write succeeded, so a failed or killed run never leaves a directory that looks complete.
-func writeStaged(dst string, overwrite bool, write func(dir string) error) (err error) {
-	parent := filepath.Dir(filepath.Clean(dst))
-	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dst)+".tmp-")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			os.RemoveAll(tmp)
-		}
-	}()
-	if err = os.Chmod(tmp, 0o755); err != nil {
-		return err
-	}
-	if err = write(tmp); err != nil {
-		return err
-	}
-	if overwrite {
-		if err = os.RemoveAll(dst); err != nil {
-			return err
-		}
-	}
-	return os.Rename(tmp, dst)
-}
-
 // readModelConfig reads config.json as a generic object; the layouts that runtimes load need it.
 func readModelConfig(dir string, f packing.Format) (map[string]any, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
@@ -141,27 +94,44 @@ func writeJSON(path string, v any) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// copyAuxFiles copies the tokenizer, generation config and other small files; weights in other
-// containers (.bin, .pt, .gguf) are skipped with a note, since the output replaces them.
+// runtimeFile says whether a file beside the weights is one a runtime loading the output needs:
+// the tokenizer's files, the generation config and chat template, remote code, the licence and
+// the model card. Evaluation data, probes and other weights containers are not copied.
+func runtimeFile(name string) bool {
+	switch name {
+	case "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
+		"vocab.json", "vocab.txt", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+		"generation_config.json", "chat_template.json", "chat_template.jinja", "README.md", "NOTICE", "USE_POLICY.md":
+		return true
+	}
+	upper := strings.ToUpper(name)
+	return strings.HasPrefix(upper, "LICENSE") || strings.HasPrefix(upper, "LICENCE") ||
+		slices.Contains([]string{".py", ".tiktoken", ".jinja"}, filepath.Ext(name))
+}
+
+// copyAuxFiles copies the runtime files (runtimeFile) of src into dst and logs what else it leaves out.
 func copyAuxFiles(src, dst string, log io.Writer) error {
 	entries, err := os.ReadDir(src)
 	if err != nil {
 		return err
 	}
+	var skipped []string
 	for _, e := range entries {
 		name := e.Name()
 		if !e.Type().IsRegular() || strings.HasPrefix(name, ".") || name == "config.json" ||
 			name == "quantize_config.json" || name == safetensors.IndexName || strings.HasSuffix(name, ".safetensors") {
 			continue
 		}
-		switch filepath.Ext(name) {
-		case ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack":
-			fmt.Fprintf(log, "not copying %s (weights in another container)\n", name)
+		if !runtimeFile(name) {
+			skipped = append(skipped, name)
 			continue
 		}
 		if err := copyFile(filepath.Join(src, name), filepath.Join(dst, name)); err != nil {
 			return err
 		}
+	}
+	if len(skipped) > 0 {
+		fmt.Fprintf(log, "not copied (not needed to load the model): %s\n", strings.Join(skipped, ", "))
 	}
 	return nil
 }
@@ -245,7 +215,7 @@ func outputMetadata(items []Item, plan *alloc.Plan, calib *Calibration, inputs [
 	if _, _, any := mainScheme(items); any {
 		meta = quantConfig(f, items).Meta()
 	}
-	prov := Provenance{Tool: "qpack", Version: opt.Version, Method: opt.Method, Format: f.Name(), Plan: plan,
+	prov := Provenance{Tool: "qpack", Version: opt.Version, Method: opt.Method.String(), Format: f.Name(), Plan: plan,
 		Calibration: calib, Options: map[string]any{"clip": opt.Clip, "imatrix": opt.Imatrix}}
 	if calib != nil && opt.Plan == nil && opt.Alloc.Strategy == alloc.StrategyBudget {
 		prov.Options["output_probe"] = opt.OutputProbe

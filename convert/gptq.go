@@ -29,10 +29,12 @@ type gptqResult struct {
 	err    error
 }
 
-// gptqRunner quantizes the planned linears block by block through the model engine and hands
-// each result to the writer, which streams the output while later blocks are still running.
-// Linears that share an input share one Hessian.
-type gptqRunner struct {
+// blockRunner carries out the methods that calibrate (GPTQ, AWQ, awq+gptq): it runs the model
+// block by block over the calibration data, quantizes each block's planned linears (GPTQ's
+// solver, or AWQ's scaler and clipped rounding) and hands each result to the writer, which
+// streams the output while later blocks are still running. Linears that share an input share
+// one Hessian.
+type blockRunner struct {
 	opt     gptq.Options
 	solver  *gptq.GPUSolver // nil: the pure-Go solver
 	dev     *cuda.Device    // nil: the forward passes and Hessians on the CPU
@@ -40,7 +42,7 @@ type gptqRunner struct {
 	device  string
 	schemes map[string]quant.Scheme // module prefix → planned scheme
 	hess    map[string]*gptq.Hessian
-	method  string // for messages: gptq, awq or awq+gptq
+	method  Method
 	logf    func(string, ...any)
 	stopped atomic.Bool
 	ctx     context.Context // the conversion's: result stops waiting when it is done
@@ -51,21 +53,22 @@ type gptqRunner struct {
 	results map[string]chan gptqResult
 }
 
-func newGPTQRunner(method string, items []Item, o GPTQOptions, clip, weighted bool, logf func(string, ...any)) (*gptqRunner, error) {
-	r := &gptqRunner{method: method, schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
-		results: map[string]chan gptqResult{}, ctx: context.Background(),
-		opt: gptq.Options{Damp: o.Damp, ActOrder: o.ActOrder, StaticGroups: o.StaticGroups, Clip: clip, Imatrix: weighted, BaselineLoss: true}}
+// newBlockRunner makes the runner of a method that calibrates, for the planned items: it checks
+// each one against the method before any calibration (Method.Takes, and GPTQ's row lengths).
+func newBlockRunner(opt Options, items []Item, logf func(string, ...any)) (*blockRunner, error) {
+	r := &blockRunner{method: opt.Method, schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
+		results: map[string]chan gptqResult{}, ctx: opt.context(), opt: opt.gptq()}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue
 		}
 		if it.Role == model.RoleEmbedding || it.Role == model.RoleClassifier || it.Info.Shape[0] <= 0 {
-			return nil, fmt.Errorf("tensor %s: %s quantizes decoder linears only; keep it (drop --quantize-embeddings/--quantize-head) or use --method rtn", it.Info.Name, method)
+			return nil, fmt.Errorf("tensor %s: %s quantizes decoder linears only; keep it (drop --quantize-embeddings/--quantize-head) or use --method rtn", it.Info.Name, opt.Method)
 		}
-		if g := it.Scheme.Grid; g != quant.Integer && ((g != quant.NF4 && g != quant.KQuant) || method != "gptq") {
-			return nil, fmt.Errorf("tensor %s: %s needs %s scheme, not %s (use --method rtn for it)", it.Info.Name, method, gridsOf(method), it.Scheme)
+		if err := opt.Method.Takes(*it.Scheme, opt); err != nil {
+			return nil, fmt.Errorf("tensor %s: %w", it.Info.Name, err)
 		}
-		if err := gptq.CheckScheme(*it.Scheme, it.K(), r.opt); err != nil { // before any calibration
+		if err := gptq.CheckScheme(*it.Scheme, it.K(), r.opt); opt.Method.Solves() && err != nil {
 			return nil, fmt.Errorf("tensor %s: %w", it.Info.Name, err)
 		}
 		r.schemes[it.Module] = *it.Scheme
@@ -74,17 +77,9 @@ func newGPTQRunner(method string, items []Item, o GPTQOptions, clip, weighted bo
 	return r, nil
 }
 
-// gridsOf names the grids a method quantizes to, for errors.
-func gridsOf(method string) string {
-	if method == "gptq" {
-		return "an integer, NF4 or k-quant"
-	}
-	return "an integer"
-}
-
 // result waits for a module's quantized tensor, or until the conversion is stopped (a unit
 // waiting here would otherwise hold a stopped conversion until GPTQ reached its layer).
-func (r *gptqRunner) result(module string) (*quant.Tensor, error) {
+func (r *blockRunner) result(module string) (*quant.Tensor, error) {
 	select {
 	case res := <-r.results[module]:
 		return res.t, res.err
@@ -94,13 +89,13 @@ func (r *gptqRunner) result(module string) (*quant.Tensor, error) {
 }
 
 // value waits for a kept tensor that the calibration run changed (AWQ's folded scales).
-func (r *gptqRunner) value(name string) ([]float32, error) {
+func (r *blockRunner) value(name string) ([]float32, error) {
 	res := <-r.results[name]
 	return res.values, res.err
 }
 
 // fail delivers err to every module still waiting.
-func (r *gptqRunner) fail(err error) {
+func (r *blockRunner) fail(err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for m, ch := range r.results {
@@ -112,7 +107,7 @@ func (r *gptqRunner) fail(err error) {
 }
 
 // run calibrates the model over the sequences, quantizing as it goes.
-func (r *gptqRunner) run(src string, calib *Calibration, trueSequential bool) {
+func (r *blockRunner) run(src string, calib *Calibration, trueSequential bool) {
 	m, err := model.Open(src)
 	if err == nil {
 		defer m.Close()
@@ -132,7 +127,7 @@ func (r *gptqRunner) run(src string, calib *Calibration, trueSequential bool) {
 
 // start runs the calibration in the background; the returned function stops it at its next
 // step (when the writer has finished or failed) and waits for it. A nil runner does nothing.
-func (r *gptqRunner) start(src string, calib *Calibration, trueSequential bool) (stop func()) {
+func (r *blockRunner) start(src string, calib *Calibration, trueSequential bool) (stop func()) {
 	if r == nil {
 		return func() {}
 	}
@@ -147,7 +142,7 @@ func (r *gptqRunner) start(src string, calib *Calibration, trueSequential bool) 
 	}
 }
 
-func (r *gptqRunner) Observe(block int, g model.Group, x []float32, rows, cols int) error {
+func (r *blockRunner) Observe(block int, g model.Group, x []float32, rows, cols int) error {
 	if r.stopped.Load() {
 		return fmt.Errorf("stopped")
 	}
@@ -165,7 +160,7 @@ func (r *gptqRunner) Observe(block int, g model.Group, x []float32, rows, cols i
 
 // Update quantizes each planned linear of the groups with its group's Hessian and puts the
 // dequantized weights back, so the next groups and blocks see the quantization error.
-func (r *gptqRunner) Update(b *model.Block, groups []model.Group) error {
+func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 	if r.gpu != nil {
 		defer func(start time.Time) { r.gpu.solve += time.Since(start) }(time.Now())
 	}
@@ -188,7 +183,7 @@ type solveFunc func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.
 
 // hessianOf returns how to solve with the Hessian of group g of block: on the host, or on the
 // GPU from the Gram matrix gathered there (gpuSolveFunc).
-func (r *gptqRunner) hessianOf(block int, g model.Group) (solveFunc, func(), error) {
+func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), error) {
 	if r.gpu != nil {
 		return r.gpuSolveFunc(block, g)
 	}
@@ -205,7 +200,7 @@ func (r *gptqRunner) hessianOf(block int, g model.Group) (solveFunc, func(), err
 }
 
 // updateGroup quantizes the planned linears of group g and puts their dequantized weights back.
-func (r *gptqRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc) error {
+func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc) error {
 	for _, l := range b.Linears(g) {
 		s, planned := r.schemes[l.Name]
 		if !planned {
@@ -232,7 +227,7 @@ func (r *gptqRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc)
 // --imatrix) included (gptq.GPUSolver). What the solver does not take (NF4, k-quants; clip search where the GPU
 // cannot reproduce the CPU's math.Pow) is solved on the CPU with the Hessians gathered on the
 // GPU.
-func (r *gptqRunner) useGPU(g *gpu) error {
+func (r *blockRunner) useGPU(g *gpu) error {
 	if g == nil {
 		r.device = DeviceCPU
 		return nil
@@ -246,21 +241,21 @@ func (r *gptqRunner) useGPU(g *gpu) error {
 }
 
 // deviceFor names where GPTQ solves a tensor of scheme s.
-func (r *gptqRunner) deviceFor(s quant.Scheme) string {
+func (r *blockRunner) deviceFor(s quant.Scheme) string {
 	if r.solver != nil && !r.solver.Supports(s, r.opt) {
 		return "cpu (Hessians on cuda)"
 	}
 	return r.device
 }
 
-func (r *gptqRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
+func (r *blockRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
 	if r.solver != nil && r.solver.Supports(s, r.opt) {
 		return r.solver.Quantize(w, n, k, h, s, r.opt)
 	}
 	return gptq.Quantize(w, n, k, h, s, r.opt)
 }
 
-func (r *gptqRunner) close() {
+func (r *blockRunner) close() {
 	if r == nil {
 		return
 	}

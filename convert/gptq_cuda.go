@@ -29,7 +29,7 @@ type deviceGram struct {
 
 // calibrateOnGPU runs the calibration through the GPU forward pass with cal observing (the
 // runner itself for GPTQ, its AWQ scaler for AWQ).
-func (r *gptqRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPUCalibrator, opt model.CalibrateOptions) error {
+func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPUCalibrator, opt model.CalibrateOptions) error {
 	e, err := model.NewGPU(r.dev, m.Config, model.GPUOptions{TF32: true})
 	if err != nil {
 		return err
@@ -59,7 +59,7 @@ func (c *gpuCapture) free() {
 }
 
 // ObserveGPU adds x's Gram matrix to its group's sum.
-func (r *gptqRunner) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, rows, cols int) error {
+func (r *blockRunner) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, rows, cols int) error {
 	if r.stopped.Load() {
 		return errors.New("stopped")
 	}
@@ -82,7 +82,7 @@ func (r *gptqRunner) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, rows
 
 // gpuSolveFunc solves with group g's Gram matrix where it was gathered, on the GPU
 // (gptq.GPUSolver.QuantizeGram: H = 2/n·Σ xᵀx is made there; only its diagonal comes back).
-func (r *gptqRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), error) {
+func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), error) {
 	key := hessianKey(block, g)
 	gr := r.gpu.grams[key]
 	if gr == nil {
@@ -117,7 +117,7 @@ func (r *gptqRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), 
 // hostHessian brings a Gram matrix gathered on the GPU to the host as the CPU solver's
 // H = 2/n·Σ xᵀx in float64. The GEMM that summed it may round (i, j) and (j, i) differently,
 // so the two are averaged: the solver requires an exactly symmetric H.
-func (r *gptqRunner) hostHessian(gr *deviceGram) ([]float64, error) {
+func (r *blockRunner) hostHessian(gr *deviceGram) ([]float64, error) {
 	k := gr.k
 	buf := make([]byte, 4*k*k)
 	if err := r.dev.CopyFromDevice(buf, gr.sum); err != nil {

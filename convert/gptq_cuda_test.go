@@ -21,7 +21,7 @@ import (
 func TestGPUCPUSolvedGPTQ(t *testing.T) {
 	gputest.Open(t) // skips without a GPU
 	for _, c := range []struct {
-		method        string
+		method        Method
 		s             quant.Scheme
 		imatrix, clip bool
 		where         string
@@ -32,7 +32,7 @@ func TestGPUCPUSolvedGPTQ(t *testing.T) {
 		{"gptq", q3k, true, false, "on cpu (Hessians on cuda)"},
 		{"rtn", quant.Scheme{Bits: 3, GroupSize: 64}, true, false, "on cuda (search) and cpu"},
 	} {
-		name := c.method + "/" + c.s.String()
+		name := c.method.String() + "/" + c.s.String()
 		if c.imatrix {
 			name += "/imatrix"
 		}
@@ -43,7 +43,7 @@ func TestGPUCPUSolvedGPTQ(t *testing.T) {
 	}
 }
 
-func checkAgainstCPU(t *testing.T, method string, s quant.Scheme, imatrix, clip bool, where string) {
+func checkAgainstCPU(t *testing.T, method Method, s quant.Scheme, imatrix, clip bool, where string) {
 	tiny := testenv.Testdata(t, "models/tiny")
 	opt := DefaultOptions()
 	opt.Method, opt.Alloc, opt.Format, opt.Imatrix, opt.Clip = method, Uniform(s), "qpack", imatrix, clip

@@ -93,20 +93,20 @@ func TestGPTQRefusals(t *testing.T) {
 	}
 	opt = gptqOptions(t, quant.Scheme{Grid: quant.FP8E4M3, Bits: 8, GroupSize: quant.PerChannel, Sym: true})
 	opt.Format = "qpack"
-	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "needs an integer, NF4 or k-quant scheme, not fp8") {
+	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "GPTQ quantizes to integer, NF4 and k-quant grids, not fp8") {
 		t.Errorf("gptq with fp8: %v", err)
 	}
 	opt = gptqOptions(t, quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true})
 	opt.Method, opt.Format = "awq", "qpack"
-	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "needs an integer scheme, not nf4-g64") {
+	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "awq quantizes to integer grids, not nf4-g64") {
 		t.Errorf("awq with nf4: %v", err)
 	}
-	// What GPTQ cannot do with k-quants is refused before the calibration runs, naming the tensor.
+	// What GPTQ cannot do with k-quants is refused before the calibration runs, naming the rung.
 	for flag, want := range map[string]string{"act-order": "use act-order with static groups", "clip": "no clipping search"} {
 		opt = gptqOptions(t, q3k)
 		opt.Format, opt.GPTQ.ActOrder, opt.Clip = "qpack", flag == "act-order", flag == "clip"
 		_, err := Convert(tiny, dst, opt)
-		if err == nil || !strings.Contains(err.Error(), "tensor model.layers.0.") || !strings.Contains(err.Error(), "q3_k") || !strings.Contains(err.Error(), want) {
+		if err == nil || !strings.Contains(err.Error(), "scheme q3_k") || !strings.Contains(err.Error(), want) {
 			t.Errorf("gptq q3_k with --%s: %v", flag, err)
 		}
 	}
@@ -153,7 +153,7 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 // The writer's wait for a GPTQ result ends when the conversion is stopped, without the result.
 func TestGPTQResultStopsWaiting(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &gptqRunner{results: map[string]chan gptqResult{"m": make(chan gptqResult, 1)}, ctx: ctx}
+	r := &blockRunner{results: map[string]chan gptqResult{"m": make(chan gptqResult, 1)}, ctx: ctx}
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.result("m")

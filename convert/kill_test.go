@@ -13,7 +13,8 @@ import (
 )
 
 // A conversion killed mid-write (SIGKILL: no cleanup runs) leaves no output directory, only its
-// hidden staging directory: nothing that looks like a finished checkpoint.
+// hidden staging directory: nothing that looks like a finished checkpoint. The next conversion
+// to that output removes the staging directory and says so.
 func TestKillDuringWrite(t *testing.T) {
 	if src := os.Getenv("QPACK_KILL_SRC"); src != "" { // the child: convert until killed
 		opt := DefaultOptions()
@@ -56,5 +57,21 @@ func TestKillDuringWrite(t *testing.T) {
 		if !strings.HasPrefix(e.Name(), ".") {
 			t.Errorf("visible leftover %s", e.Name())
 		}
+	}
+	if len(entries) == 0 {
+		t.Fatal("the killed conversion left no staging directory: the kill came too late to test the cleanup")
+	}
+	var log strings.Builder
+	opt := DefaultOptions()
+	opt.Log = &log
+	if _, err := Convert(testenv.Testdata(t, "models/tiny"), dst, opt); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ = os.ReadDir(filepath.Dir(dst))
+	if len(entries) != 1 || entries[0].Name() != "dst" {
+		t.Errorf("after the next conversion %s holds %v, want only dst", filepath.Dir(dst), entries)
+	}
+	if !strings.Contains(log.String(), "left by a run that did not finish") {
+		t.Errorf("the next conversion did not report the removed staging directory:\n%s", log.String())
 	}
 }

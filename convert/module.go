@@ -79,7 +79,7 @@ type packedModule struct {
 	format   packing.Format
 	opt      Options
 	gpu      *gpu
-	gptq     *gptqRunner // set for --method gptq: the tensor comes from the calibration run
+	gptq     *blockRunner // set for --method gptq: the tensor comes from the calibration run
 	layout   []rawLayout
 	report   *TensorReport
 	writes   *writeTimer

@@ -7,16 +7,19 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/qpack-dev/qpack/alloc"
 	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/gptq"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 )
 
 // Options say how to convert. Start from DefaultOptions.
 type Options struct {
-	Method string // "rtn", "gptq", "awq" or "awq+gptq"
+	// Method quantizes the planned tensors; start from its DefaultOptions for its defaults.
+	Method Method
 	Format string // output layout: a packing registry name
 	Clip   bool   // MSE-optimal clipping search per group (rtn; gptq's mse option)
 	// Imatrix fits every integer/NF4 group with the importance-weighted scale search
@@ -81,9 +84,10 @@ type Options struct {
 // DefaultScheme is the interoperable default: 4-bit, group 128, symmetric (docs/reference/formats.md §7).
 var DefaultScheme = quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}
 
-// DefaultOptions: RTN with the default scheme on every decoder linear, GPTQ layout.
+// DefaultOptions: RTN with the default scheme on every decoder linear, GPTQ layout. Another
+// method's defaults are its DefaultOptions (GPTQ.DefaultOptions(), ...).
 func DefaultOptions() Options {
-	return Options{Method: "rtn", Format: "gptq", Alloc: Uniform(DefaultScheme), GPTQ: GPTQOptions{TrueSequential: true}, OutputProbe: true}
+	return Options{Method: RTN, Format: "gptq", Alloc: Uniform(DefaultScheme), GPTQ: GPTQOptions{TrueSequential: true}, OutputProbe: true}
 }
 
 // Uniform is the allocator setting that gives every candidate tensor scheme s.
@@ -91,18 +95,18 @@ func Uniform(s quant.Scheme) alloc.Options {
 	return alloc.Options{Strategy: alloc.StrategyUniform, Ladder: []alloc.Choice{alloc.SchemeChoice(s)}}
 }
 
-func (o *Options) validate() (packing.Format, error) {
-	switch o.Method {
-	case "rtn":
-		if o.Imatrix && o.Calib.File == "" {
-			return nil, fmt.Errorf("--imatrix needs calibration data (--calib FILE) for the importance E[x²]")
-		}
-	case "gptq", "awq", "awq+gptq":
-		if o.Calib.File == "" {
-			return nil, fmt.Errorf("--method %s needs calibration data (--calib FILE)", o.Method)
-		}
-	default:
-		return nil, fmt.Errorf("method %q is not available (available: rtn, gptq, awq, awq+gptq)", o.Method)
+// check is the one validation step before any work (Convert and Plan run it first): it
+// resolves the format and the ladder, and refuses before anything is read what the method, the
+// format and the allocator settings cannot do together (checkCandidates).
+func (o *Options) check() (packing.Format, error) {
+	if _, err := ParseMethod(string(o.Method)); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.Method.Calibrates() && o.Calib.File == "":
+		return nil, fmt.Errorf("--method %s needs calibration data (--calib FILE)", o.Method)
+	case o.Imatrix && !o.Method.Calibrates() && o.Calib.File == "" && o.importance == nil:
+		return nil, fmt.Errorf("--imatrix needs calibration data (--calib FILE) for the importance E[x²]")
 	}
 	f, err := packing.Lookup(o.Format)
 	if err != nil {
@@ -117,7 +121,86 @@ func (o *Options) validate() (packing.Format, error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
-	return f, nil
+	if o.Plan == nil && len(o.Alloc.Ladder) == 0 {
+		o.Alloc.Ladder = o.defaultLadder(f)
+	}
+	return f, o.checkCandidates(f)
+}
+
+// defaultLadder is the ladder when none is given: a budget plan in a format that holds mixed
+// schemes chooses among alloc.QPackLadder's rungs that the method can produce with these
+// options; otherwise the allocator's default for the strategy.
+func (o *Options) defaultLadder(f packing.Format) []alloc.Choice {
+	if o.Alloc.Strategy != alloc.StrategyBudget || !f.MixedSchemes() {
+		return alloc.DefaultLadder(o.Alloc.Strategy)
+	}
+	var ladder []alloc.Choice
+	for _, c := range alloc.QPackLadder() {
+		if c.Keep || o.Method.Takes(c.Scheme, *o) == nil {
+			ladder = append(ladder, c)
+		}
+	}
+	return ladder
+}
+
+// checkCandidates refuses, before any work, plans the method or the format could not carry
+// out: a scheme the plan may choose (a ladder rung, an override, a replayed plan's entry) that
+// the method cannot produce, embeddings or lm_head under a method that quantizes decoder
+// linears only, and several schemes in a format whose config holds one.
+func (o *Options) checkCandidates(f packing.Format) error {
+	var schemes []quant.Scheme
+	where := map[quant.Scheme]string{}
+	add := func(s quant.Scheme, w string) {
+		if _, seen := where[s]; !seen {
+			schemes = append(schemes, s)
+			where[s] = w
+		}
+	}
+	if o.Plan != nil {
+		for _, e := range o.Plan.Entries {
+			if c, err := e.Choice(); err == nil && !c.Keep {
+				add(c.Scheme, "the plan's tensor "+e.Name)
+			}
+		}
+	} else {
+		rung := "the ladder's rung"
+		if len(o.Alloc.Ladder) == 1 {
+			rung = "scheme"
+		}
+		for _, c := range o.Alloc.Ladder {
+			if !c.Keep {
+				add(c.Scheme, rung)
+			}
+		}
+		for _, ov := range o.Alloc.Overrides {
+			if !ov.Choice.Keep {
+				add(ov.Choice.Scheme, "the override "+ov.Pattern+"=")
+			}
+		}
+	}
+	for _, s := range schemes {
+		if err := o.Method.Takes(s, *o); err != nil {
+			return fmt.Errorf("%s %s: %w", where[s], s, err)
+		}
+	}
+	if o.Method.Calibrates() && o.Plan == nil && (o.Alloc.QuantizeEmbeddings || o.Alloc.QuantizeHead) {
+		return fmt.Errorf("%s quantizes decoder linears only: drop --quantize-embeddings/--quantize-head, or use --method rtn", o.Method)
+	}
+	if len(schemes) > 1 && !f.MixedSchemes() {
+		names := make([]string, len(schemes))
+		for i, s := range schemes {
+			names[i] = s.String()
+		}
+		return fmt.Errorf("this plan can give tensors different schemes (%s), which the %s format's single quantization config cannot describe: use --format qpack, or one scheme (with keep) in --ladder and --override",
+			strings.Join(names, ", "), f.Name())
+	}
+	return nil
+}
+
+// gptq is the GPTQ solver's options for these settings.
+func (o *Options) gptq() gptq.Options {
+	return gptq.Options{Damp: o.GPTQ.Damp, ActOrder: o.GPTQ.ActOrder, StaticGroups: o.GPTQ.StaticGroups,
+		Clip: o.Clip, Imatrix: o.Imatrix, BaselineLoss: true}
 }
 
 // blockwise returns the RTN options for module (its importance when Imatrix).

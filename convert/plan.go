@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/qpack-dev/qpack/alloc"
@@ -30,7 +31,7 @@ func (it Item) K() int { return it.Info.Shape[1] }
 // Plan chooses a scheme for every tensor of the checkpoint at src without writing anything:
 // what `qpack plan` shows and what Convert carries out.
 func Plan(src string, opt Options) (*alloc.Plan, error) {
-	f, err := opt.validate()
+	f, err := opt.check()
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +92,7 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 			return 0, err
 		}
 		imp := importance[model.ParseTensorName(t.Name).Module]
-		if isAWQ(opt.Method) {
+		if opt.Method.Scales() {
 			imp = sample.awqScaled(meanAbs[model.ParseTensorName(t.Name).Module], imp)
 		}
 		bopt := blockwise.Options{Clip: opt.Clip, Imatrix: opt.Imatrix}
@@ -299,6 +300,19 @@ func mainScheme(items []Item) (s quant.Scheme, mixed, ok bool) {
 		return schemes[a].String() < schemes[b].String()
 	})
 	return schemes[0], len(schemes) > 1, true
+}
+
+// checkQuantizes refuses a plan that keeps every tensor: its output would be the input again,
+// without a quantization config, which no loader of the format reads as one of its checkpoints.
+func checkQuantizes(items []Item, plan *alloc.Plan) error {
+	if _, _, any := mainScheme(items); any {
+		return nil
+	}
+	why := "every tensor is kept (check --override and the ladder)"
+	if len(plan.Warnings) > 0 {
+		why += "; " + strings.Join(plan.Warnings, "; ")
+	}
+	return fmt.Errorf("nothing to quantize: %s", why)
 }
 
 // checkMixed refuses a plan with several schemes for a format whose config holds only one.

@@ -28,7 +28,7 @@ func TestImatrixBudgetSmallLlama(t *testing.T) {
 		opt := DefaultOptions()
 		opt.Method, opt.Format, opt.Imatrix, opt.Device = qualityMethod, "qpack", true, DeviceCPU
 		opt.Calib = CalibOptions{File: calib, Samples: 128, SeqLen: 512}
-		opt.Alloc = alloc.Options{Strategy: alloc.StrategyBudget, Ladder: alloc.QPackLadder(true, true), TargetBPW: c.bpw}
+		opt.Alloc = alloc.Options{Strategy: alloc.StrategyBudget, Ladder: alloc.QPackLadder(), TargetBPW: c.bpw}
 		dst := filepath.Join(t.TempDir(), "q")
 		r, err := Convert(src, dst, opt)
 		if err != nil {

@@ -16,7 +16,7 @@ import (
 // the same qpack version, method, format, input files (by the digest dst recorded), calibration
 // and plan — or returns "" when it is not (or does not exist).
 func UpToDate(src, dst string, opt Options) (string, error) {
-	f, err := opt.validate()
+	f, err := opt.check()
 	if err != nil {
 		return "", err
 	}
@@ -30,7 +30,7 @@ func UpToDate(src, dst string, opt Options) (string, error) {
 	if raw == "" || json.Unmarshal([]byte(raw), &prov) != nil {
 		return "", nil
 	}
-	if prov.Version != opt.Version || prov.Method != opt.Method || prov.Format != f.Name() || prov.Options["clip"] != opt.Clip {
+	if prov.Version != opt.Version || prov.Method != opt.Method.String() || prov.Format != f.Name() || prov.Options["clip"] != opt.Clip {
 		return "", nil
 	}
 	ck, err := safetensors.Open(src)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 
 	parser "github.com/gpustack/gguf-parser-go"
@@ -110,6 +111,24 @@ func TestWriteRefusesBadTensors(t *testing.T) {
 		if left, _ := os.ReadDir(dir); len(left) != 0 {
 			t.Errorf("%q: a failed write left %v", want, left[0].Name())
 		}
+	}
+}
+
+// TestWriteModeFollowsUmask: a GGUF file is readable by others under umask 022 (0644), like
+// every other output, so an ollama service running as another user can load it.
+func TestWriteModeFollowsUmask(t *testing.T) {
+	old := syscall.Umask(0o022)
+	defer syscall.Umask(old)
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if err := Write(path, []KV{{"general.architecture", "llama"}}, []Tensor{constTensor("a", F32, []uint64{1}, make([]byte, 4))}); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o644 {
+		t.Fatalf("mode %v, want 0644", fi.Mode().Perm())
 	}
 }
 

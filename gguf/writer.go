@@ -7,7 +7,8 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
+
+	"github.com/qpack-dev/qpack/internal/staged"
 )
 
 // KV is one metadata entry. Value is a Go value of a GGUF type: uint8, int8, uint16, int16,
@@ -31,7 +32,7 @@ type Tensor struct {
 // Write writes a GGUF v3 file at path with the KVs and tensors in the given order. The data
 // alignment is general.alignment when a KV sets it (a uint32 power of two), else 32. The
 // file is written under a temporary name and renamed when complete; on error nothing is left.
-func Write(path string, kvs []KV, tensors []Tensor) (err error) {
+func Write(path string, kvs []KV, tensors []Tensor) error {
 	align, err := alignment(kvs)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
@@ -40,43 +41,26 @@ func Write(path string, kvs []KV, tensors []Tensor) (err error) {
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
+	return staged.File(path, nil, func(f *os.File) error {
+		bw := bufio.NewWriterSize(f, 1<<20)
+		cw := &countWriter{w: bw}
+		if err := writeHeader(cw, kvs, tensors, sizes, align); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
 		}
-	}()
-	bw := bufio.NewWriterSize(f, 1<<20)
-	cw := &countWriter{w: bw}
-	if err := writeHeader(cw, kvs, tensors, sizes, align); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	for i, t := range tensors {
-		start := cw.n
-		if err := t.WriteTo(cw); err != nil {
-			return fmt.Errorf("%s: tensor %s: %w", path, t.Name, err)
+		for i, t := range tensors {
+			start := cw.n
+			if err := t.WriteTo(cw); err != nil {
+				return fmt.Errorf("%s: tensor %s: %w", path, t.Name, err)
+			}
+			if got := cw.n - start; got != sizes[i] {
+				return fmt.Errorf("%s: tensor %s: wrote %d bytes, its type and dims need %d", path, t.Name, got, sizes[i])
+			}
+			if err := cw.zeros(pad(cw.n, align) - cw.n); err != nil {
+				return err
+			}
 		}
-		if got := cw.n - start; got != sizes[i] {
-			return fmt.Errorf("%s: tensor %s: wrote %d bytes, its type and dims need %d", path, t.Name, got, sizes[i])
-		}
-		if err := cw.zeros(pad(cw.n, align) - cw.n); err != nil {
-			return err
-		}
-	}
-	if err := bw.Flush(); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
+		return bw.Flush()
+	})
 }
 
 func alignment(kvs []KV) (int64, error) {

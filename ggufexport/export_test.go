@@ -34,8 +34,9 @@ func heldout(t *testing.T, dir string) []int {
 	return ids
 }
 
-// ggufPerplexity evaluates an exported file through the decoders and qpack's forward pass.
-func ggufPerplexity(t *testing.T, path, src string, seqs int) float64 {
+// ggufPerplexity evaluates an exported file, with the config of the checkpoint src, through the
+// decoders and qpack's forward pass on the held-out ids of idsDir.
+func ggufPerplexity(t *testing.T, path, src, idsDir string, seqs int) float64 {
 	t.Helper()
 	cfg, w := openWeights(t, path, src)
 	defer w.Close()
@@ -43,7 +44,7 @@ func ggufPerplexity(t *testing.T, path, src string, seqs int) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := model.Perplexity(m, heldout(t, src), 512, seqs)
+	r, err := model.Perplexity(m, heldout(t, idsDir), 512, seqs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestExportTinyF32IsExact(t *testing.T) {
 	if len(entries) != 2+4*9+1 {
 		t.Fatalf("%d tensors, want %d", len(entries), 2+4*9+1)
 	}
-	got, want := ggufPerplexity(t, out, src, 2), sourcePerplexity(t, src, src, 2)
+	got, want := ggufPerplexity(t, out, src, src, 2), sourcePerplexity(t, src, src, 2)
 	if got != want {
 		t.Fatalf("perplexity of the F32 export %v, source %v", got, want)
 	}
@@ -188,7 +189,7 @@ func TestExportLosslessRepack(t *testing.T) {
 		if repacked != 4*7 {
 			t.Fatalf("%s %s: %d tensors repacked, want 28", c.format, s, repacked)
 		}
-		got, ref := ggufPerplexity(t, out, filepath.Join(dir, "q"), 2), sourcePerplexity(t, filepath.Join(dir, "q"), src, 2)
+		got, ref := ggufPerplexity(t, out, filepath.Join(dir, "q"), src, 2), sourcePerplexity(t, filepath.Join(dir, "q"), src, 2)
 		if got != ref {
 			t.Fatalf("%s %s: perplexity of the GGUF %v, of the checkpoint %v", c.format, s, got, ref)
 		}
@@ -311,7 +312,7 @@ func TestExportQwen2(t *testing.T) {
 			t.Fatalf("qwen2 attn_q element %d differs from q_proj: rows must not be permuted", i)
 		}
 	}
-	if got, want := ggufPerplexity(t, out, dir, 1), sourcePerplexity(t, dir, dir, 1); got != want {
+	if got, want := ggufPerplexity(t, out, dir, dir, 1), sourcePerplexity(t, dir, dir, 1); got != want {
 		t.Fatalf("qwen2 export perplexity %v, source %v", got, want)
 	}
 }

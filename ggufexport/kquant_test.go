@@ -123,7 +123,7 @@ func TestExportKQuantIsLossless(t *testing.T) {
 	for _, c := range []struct {
 		scheme  string
 		imatrix bool
-		method  string
+		method  convert.Method
 	}{{"q2_k", false, "rtn"}, {"q3_k", false, "rtn"}, {"q4_k", false, "rtn"}, {"q5_k", false, "rtn"}, {"q6_k", false, "rtn"},
 		{"q4_k", true, "rtn"}, {"q3_k", true, "gptq"}} {
 		s, _ := quant.ParseScheme(c.scheme)
@@ -171,7 +171,7 @@ func TestExportKQuantIsLossless(t *testing.T) {
 			t.Errorf("%s: general.file_type %v, want %d", c.scheme, ft, want)
 		}
 		if c.scheme == "q4_k" && !c.imatrix {
-			got, ref := ggufPerplexity(t, out, src, 1), sourcePerplexity(t, q, src, 1)
+			got, ref := ggufPerplexity(t, out, src, src, 1), sourcePerplexity(t, q, src, 1)
 			if got != ref {
 				t.Errorf("q4_k: perplexity of the GGUF file %v, of the checkpoint %v", got, ref)
 			}

@@ -39,7 +39,7 @@ func TestSmallLlamaGGUFPerplexity(t *testing.T) {
 		}
 		took := time.Since(start)
 		st, _ := os.Stat(out)
-		ppl := ggufPerplexity(t, out, src, seqs)
+		ppl := ggufPerplexity(t, out, src, src, seqs)
 		t.Logf("%-5s %6.2f MB  export %5.2f s  perplexity %.4f (%+.2f%%)", b.typ, float64(st.Size())/1e6, took.Seconds(), ppl, 100*(ppl/ref-1))
 		if ppl/ref-1 > b.max || ppl/ref-1 < -b.max {
 			t.Errorf("%s: perplexity %.4f against %.4f: more than %.2g relative", b.typ, ppl, ref, b.max)

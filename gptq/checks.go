@@ -41,33 +41,38 @@ func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 }
 
 // CheckScheme says whether Quantize can quantize rows of k weights to scheme s with opt, before
-// any Hessian is gathered: the grid, and what k-quants cannot do (checkKQuant).
+// any Hessian is gathered: Takes, and k-quant rows of whole sub-blocks.
 func CheckScheme(s quant.Scheme, k int, opt Options) error {
+	if err := Takes(s, opt); err != nil {
+		return err
+	}
+	if _, ok := s.KQuant(); ok {
+		if err := s.CheckRowLength(k); err != nil {
+			return fmt.Errorf("gptq: %w", err)
+		}
+	}
+	return nil
+}
+
+// Takes says whether GPTQ with opt quantizes to scheme s at all, whatever the tensor: the grid,
+// and what k-quants cannot do — act-order with super-blocks fitted on the fly (they would
+// follow the quantization order, and k-quants have no g_idx to record it) and the clipping
+// search (ggml's fit chooses each sub-block's range itself).
+func Takes(s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("gptq: %w", err)
 	}
 	if s.Grid != quant.Integer && s.Grid != quant.NF4 && s.Grid != quant.KQuant {
 		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer, NF4 and k-quant grids, not %s (use blockwise)", s, s.Grid)
 	}
-	return checkKQuant(k, s, opt)
-}
-
-// checkKQuant refuses what GPTQ cannot do with a k-quant scheme: rows of partial sub-blocks,
-// act-order with super-blocks fitted on the fly (they would follow the quantization order, and
-// k-quants have no g_idx to record it), and the MSE clipping search (ggml's fit chooses each
-// sub-block's range itself).
-func checkKQuant(k int, s quant.Scheme, opt Options) error {
 	if _, ok := s.KQuant(); !ok {
 		return nil
-	}
-	if err := s.CheckRowLength(k); err != nil {
-		return fmt.Errorf("gptq: %w", err)
 	}
 	switch {
 	case opt.ActOrder && !opt.StaticGroups:
 		return fmt.Errorf("gptq: %s has no act-order group index (g_idx); use act-order with static groups (--static-groups)", s)
 	case opt.Clip && !opt.Imatrix:
-		return fmt.Errorf("gptq: %s has no clipping search (MSE, --clip); ggml's fit searches each sub-block's range", s)
+		return fmt.Errorf("gptq: %s has no clipping search (--clip); ggml's fit searches each sub-block's range", s)
 	}
 	return nil
 }

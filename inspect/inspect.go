@@ -4,8 +4,10 @@ package inspect
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -97,7 +99,9 @@ func Inspect(path string) (*Report, error) {
 		d.Bytes += t.Bytes
 		r.ByDType[t.DType] = d
 	}
-	r.Architecture, r.ModelType = readArchitecture(ck.Dir)
+	if r.Architecture, r.ModelType, err = readArchitecture(ck.Dir); err != nil {
+		return nil, err
+	}
 	if ck.Format != nil {
 		if r.Quantization, err = summarize(ck, r); err != nil {
 			return nil, err
@@ -155,20 +159,26 @@ func provenanceInputBytes(meta map[string]string) int64 {
 	return total
 }
 
-// readArchitecture takes the architecture and model type from config.json when there is one.
-func readArchitecture(dir string) (arch, modelType string) {
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+// readArchitecture takes the architecture and model type from config.json when there is one;
+// a config.json that is not a JSON object is an error naming it, since no loader could use the
+// checkpoint.
+func readArchitecture(dir string) (arch, modelType string, err error) {
+	path := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", "", nil
+	}
 	if err != nil {
-		return "", ""
+		return "", "", err
 	}
 	var cfg struct {
 		Architectures []string `json:"architectures"`
 		ModelType     string   `json:"model_type"`
 	}
-	if json.Unmarshal(b, &cfg) != nil {
-		return "", ""
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return "", "", fmt.Errorf("%s: invalid JSON: %w", path, err)
 	}
-	return strings.Join(cfg.Architectures, ","), cfg.ModelType
+	return strings.Join(cfg.Architectures, ","), cfg.ModelType, nil
 }
 
 // WriteJSON writes the report as indented JSON.

@@ -99,3 +99,22 @@ func TestInspectQuantizedOutputs(t *testing.T) {
 		}
 	}
 }
+
+// A config.json that is not JSON is an error naming it, not a report without an architecture.
+func TestInspectRefusesMalformedConfig(t *testing.T) {
+	dir := t.TempDir()
+	tiny := "../testdata/models/tiny"
+	b, err := os.ReadFile(filepath.Join(tiny, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "model.safetensors"), b, 0o644)
+	os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"model_type": "llama",`), 0o644)
+	if _, err := Inspect(dir); err == nil || !strings.Contains(err.Error(), "config.json: invalid JSON") {
+		t.Fatalf("got %v, want an error naming config.json", err)
+	}
+	os.Remove(filepath.Join(dir, "config.json"))
+	if _, err := Inspect(dir); err != nil {
+		t.Fatalf("a checkpoint without config.json: %v", err)
+	}
+}

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/internal/staged"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/quantized"
@@ -88,7 +88,7 @@ func Export(src, dst string, opt Options) (*Report, error) {
 	}
 	e := &exporter{src: src, cfg: cfg, ck: ck, opt: opt, opset: 21,
 		report: &Report{Dir: dst, Linears: map[string]int{}}}
-	if err := convert.WriteStaged(dst, opt.Overwrite, e.write); err != nil {
+	if err := staged.Dir(dst, opt.Overwrite, nil, e.write); err != nil {
 		return nil, err
 	}
 	e.report.Seconds = time.Since(start).Seconds()

@@ -15,6 +15,8 @@ import (
 // There is no g_idx (no act-order). K must be a multiple of G and N of 8.
 type AWQ struct{}
 
+func (AWQ) MixedSchemes() bool { return false }
+
 func (AWQ) Name() string { return "awq" }
 
 func (AWQ) Supports(s quant.Scheme) error {

@@ -21,6 +21,8 @@ import (
 // z = 2^(b−1).
 type CompressedTensors struct{}
 
+func (CompressedTensors) MixedSchemes() bool { return false }
+
 func (CompressedTensors) Name() string { return "compressed-tensors" }
 
 func (CompressedTensors) Supports(s quant.Scheme) error {

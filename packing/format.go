@@ -15,6 +15,9 @@ type Format interface {
 	// Supports returns nil when the layout can hold tensors of scheme s, else an error that
 	// says why and names a format that can.
 	Supports(s quant.Scheme) error
+	// MixedSchemes says whether one checkpoint can hold tensors of several schemes (a
+	// per-tensor plan); the other layouts' quantization config describes a single scheme.
+	MixedSchemes() bool
 	// Pack encodes t as the stored tensors of the module prefix (e.g. "model.layers.0.mlp.up_proj").
 	Pack(prefix string, t *quant.Tensor) ([]Raw, error)
 	// Metadata returns the safetensors __metadata__ entries that Unpack needs besides the

@@ -26,6 +26,8 @@ import (
 // them. V2 true is "gptq_v2": the stored zero is z.
 type GPTQ struct{ V2 bool }
 
+func (GPTQ) MixedSchemes() bool { return false }
+
 func (f GPTQ) Name() string {
 	if f.V2 {
 		return "gptq_v2"

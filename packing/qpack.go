@@ -58,6 +58,8 @@ import (
 // QuantizationConfig); the per-tensor metadata above is all a reader needs.
 type QPack struct{}
 
+func (QPack) MixedSchemes() bool { return true }
+
 func (QPack) Name() string { return "qpack" }
 
 func (QPack) Supports(s quant.Scheme) error { return s.Validate() }

@@ -114,3 +114,31 @@ func DecodeFloat32(d DType, dst []float32, src []byte) error {
 
 // byteSize is the stored size of n elements: ceil(n·bits/8).
 func byteSize(d DType, n int64) int64 { return (n*int64(d.Bits()) + 7) / 8 }
+
+// exponentMasks are the exponent bits of the IEEE-style dtypes: all of them set means NaN or ±Inf.
+var exponentMasks = map[DType]uint64{F16: 0x7c00, BF16: 0x7f80, F32: 0x7f800000, F64: 0x7ff0000000000000}
+
+// FirstNonFinite returns the index of the first NaN or ±Inf among the little-endian elements
+// of dtype d in raw, or −1 when there is none or d is not an F16, BF16, F32 or F64 dtype.
+func FirstNonFinite(d DType, raw []byte) int {
+	mask, ok := exponentMasks[d]
+	if !ok {
+		return -1
+	}
+	size := d.Bits() / 8
+	for i := 0; i+size <= len(raw); i += size {
+		var bits uint64
+		switch size {
+		case 2:
+			bits = uint64(binary.LittleEndian.Uint16(raw[i:]))
+		case 4:
+			bits = uint64(binary.LittleEndian.Uint32(raw[i:]))
+		default:
+			bits = binary.LittleEndian.Uint64(raw[i:])
+		}
+		if bits&mask == mask {
+			return i / size
+		}
+	}
+	return -1
+}

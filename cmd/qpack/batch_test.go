@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -100,20 +101,28 @@ jobs:
 	}
 }
 
+// An invalid jobs file is refused before any job runs, with exit code 2 (1 is a failed
+// threshold) and the file and line of the fault.
 func TestBatchJobErrors(t *testing.T) {
 	for _, c := range []struct{ jobs, want string }{
-		{"- {name: a, source: TINY, output: OUT/a, methd: gptq}", `job 1 (a): key: "methd" is not a flag of convert`},
-		{"- {name: a, source: TINY, output: OUT/a, config: x.yaml}", `job 1 (a): key: "config" is not a flag of convert`},
-		{"- {name: a, source: TINY, output: OUT/a, verify: {data: x.npy, max-pl: 3}}", `job 1 (a): verify: key: "max-pl" is not a flag of verify`},
+		{"- {name: a, source: TINY, output: OUT/a, methd: gptq}", `jobs.yaml:1: job 1 (a): methd: not a flag of convert`},
+		{"- {name: a, source: TINY, output: OUT/a, config: x.yaml}", `jobs.yaml:1: job 1 (a): config: not a flag of convert`},
+		{"- {name: a, source: TINY, output: OUT/a, verify: {data: x.npy, max-pl: 3}}", `job 1 (a): verify: max-pl: not a flag of verify`},
 		{"- {name: a, source: TINY, output: OUT/a, verify: {data: x.npy}}", "job 1 (a): verify: at least one threshold"},
-		{"- {name: a, source: TINY, output: OUT/a, export: [onnx2]}", `job 1 (a): export "onnx2" is not available`},
+		{"- {name: a, source: TINY, output: OUT/a, export: [onnx2]}", `jobs.yaml:1: job 1 (a): export "onnx2" is not available`},
 		{"- {name: a, source: TINY, output: OUT/a, strategy: evolved, target-bpw: 3}", "job 1 (a): --target-bpw needs --strategy budget"},
 		{"- {name: a, source: TINY}", "job 1 (a): no output"},
-		{"jobs: 3", "no jobs"},
+		{"jobs: 3", "jobs.yaml:1: no jobs"},
+		// Faults on line 5: a bad indent (the YAML parser itself names line 1), an unknown key,
+		// a second job with the first one's output, a key given twice.
+		{"jobs:\n  - name: a\n    source: TINY\n    output: OUT/a\n   bits: 4\n", "jobs.yaml:5: invalid YAML"},
+		{"jobs:\n  - name: a\n    source: TINY\n    output: OUT/a\n    bogus: 4\n", "jobs.yaml:5: job 1 (a): bogus: not a flag of convert"},
+		{"- name: a\n  source: TINY\n  output: OUT/a\n\n- name: b\n  source: TINY\n  output: OUT/a\n", "jobs.yaml:5: job 2 (b): job a writes the same output"},
+		{"- name: a\n  source: TINY\n  output: OUT/a\n  bits: 3\n  bits: 4\n", "jobs.yaml:5: job 1: key bits appears twice (lines 4 and 5)"},
 	} {
 		_, err := run(t, "batch", writeJobs(t, c.jobs))
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v, want %q", c.jobs, err, c.want)
+		if err == nil || !strings.Contains(err.Error(), c.want) || exitOf(err) != 2 {
+			t.Errorf("%q: exit %d, %v; want exit 2 and %q", c.jobs, exitOf(err), err, c.want)
 		}
 	}
 }
@@ -194,5 +203,87 @@ jobs:
 		if !exists(filepath.Join(dir, f)) {
 			t.Errorf("the batch did not write %s", f)
 		}
+	}
+}
+
+// SIGINT during a conversion (a real signal to a child process): it says so, exits 130, and
+// leaves neither the output nor its staging directory.
+func TestConvertSignal(t *testing.T) {
+	if args := os.Getenv("QPACK_CONVERT_ARGS"); args != "" { // the child: convert
+		os.Exit(exitCode(append([]string{"qpack"}, strings.Split(args, "\n")...)))
+	}
+	if testing.Short() {
+		t.Skip("writes a 200 MB checkpoint")
+	}
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big")
+	cfg := synth.Config{Layers: 12, Hidden: 1024, Intermediate: 2816, Heads: 8, KVHeads: 8, Vocab: 8000, MaxShard: 50e6}
+	if err := synth.Write(big, cfg); err != nil {
+		t.Fatal(err)
+	}
+	outDir := filepath.Join(dir, "out")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestConvertSignal$")
+	cmd.Env = append(os.Environ(), "QPACK_CONVERT_ARGS="+strings.Join([]string{"convert", big, "-o", filepath.Join(outDir, "q"), "--device", "cpu", "-q"}, "\n"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !testenv.StagingHasShard(outDir) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("the conversion never started writing shards")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	err := cmd.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 130 {
+		t.Fatalf("the interrupted conversion exited with %v, want 130\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "interrupted by SIGINT") {
+		t.Errorf("stderr does not say it was interrupted:\n%s", stderr.String())
+	}
+	if entries, _ := os.ReadDir(outDir); len(entries) != 0 {
+		t.Errorf("after SIGINT %s holds %v, want nothing", outDir, entries)
+	}
+}
+
+// Two machines each run one shard (one by --shard I/N, one by JOB_COMPLETION_INDEX as in a
+// Kubernetes Indexed Job); --merge gives the file's summary, JUnit report and exit code.
+func TestBatchShardsAndMerge(t *testing.T) {
+	jobs := writeJobs(t, `
+- {name: a, source: TINY, output: OUT/a, device: cpu}
+- {name: b, source: TINY, output: OUT/b, device: cpu}
+- {name: c, source: TINY, output: OUT/c, device: cpu}
+`)
+	dir := filepath.Dir(jobs)
+	s0, s1, merged := filepath.Join(dir, "s0.json"), filepath.Join(dir, "s1.json"), filepath.Join(dir, "all.json")
+	if out, err := run(t, "batch", jobs, "--shard", "0/2", "--summary", s0, "-q"); err != nil {
+		t.Fatalf("shard 0/2: %v\n%s", err, out)
+	}
+	if !exists(filepath.Join(dir, "a")) || exists(filepath.Join(dir, "b")) || !exists(filepath.Join(dir, "c")) {
+		t.Fatal("shard 0/2 did not convert exactly jobs a and c")
+	}
+	t.Setenv("JOB_COMPLETION_INDEX", "1")
+	if out, err := run(t, "batch", jobs, "--shard", "2", "--summary", s1, "-q"); err != nil || !exists(filepath.Join(dir, "b")) {
+		t.Fatalf("shard 1 of 2 from JOB_COMPLETION_INDEX: %v\n%s", err, out)
+	}
+	junit := filepath.Join(dir, "junit.xml")
+	if out, err := run(t, "batch", "--merge", s1, s0, "--summary", merged, "--junit", junit); err != nil {
+		t.Fatalf("merge: %v\n%s", err, out)
+	}
+	b, _ := os.ReadFile(merged)
+	var s batch.Summary
+	if err := json.Unmarshal(b, &s); err != nil || len(s.Jobs) != 3 || s.Jobs[0].Name != "a" || s.Jobs[1].Name != "b" || s.Passed != 3 || s.ExitCode != 0 {
+		t.Errorf("merged summary: %v\n%s", err, b)
+	}
+	if x, _ := os.ReadFile(junit); !strings.Contains(string(x), `tests="3"`) {
+		t.Errorf("merged JUnit:\n%s", x)
+	}
+	if _, err := run(t, "batch", "--merge", s0); exitOf(err) != 2 || !strings.Contains(err.Error(), "shards 1/2 are missing") {
+		t.Errorf("merging one of two shards: exit %d, %v", exitOf(err), err)
 	}
 }

@@ -35,12 +35,24 @@ func applyConfig(c *cli.Context) error {
 	if err := yaml.Unmarshal(raw, &values); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	return applyValues(c, path, values)
+	if err := applyValues(c, values); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }
 
+// keyError is what is wrong with one key of a config file or a batch job.
+type keyError struct {
+	key string
+	err error
+}
+
+func (e *keyError) Error() string { return e.key + ": " + e.err.Error() }
+func (e *keyError) Unwrap() error { return e.err }
+
 // applyValues sets the flags named by values' keys (a config file's, or a batch job's) as
-// applyConfig says; where names the values in errors.
-func applyValues(c *cli.Context, where string, values map[string]any) error {
+// applyConfig says; an error is a keyError.
+func applyValues(c *cli.Context, values map[string]any) error {
 	known := map[string]cli.Flag{}
 	for _, f := range c.Command.Flags {
 		for _, n := range f.Names() {
@@ -55,7 +67,7 @@ func applyValues(c *cli.Context, where string, values map[string]any) error {
 	for _, key := range keys {
 		f, ok := known[key]
 		if !ok || key == "config" {
-			return fmt.Errorf("%s: %q is not a flag of %s", where, key, c.Command.Name)
+			return &keyError{key, fmt.Errorf("not a flag of %s", c.Command.Name)}
 		}
 		_, isList := f.(*cli.StringSliceFlag)
 		if c.IsSet(key) && !isList {
@@ -63,7 +75,7 @@ func applyValues(c *cli.Context, where string, values map[string]any) error {
 		}
 		for _, v := range listOf(values[key]) {
 			if err := c.Set(key, v); err != nil {
-				return fmt.Errorf("%s: %s: %w", where, key, err)
+				return &keyError{key, err}
 			}
 		}
 	}

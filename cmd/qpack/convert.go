@@ -81,9 +81,12 @@ func convertCommand() *cli.Command {
 				opt.Log, opt.Progress = bar.Log(c.App.ErrWriter), bar.Update
 				defer bar.Finish()
 			}
+			ctx, stop := interruptContext()
+			defer stop()
+			opt.Context = ctx
 			r, err := convert.Convert(c.Args().First(), c.String("output"), opt)
 			if err != nil {
-				return err
+				return interruptedExit(ctx, "convert", err, "nothing was written (the staging directory was removed)")
 			}
 			fmt.Fprintf(c.App.Writer, "wrote %s: %d tensors quantized (%s) at %.3f bits/weight; %s → %s bytes (%.2f×) in %.1fs (hash %.1fs, quantize %.1fs, write %.1fs, commit %.1fs)\n",
 				r.Output, r.Quantized, r.Method, r.QuantBPW, thousands(r.InBytes), thousands(r.OutBytes), r.Compression, r.Seconds,
@@ -118,19 +121,19 @@ func convertCommandOptions(c *cli.Context) (convert.Options, error) {
 
 // convertOptions reads the planning flags.
 func convertOptions(c *cli.Context) (convert.Options, error) {
-	opt := convert.DefaultOptions()
 	if err := applyConfig(c); err != nil {
-		return opt, err
+		return convert.Options{}, err
 	}
+	method, err := convert.ParseMethod(c.String("method"))
+	if err != nil {
+		return convert.Options{}, err
+	}
+	opt := method.DefaultOptions()
 	opt.Version = version
-	opt.Method = c.String("method")
 	opt.Format = c.String("format")
 	opt.Clip = c.Bool("clip")
-	opt.Imatrix = c.Bool("imatrix")
-	if !c.IsSet("imatrix") {
-		// Under awq+gptq the weighted group fit stands in for AWQ's clipping search, which cannot
-		// run before GPTQ (clipped weights would be GPTQ's target); README, AWQ.
-		opt.Imatrix = opt.Method == "awq+gptq"
+	if c.IsSet("imatrix") {
+		opt.Imatrix = c.Bool("imatrix")
 	}
 	opt.GPTQ = convert.GPTQOptions{Damp: c.Float64("damp"), ActOrder: c.Bool("act-order"), StaticGroups: c.Bool("static-groups"),
 		TrueSequential: !c.Bool("no-true-sequential")}
@@ -194,10 +197,9 @@ func strategyFromFlags(c *cli.Context) (string, error) {
 	return alloc.StrategyBudget, nil
 }
 
-// ladderFromFlags: --ladder when given; otherwise uniform uses the scheme, evolved the scheme
-// and its 8-bit version, and budget alloc.QPackLadder in format qpack (the only one a mixed
-// plan can be written in; NF4 and k-quant rungs unless the method is AWQ's, and no k-quants with
-// --clip or with --act-order without --static-groups) or the allocator's default.
+// ladderFromFlags: --ladder when given; otherwise uniform uses the scheme and evolved the scheme
+// and its 8-bit version; a budget plan leaves the ladder to convert (the format's and the
+// method's default).
 func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.Choice, error) {
 	if l := c.String("ladder"); l != "" {
 		return alloc.ParseLadder(l)
@@ -210,11 +212,6 @@ func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.C
 		high.Bits, high.Grid = 8, quant.Integer
 		return []alloc.Choice{alloc.SchemeChoice(s), alloc.SchemeChoice(high)}, nil
 	case alloc.StrategyBudget:
-		if c.String("format") == "qpack" {
-			awq := strings.HasPrefix(c.String("method"), "awq")
-			actOrderOnTheFly := c.Bool("act-order") && !c.Bool("static-groups") // k-quants have no g_idx
-			return alloc.QPackLadder(!awq, !awq && !c.Bool("clip") && !actOrderOnTheFly), nil
-		}
 		return nil, nil
 	}
 	return nil, fmt.Errorf("--strategy %q: want uniform, evolved or budget", strategy)

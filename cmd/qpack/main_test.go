@@ -96,7 +96,7 @@ func TestConvertPlanReplayDequantize(t *testing.T) {
 	if _, err := run(t, "convert", tiny, "-o", dir+"/c", "--sym", "--asym"); err == nil {
 		t.Errorf("--sym with --asym should fail")
 	}
-	if _, err := run(t, "convert", tiny, "-o", dir+"/c", "--strategy", "budget", "--target-bpw", "1.5"); err == nil || !strings.Contains(err.Error(), "bpw") {
+	if _, err := run(t, "convert", tiny, "-o", dir+"/c", "--format", "qpack", "--target-bpw", "1.5"); err == nil || !strings.Contains(err.Error(), "minimum achievable") {
 		t.Errorf("an infeasible budget should fail naming the minimum bpw, got %v", err)
 	}
 }
@@ -161,10 +161,11 @@ func TestTargetBPWImpliesBudget(t *testing.T) {
 }
 
 // A budget plan in format qpack defaults to alloc.QPackLadder (NF4 and k-quant rungs included;
-// no k-quants under --clip, which they lack, nor under --act-order without --static-groups); in
-// format gptq to the allocator's default.
+// no k-quants under --clip, which they lack, nor under --act-order without --static-groups, nor
+// NF4 under AWQ); in format gptq, which holds one scheme, a budget over several is refused.
 func TestBudgetDefaultLadder(t *testing.T) {
 	tiny := "../../testdata/models/tiny"
+	gptq := []string{"--method", "gptq", "--calib", tiny + "/heldout.txt", "--calib-samples", "4", "--calib-seqlen", "64", "--output-probe=false"}
 	for _, c := range []struct {
 		flags         []string
 		want, notWant string
@@ -172,9 +173,9 @@ func TestBudgetDefaultLadder(t *testing.T) {
 		{[]string{"--format", "qpack"}, `"q3_k"`, ""},
 		{[]string{"--format", "qpack"}, `"nf4-g128"`, ""},
 		{[]string{"--format", "qpack", "--clip"}, `"nf4-g128"`, `"q3_k"`},
-		{[]string{"--format", "qpack", "--act-order"}, `"nf4-g128"`, `"q3_k"`},
-		{[]string{"--format", "qpack", "--act-order", "--static-groups"}, `"q3_k"`, ""},
-		{[]string{"--format", "gptq"}, `"int3-g128-sym"`, `"q3_k"`},
+		{append([]string{"--format", "qpack", "--act-order"}, gptq...), `"nf4-g128"`, `"q3_k"`},
+		{append([]string{"--format", "qpack", "--act-order", "--static-groups"}, gptq...), `"q3_k"`, ""},
+		{[]string{"--format", "qpack", "--method", "awq", "--calib", tiny + "/heldout.txt", "--calib-samples", "4", "--calib-seqlen", "64", "--output-probe=false"}, `"int4-g128-asym"`, `"nf4`},
 	} {
 		out, err := run(t, append([]string{"plan", tiny, "--target-bpw", "4", "--json", "-q"}, c.flags...)...)
 		if err != nil {
@@ -183,6 +184,9 @@ func TestBudgetDefaultLadder(t *testing.T) {
 		if !strings.Contains(out, c.want) || c.notWant != "" && strings.Contains(out, c.notWant) {
 			t.Errorf("%v budget plan: want %s listed and %s not:\n%.400s", c.flags, c.want, c.notWant, out)
 		}
+	}
+	if _, err := run(t, "plan", tiny, "--target-bpw", "4", "--format", "gptq"); err == nil || !strings.Contains(err.Error(), "--format qpack") {
+		t.Errorf("a budget plan in format gptq: %v", err)
 	}
 }
 
