@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -137,11 +138,7 @@ func TestBatchSignal(t *testing.T) {
 		t.Skip("writes a 200 MB checkpoint")
 	}
 	dir := t.TempDir()
-	big := filepath.Join(dir, "big")
-	cfg := synth.Config{Layers: 12, Hidden: 1024, Intermediate: 2816, Heads: 8, KVHeads: 8, Vocab: 8000, MaxShard: 50e6}
-	if err := synth.Write(big, cfg); err != nil {
-		t.Fatal(err)
-	}
+	big := bigModel(t, dir)
 	jobs := writeJobs(t, `
 - {name: small, source: TINY, output: OUT/out/small}
 - {name: big, source: `+big+`, output: OUT/out/big, device: cpu}
@@ -149,19 +146,8 @@ func TestBatchSignal(t *testing.T) {
 `)
 	outDir := filepath.Join(filepath.Dir(jobs), "out")
 	summary := filepath.Join(dir, "summary.json")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestBatchSignal$")
-	cmd.Env = append(os.Environ(), "QPACK_BATCH_ARGS="+strings.Join([]string{"batch", jobs, "--summary", summary, "-q"}, "\n"))
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for !exists(filepath.Join(outDir, "small")) || !testenv.StagingHasShard(outDir) {
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			t.Fatal("the big job never started writing shards")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	cmd := startWriting(t, "TestBatchSignal", "QPACK_BATCH_ARGS", []string{"batch", jobs, "--summary", summary, "-q"}, nil,
+		func() bool { return exists(filepath.Join(outDir, "small")) && testenv.StagingHasShard(outDir) })
 	cmd.Process.Signal(syscall.SIGTERM)
 	err := cmd.Wait()
 	var exit *exec.ExitError
@@ -182,6 +168,37 @@ func TestBatchSignal(t *testing.T) {
 		s.Jobs[1].Status != "interrupted" || s.Jobs[2].Status != "interrupted" {
 		t.Errorf("summary after SIGTERM: %v\n%s", err, b)
 	}
+}
+
+// bigModel writes a 200 MB synthetic checkpoint into dir: one whose conversion takes long enough
+// to be interrupted while it writes.
+func bigModel(t *testing.T, dir string) string {
+	big := filepath.Join(dir, "big")
+	cfg := synth.Config{Layers: 12, Hidden: 1024, Intermediate: 2816, Heads: 8, KVHeads: 8, Vocab: 8000, MaxShard: 50e6}
+	if err := synth.Write(big, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return big
+}
+
+// startWriting runs the test named test as a child process running qpack with args (passed in
+// the environment variable env), and returns once writing(): the moment to signal it.
+func startWriting(t *testing.T, test, env string, args []string, stderr io.Writer, writing func() bool) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$")
+	cmd.Env = append(os.Environ(), env+"="+strings.Join(args, "\n"))
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !writing() {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("the child never started writing shards")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return cmd
 }
 
 func exists(path string) bool {
@@ -216,27 +233,11 @@ func TestConvertSignal(t *testing.T) {
 		t.Skip("writes a 200 MB checkpoint")
 	}
 	dir := t.TempDir()
-	big := filepath.Join(dir, "big")
-	cfg := synth.Config{Layers: 12, Hidden: 1024, Intermediate: 2816, Heads: 8, KVHeads: 8, Vocab: 8000, MaxShard: 50e6}
-	if err := synth.Write(big, cfg); err != nil {
-		t.Fatal(err)
-	}
+	big := bigModel(t, dir)
 	outDir := filepath.Join(dir, "out")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestConvertSignal$")
-	cmd.Env = append(os.Environ(), "QPACK_CONVERT_ARGS="+strings.Join([]string{"convert", big, "-o", filepath.Join(outDir, "q"), "--device", "cpu", "-q"}, "\n"))
 	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for !testenv.StagingHasShard(outDir) {
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			t.Fatal("the conversion never started writing shards")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	cmd := startWriting(t, "TestConvertSignal", "QPACK_CONVERT_ARGS", []string{"convert", big, "-o", filepath.Join(outDir, "q"), "--device", "cpu", "-q"},
+		&stderr, func() bool { return testenv.StagingHasShard(outDir) })
 	cmd.Process.Signal(os.Interrupt)
 	err := cmd.Wait()
 	var exit *exec.ExitError
