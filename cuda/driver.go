@@ -80,7 +80,7 @@ func loadDriver(names []string) (*driver, error) {
 	for _, name := range names {
 		lib, err := purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 		if err != nil {
-			failures = append(failures, err.Error())
+			failures = append(failures, dlopenFailure(name, err))
 			continue
 		}
 		d := &driver{lib: lib, name: name}
@@ -90,6 +90,21 @@ func loadDriver(names []string) (*driver, error) {
 		return d, nil
 	}
 	return nil, fmt.Errorf("%w: %s", ErrNoDriver, strings.Join(failures, "; "))
+}
+
+// dlopenFailure names the library that failed to open. dlerror's text usually names it, but
+// it can come back empty (dlerror is per thread, and the goroutine may have moved between the
+// dlopen and the dlerror), so the name is added whenever the text lacks it.
+func dlopenFailure(name string, err error) string {
+	msg := strings.TrimSpace(err.Error())
+	switch {
+	case msg == "":
+		return name + ": cannot be opened"
+	case strings.Contains(msg, name):
+		return msg
+	default:
+		return name + ": " + msg
+	}
 }
 
 func (d *driver) bindAll() error {
