@@ -3,8 +3,12 @@ package model
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sort"
+	"sync/atomic"
+
+	"github.com/qpack-dev/qpack/vec"
 )
 
 // Result is a perplexity evaluation: sequences scored independently (no BOS added), each
@@ -67,21 +71,58 @@ func PerplexityProgress(m *Model, ids []int, seqLen, maxSeqs int, progress Progr
 	if err != nil {
 		return Result{}, err
 	}
-	vocab := m.Config.Vocab
-	logp := make([]float64, vocab)
 	var nll float64
 	for i, seq := range seqs {
 		logits, err := m.Logits(seq)
 		if err != nil {
 			return Result{}, err
 		}
-		for t := 0; t+1 < len(seq); t++ {
-			logSoftmax(logp, logits[t*vocab:(t+1)*vocab])
-			nll -= logp[seq[t+1]]
-		}
+		nll += sequenceNLL(logits, seq, m.Config.Vocab)
 		progress.report(i+1, len(seqs))
 	}
 	return newResult(nll, len(seqs), seqLen), nil
+}
+
+// sequenceNLL is Σ_t −log softmax(logits[t])[seq[t+1]] over the predicted positions of seq,
+// the rows spread over the cores and summed in order.
+func sequenceNLL(logits []float32, seq []int, vocab int) float64 {
+	nll := make([]float64, len(seq)-1)
+	var next atomic.Int64
+	parallel(min(runtime.GOMAXPROCS(0), len(nll)), func() {
+		scratch := make([]float32, vocab)
+		for {
+			t := int(next.Add(1) - 1)
+			if t >= len(nll) {
+				return
+			}
+			row := logits[t*vocab : (t+1)*vocab]
+			nll[t] = logSumExp(row, scratch) - float64(row[seq[t+1]])
+		}
+	})
+	sum := 0.0
+	for _, v := range nll {
+		sum += v
+	}
+	return sum
+}
+
+// logSumExp is log Σ exp(x), stably: the largest x taken out, exp in float32 (vec.Exp), the
+// sum and log in float64. scratch holds len(x) values.
+func logSumExp(x, scratch []float32) float64 {
+	m := float32(math.Inf(-1))
+	for _, v := range x {
+		m = max(m, v)
+	}
+	e := scratch[:len(x)]
+	for i, v := range x {
+		e[i] = v - m
+	}
+	vec.Exp(e, e)
+	var sum float64
+	for _, v := range e {
+		sum += float64(v)
+	}
+	return float64(m) + math.Log(sum)
 }
 
 // Compare evaluates ref and test on the same sequences and measures how far test's next-token
@@ -137,10 +178,13 @@ func (st *tokenStats) add(nllRef, nllTest, kl float64, agree bool) {
 // test's lt [len(seq), Vocab]; lpRef and lpTest are work space of Vocab values.
 func (st *tokenStats) compareLogits(lr, lt []float32, seq []int, lpRef, lpTest []float64) {
 	vocab := len(lpRef)
+	// The negative log-likelihoods as Perplexity sums them, so that both report the same value.
+	st.nllRef += sequenceNLL(lr, seq, vocab)
+	st.nllTest += sequenceNLL(lt, seq, vocab)
 	for t := 0; t+1 < len(seq); t++ {
 		logSoftmax(lpRef, lr[t*vocab:(t+1)*vocab])
 		logSoftmax(lpTest, lt[t*vocab:(t+1)*vocab])
-		st.add(-lpRef[seq[t+1]], -lpTest[seq[t+1]], klDivergence(lpRef, lpTest), argmax(lpRef) == argmax(lpTest))
+		st.add(0, 0, klDivergence(lpRef, lpTest), argmax(lpRef) == argmax(lpTest))
 	}
 }
 
