@@ -132,8 +132,10 @@ func slowGPTQ(w []float32, n, k int, h []float64, s quant.Scheme, opt Options, f
 }
 
 // tieTol is how close, in units of the scale, a weight must be to the midpoint between two codes
-// for float rounding to decide between them.
-const tieTol = 1e-3
+// for float rounding to decide between them: float32 working weights drift from the float64
+// reference's by up to about half a percent of a scale after a thousand columns of error
+// feedback (0.4% measured at 128×1000, int4-g32-asym, the reference's own seed).
+const tieTol = 1e-2
 
 // roundRef and valueRef are the grid's round-to-nearest and dequantization of one weight.
 func roundRef(s quant.Scheme, x float64, scale float32, zero uint8) uint8 {
