@@ -106,23 +106,11 @@ func sequenceNLL(logits []float32, seq []int, vocab int) float64 {
 	return sum
 }
 
-// logSumExp is log Σ exp(x), stably: the largest x taken out, exp in float32 (vec.Exp), the
+// logSumExp is log Σ exp(x), stably: the largest x taken out, exp in float32 (vec.ExpSum), the
 // sum and log in float64. scratch holds len(x) values.
 func logSumExp(x, scratch []float32) float64 {
-	m := float32(math.Inf(-1))
-	for _, v := range x {
-		m = max(m, v)
-	}
-	e := scratch[:len(x)]
-	for i, v := range x {
-		e[i] = v - m
-	}
-	vec.Exp(e, e)
-	var sum float64
-	for _, v := range e {
-		sum += float64(v)
-	}
-	return float64(m) + math.Log(sum)
+	m := vec.Max(x)
+	return float64(m) + math.Log(vec.ExpSum(scratch[:len(x)], x, m))
 }
 
 // Compare evaluates ref and test on the same sequences and measures how far test's next-token

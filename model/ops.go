@@ -192,20 +192,6 @@ func attendBlock(out, q, k, v, scores []float32, t0, t1, h, kh, heads, kvHeads, 
 
 // softmax replaces x by exp(x − max x) / Σ exp(x − max x), the sum in float64.
 func softmax(x []float32) {
-	m := float32(math.Inf(-1))
-	for _, v := range x {
-		m = max(m, v)
-	}
-	for i := range x {
-		x[i] -= m
-	}
-	vec.Exp(x, x)
-	var sum float64
-	for _, e := range x {
-		sum += float64(e)
-	}
-	inv := float32(1 / sum)
-	for i := range x {
-		x[i] *= inv
-	}
+	sum := vec.ExpSum(x, x, vec.Max(x))
+	vec.Scale(x, float32(1/sum))
 }

@@ -6,7 +6,13 @@ import "golang.org/x/sys/cpu"
 
 var hasAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
-// expAVX2 is Exp on n values, n a positive multiple of 8.
-//
+// The kernels take n, a positive multiple of 8.
+
 //go:noescape
-func expAVX2(dst, src *float32, n int)
+func expSumAVX2(dst, src *float32, n int, shift float32) float64
+
+//go:noescape
+func maxAVX2(x *float32, n int) float32
+
+//go:noescape
+func scaleAVX2(x *float32, n int, a float32)

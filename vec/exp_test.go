@@ -18,8 +18,8 @@ func ulps(a, b float32) int64 {
 	return ib - ia
 }
 
-// TestExpMatchesGo compares Exp with expGo (float64 exp, rounded) on random arguments over the
-// whole range, the clamps, ±Inf and NaN, at lengths that leave tails of every size.
+// TestExpMatchesGo compares Exp with expSumGo (float64 exp, rounded) on random arguments over
+// the whole range, the clamps, ±Inf and NaN, at lengths that leave tails of every size.
 func TestExpMatchesGo(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	src := []float32{0, -0, 1, -1, 88, -87, 88.37, -88.37, 100, -100, float32(math.Inf(1)), float32(math.Inf(-1)), 1e-30, -1e-30}
@@ -30,7 +30,7 @@ func TestExpMatchesGo(t *testing.T) {
 		in := src[:n]
 		got, want := make([]float32, n), make([]float32, n)
 		Exp(got, in)
-		expGo(want, in)
+		expSumGo(want, in, 0)
 		for i, x := range in {
 			limit := int64(2)
 			if want[i] < 1e-37 { // near the underflow the kernel flushes to zero
@@ -49,6 +49,49 @@ func TestExpMatchesGo(t *testing.T) {
 	}
 }
 
+// TestExpSumMaxScale: ExpSum's values are Exp of the shifted input and its sum their float64
+// sum; Max and Scale agree with plain loops, at every tail length.
+func TestExpSumMaxScale(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for n := range 40 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64() * 5)
+		}
+		want := float32(math.Inf(-1))
+		for _, v := range x {
+			want = max(want, v)
+		}
+		if got := Max(x); got != want {
+			t.Fatalf("n %d: Max = %g, want %g", n, got, want)
+		}
+		shifted := make([]float32, n)
+		for i, v := range x {
+			shifted[i] = v - want
+		}
+		e, ref := make([]float32, n), make([]float32, n)
+		sum := ExpSum(e, x, want)
+		Exp(ref, shifted)
+		wantSum := 0.0
+		for i := range e {
+			if e[i] != ref[i] {
+				t.Fatalf("n %d: ExpSum[%d] = %g, Exp of the shifted value %g", n, i, e[i], ref[i])
+			}
+			wantSum += float64(ref[i])
+		}
+		if math.Abs(sum-wantSum) > 1e-12*wantSum {
+			t.Fatalf("n %d: ExpSum returned %g, values sum to %g", n, sum, wantSum)
+		}
+		scaled := append([]float32(nil), x...)
+		Scale(scaled, 0.37)
+		for i, v := range x {
+			if scaled[i] != v*0.37 {
+				t.Fatalf("n %d: Scale[%d] = %g, want %g", n, i, scaled[i], v*0.37)
+			}
+		}
+	}
+}
+
 func BenchmarkExp(b *testing.B) {
 	src, dst := make([]float32, 4096), make([]float32, 4096)
 	for i := range src {
@@ -62,7 +105,7 @@ func BenchmarkExp(b *testing.B) {
 	})
 	b.Run("math", func(b *testing.B) {
 		for b.Loop() {
-			expGo(dst, src)
+			expSumGo(dst, src, 0)
 		}
 		b.ReportMetric(float64(len(src)*b.N)/b.Elapsed().Seconds()/1e9, "Gexp/s")
 	})
