@@ -10,6 +10,14 @@ func kernel14x32(kc int, a, b, c *float32, ldc int, add int)
 //go:noescape
 func kernel6x16(kc int, a, b, c *float32, ldc int, add int)
 
+// hasAVX2 says whether transpose8 and axpby64 run here.
+var hasAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+// transpose8 sets dst[p·dstStride + r] = alpha·src[r·srcStride + p] for r, p < 8.
+//
+//go:noescape
+func transpose8(dst *float32, dstStride int, src *float32, srcStride int, alpha float32)
+
 // simdKernels are the assembly kernels this CPU can run, fastest first.
 func simdKernels() []*kernel {
 	var ks []*kernel
@@ -38,3 +46,8 @@ func asmKernel(mr, nr int, f func(kc int, a, b, c *float32, ldc int, add int)) f
 		f(kc, &a[0], &b[0], &c[0], ldc, flag)
 	}
 }
+
+// axpby64 sets dst[j] = beta·dst[j] + alpha·src[j] for j < n.
+//
+//go:noescape
+func axpby64(dst *float64, src *float32, n int, alpha, beta float64)

@@ -178,3 +178,108 @@ accumulate256:
 	ROWS256(ADD256)
 	VZEROUPPER
 	RET
+
+// func transpose8(dst *float32, dstStride int, src *float32, srcStride int, alpha float32)
+// dst[p·dstStride + r] = alpha·src[r·srcStride + p] for r, p < 8 (strides in values).
+TEXT ·transpose8(SB), NOSPLIT, $0-36
+	MOVQ dst+0(FP), DI
+	MOVQ dstStride+8(FP), R8
+	MOVQ src+16(FP), SI
+	MOVQ srcStride+24(FP), R9
+	SHLQ $2, R8
+	SHLQ $2, R9
+	VBROADCASTSS alpha+32(FP), Y15
+	LEAQ (R9)(R9*2), R10      // 3 rows
+	VMOVUPS (SI), Y0
+	VMOVUPS (SI)(R9*1), Y1
+	VMOVUPS (SI)(R9*2), Y2
+	VMOVUPS (SI)(R10*1), Y3
+	LEAQ (SI)(R9*4), SI
+	VMOVUPS (SI), Y4
+	VMOVUPS (SI)(R9*1), Y5
+	VMOVUPS (SI)(R9*2), Y6
+	VMOVUPS (SI)(R10*1), Y7
+	VUNPCKLPS Y1, Y0, Y8
+	VUNPCKHPS Y1, Y0, Y9
+	VUNPCKLPS Y3, Y2, Y10
+	VUNPCKHPS Y3, Y2, Y11
+	VUNPCKLPS Y5, Y4, Y12
+	VUNPCKHPS Y5, Y4, Y13
+	VUNPCKLPS Y7, Y6, Y14
+	VUNPCKHPS Y7, Y6, Y0
+	VSHUFPS $0x44, Y10, Y8, Y1
+	VSHUFPS $0xee, Y10, Y8, Y2
+	VSHUFPS $0x44, Y11, Y9, Y3
+	VSHUFPS $0xee, Y11, Y9, Y4
+	VSHUFPS $0x44, Y14, Y12, Y5
+	VSHUFPS $0xee, Y14, Y12, Y6
+	VSHUFPS $0x44, Y0, Y13, Y7
+	VSHUFPS $0xee, Y0, Y13, Y8
+	VPERM2F128 $0x20, Y5, Y1, Y9
+	VPERM2F128 $0x20, Y6, Y2, Y10
+	VPERM2F128 $0x20, Y7, Y3, Y11
+	VPERM2F128 $0x20, Y8, Y4, Y12
+	VPERM2F128 $0x31, Y5, Y1, Y13
+	VPERM2F128 $0x31, Y6, Y2, Y14
+	VPERM2F128 $0x31, Y7, Y3, Y0
+	VPERM2F128 $0x31, Y8, Y4, Y1
+	LEAQ (R8)(R8*2), R10
+	VMULPS Y15, Y9, Y9
+	VMULPS Y15, Y10, Y10
+	VMULPS Y15, Y11, Y11
+	VMULPS Y15, Y12, Y12
+	VMULPS Y15, Y13, Y13
+	VMULPS Y15, Y14, Y14
+	VMULPS Y15, Y0, Y0
+	VMULPS Y15, Y1, Y1
+	VMOVUPS Y9, (DI)
+	VMOVUPS Y10, (DI)(R8*1)
+	VMOVUPS Y11, (DI)(R8*2)
+	VMOVUPS Y12, (DI)(R10*1)
+	LEAQ (DI)(R8*4), DI
+	VMOVUPS Y13, (DI)
+	VMOVUPS Y14, (DI)(R8*1)
+	VMOVUPS Y0, (DI)(R8*2)
+	VMOVUPS Y1, (DI)(R10*1)
+	VZEROUPPER
+	RET
+
+// func axpby64(dst *float64, src *float32, n int, alpha, beta float64)
+// dst[j] = beta·dst[j] + alpha·src[j] for j < n: a float32 tile folded into float64 sums.
+TEXT ·axpby64(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSD alpha+24(FP), Y14
+	VBROADCASTSD beta+32(FP), Y15
+	CMPQ CX, $4
+	JLT  tail
+
+loop4:
+	VCVTPS2PD (SI), Y0
+	VMULPD  Y14, Y0, Y0
+	VFMADD231PD (DI), Y15, Y0
+	VMOVUPD Y0, (DI)
+	ADDQ $16, SI
+	ADDQ $32, DI
+	SUBQ $4, CX
+	CMPQ CX, $4
+	JGE  loop4
+
+tail:
+	TESTQ CX, CX
+	JZ    done
+
+loop1:
+	VCVTSS2SD (SI), X0, X0
+	VMULSD  X14, X0, X0
+	VFMADD231SD (DI), X15, X0
+	VMOVSD  X0, (DI)
+	ADDQ $4, SI
+	ADDQ $8, DI
+	DECQ CX
+	JNZ  loop1
+
+done:
+	VZEROUPPER
+	RET

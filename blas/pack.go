@@ -59,11 +59,30 @@ func (o *operands) packB(dst []float32, j0, cols, p0, kc, nr int) {
 }
 
 // transposeInto writes lanes × kc values to the panel dst (kc steps of width values): lane r
-// of step p is alpha·src[r·ld + p] for r < lanes, zero for lanes ≤ r < width. Four lanes at a
-// time, so that each step's stores are adjacent.
+// of step p is alpha·src[r·ld + p] for r < lanes, zero for lanes ≤ r < width. Blocks of 8×8
+// go through transpose8 where the CPU has it (a last block of lanes may overlap the one before:
+// both write the same values), the rest four lanes at a time so that each step's stores are
+// adjacent.
 func transposeInto(dst []float32, width int, src []float32, ld, lanes, kc int, alpha float32) {
 	dst = dst[:width*kc]
 	r := 0
+	if hasAVX2 && lanes >= 8 && kc >= 8 {
+		_ = src[(lanes-1)*ld+kc-1] // every read below is inside src
+		for r0 := 0; r0 < lanes; r0 += 8 {
+			r0 = min(r0, lanes-8)
+			p := 0
+			for ; p+8 <= kc; p += 8 {
+				transpose8(&dst[p*width+r0], width, &src[r0*ld+p], ld, alpha)
+			}
+			for ; p < kc; p++ {
+				d := dst[p*width+r0:][:8]
+				for i := range d {
+					d[i] = alpha * src[(r0+i)*ld+p]
+				}
+			}
+		}
+		r = lanes
+	}
 	for ; r+4 <= lanes; r += 4 {
 		s0 := src[r*ld:][:kc]
 		s1 := src[(r+1)*ld:][:kc]

@@ -358,3 +358,35 @@ func TestChoose(t *testing.T) {
 		}
 	}
 }
+
+// TestTransposeInto checks the packing transposition (transpose8 blocks, overlapping last
+// blocks, tails of lanes and steps, zero lanes, α) against a plain loop.
+func TestTransposeInto(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, width := range []int{4, 8, 14, 16, 32} {
+		for _, lanes := range []int{1, 3, 4, 7, 8, 9, 13, 14, 16, 31, 32} {
+			if lanes > width {
+				continue
+			}
+			for _, kc := range []int{1, 7, 8, 9, 17, 64} {
+				for _, alpha := range []float32{1, -0.5} {
+					ld := kc + 3
+					src := randomMatrix(r, (lanes-1)*ld+kc)
+					dst := poisoned(width * kc)
+					transposeInto(dst, width, src, ld, lanes, kc, alpha)
+					for p := range kc {
+						for l := range width {
+							want := float32(0)
+							if l < lanes {
+								want = alpha * src[l*ld+p]
+							}
+							if got := dst[p*width+l]; got != want {
+								t.Fatalf("width %d lanes %d kc %d α %g: dst[%d,%d] = %g, want %g", width, lanes, kc, alpha, p, l, got, want)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -4,8 +4,8 @@ import "runtime"
 
 // SyrkT64 sets the upper triangle (j ≥ i) of the n×n float64 matrix C to beta·C + alpha·XᵀX,
 // where X is k×n (k samples of n features, row stride ldx), on all cores: the Gram matrix of
-// GPTQ's Hessian. Products are float32 and summed in float32 over blocks of at most 256 samples
-// (the kernel's step block); the blocks' sums are added in float64. With beta = 0, C's old
+// GPTQ's Hessian. Products are float32 and summed in float32 over blocks of at most 512 samples;
+// the blocks' sums are added in float64. With beta = 0, C's old
 // values are never read. The lower triangle is not touched. It always runs the Go engine.
 func SyrkT64(n, k int, alpha float64, x []float32, ldx int, beta float64, c []float64, ldc int) {
 	checkMatrix("X", k, n, x, ldx)
@@ -27,8 +27,16 @@ func syrkGo(kern *kernel, workers, n, k int, x []float32, ldx int, out *upperFlo
 		workers = 1
 	}
 	o := &operands{tA: Trans, tB: NoTrans, m: n, n: n, k: k, alpha: 1, a: x, lda: ldx, b: x, ldb: ldx}
-	drive(kern, o, out, workers, 4) // rows near the top have more of the triangle: more, smaller tasks
+	// Steps in blocks of 512 rather than 256: every block reads and writes C in float64, and a
+	// Hessian batch is one sequence of 512 tokens (measured 5–20% faster).
+	long := *kern
+	long.kc = max(kern.kc, syrkSteps)
+	drive(&long, o, out, workers, 4) // rows near the top have more of the triangle: more, smaller tasks
 }
+
+// syrkSteps is SyrkT64's block of steps: at most this many float32 products are summed in
+// float32 before the float64 accumulation.
+const syrkSteps = 512
 
 // upperFloat64Out folds float32 tiles into the upper triangle of a float64 matrix.
 type upperFloat64Out struct {
@@ -50,20 +58,26 @@ func (f *upperFloat64Out) tile(kern *kernel, kc int, a, b []float32, i0, j0, row
 		}
 		dst := f.c[(i0+r)*f.ldc+j0:][lo:cols]
 		src := tmp[r*kern.nr:][lo:cols]
-		switch {
-		case !first || f.beta == 1:
-			for j, v := range src {
-				dst[j] += f.alpha * float64(v)
-			}
-		case f.beta == 0:
-			for j, v := range src {
-				dst[j] = f.alpha * float64(v)
-			}
-		default:
-			for j, v := range src {
-				dst[j] = f.beta*dst[j] + f.alpha*float64(v)
-			}
+		beta := f.beta
+		if !first {
+			beta = 1
+		} else if beta == 0 {
+			clear(dst) // never read C's old values (NaN there must not spread)
+			beta = 1
 		}
+		axpby(dst, src, f.alpha, beta)
+	}
+}
+
+// axpby sets dst[j] = beta·dst[j] + alpha·src[j].
+func axpby(dst []float64, src []float32, alpha, beta float64) {
+	dst = dst[:len(src)]
+	if hasAVX2 && len(src) > 0 {
+		axpby64(&dst[0], &src[0], len(src), alpha, beta)
+		return
+	}
+	for j, v := range src {
+		dst[j] = beta*dst[j] + alpha*float64(v)
 	}
 }
 

@@ -52,7 +52,7 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 	// damping's share λ‖ΔW‖² taken off.
 	st.Loss = max(0, errSq-st.Lambda*squaredError(p.t, w, dead))
 	if opt.BaselineLoss {
-		st.Baseline = quadraticForm(w, n, k, h, dead)
+		st.Baseline = baselineLoss(w, n, k, h, dead)
 		st.RelativeLoss = st.Loss / st.Baseline
 	}
 	st.Total = time.Since(start)

@@ -3,6 +3,8 @@ package gptq
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/qpack-dev/qpack/quant"
@@ -118,4 +120,41 @@ func variants() []variant {
 	s = quant.Scheme{Bits: 3, GroupSize: 32, Sym: true}
 	vs = append(vs, variant{s.String() + "-act-mse", s, Options{Clip: true, ActOrder: true}})
 	return vs
+}
+
+// quadraticForm returns tr(W H Wᵀ) = Σ_r w_r H w_rᵀ in float64 (dead columns of W as zero),
+// rows split over GOMAXPROCS goroutines: the reference of baselineLoss and of the GPU's.
+func quadraticForm(w []float32, n, k int, h []float64, dead []bool) float64 {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	sums := make([]float64, workers)
+	var wg sync.WaitGroup
+	for p := range workers {
+		wg.Go(func() {
+			row := make([]float64, k)
+			for r := p * n / workers; r < (p+1)*n/workers; r++ {
+				for c := range k {
+					row[c] = float64(w[r*k+c])
+					if dead[c] {
+						row[c] = 0
+					}
+				}
+				for i, x := range row {
+					if x == 0 {
+						continue
+					}
+					dot := 0.0
+					for j, y := range h[i*k : (i+1)*k] {
+						dot += y * row[j]
+					}
+					sums[p] += x * dot
+				}
+			}
+		})
+	}
+	wg.Wait()
+	total := 0.0
+	for _, s := range sums {
+		total += s
+	}
+	return total
 }

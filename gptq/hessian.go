@@ -21,7 +21,7 @@ func NewHessian(k int) *Hessian { return &Hessian{K: k, H: make([]float64, k*k)}
 
 // Add accumulates a batch x[rows, k] (row-major, one token per row) as the reference does:
 // H *= n/(n+rows); H += 2/(n+rows)·xᵀx, on all cores (blas.SyrkT64: products in float32,
-// summed in float32 over at most 256 tokens, those sums accumulated in float64). A batch holding
+// summed in float32 over at most 512 tokens, those sums accumulated in float64). A batch holding
 // NaN or ±Inf is refused and H is unchanged.
 func (h *Hessian) Add(x []float32, rows, k int) error {
 	if err := h.checkWidth(k); err != nil {
@@ -76,11 +76,17 @@ func (h *Hessian) checkWidth(k int) error {
 	return nil
 }
 
-// mirrorUpper copies the upper triangle of the k×k matrix h onto the lower one.
+// mirrorUpper copies the upper triangle of the k×k matrix h onto the lower one, in 32×32 tiles
+// so that the column-wise writes stay in cache.
 func mirrorUpper(h []float64, k int) {
-	for i := range k {
-		for j := i + 1; j < k; j++ {
-			h[j*k+i] = h[i*k+j]
+	const tile = 32
+	for i0 := 0; i0 < k; i0 += tile {
+		for j0 := i0; j0 < k; j0 += tile {
+			for i := i0; i < min(i0+tile, k); i++ {
+				for j := max(j0, i+1); j < min(j0+tile, k); j++ {
+					h[j*k+i] = h[i*k+j]
+				}
+			}
 		}
 	}
 }
