@@ -42,7 +42,7 @@ func Current() Path { return *current() }
 // choose picks the path. The rule (docs/cpu.md has the measurements behind it): the Go engine
 // with this CPU's SIMD kernel measured as fast as OpenBLAS, so it runs whenever there is one and
 // keeps results independent of what is installed; without one, OpenBLAS when it loads, since
-// portable Go is about ten times slower.
+// portable Go is tens of times slower.
 func choose(setting string, simd []*kernel, load func() (*library, error)) Path {
 	best := portable
 	if len(simd) > 0 {
@@ -72,7 +72,7 @@ func choose(setting string, simd []*kernel, load func() (*library, error)) Path 
 		}
 		switch {
 		case best.simd:
-			p.Reason = prefix + "this CPU has a SIMD kernel (as fast as OpenBLAS, which is not used)"
+			p.Reason = prefix + "SIMD kernel for this CPU, measured as fast as OpenBLAS"
 		case !useLibrary(prefix + "no SIMD kernel for this CPU; OpenBLAS is faster than portable Go"):
 			p.Reason = prefix + "no SIMD kernel for this CPU and no OpenBLAS: portable Go"
 		}
@@ -91,7 +91,7 @@ func (p Path) SlowNote() string {
 	if p.SIMD || p.UseOpenBLAS {
 		return ""
 	}
-	return fmt.Sprintf("note: matrix products run in portable Go (%s), about 10× slower than with SIMD; `qpack doctor` says more", p.Reason)
+	return fmt.Sprintf("note: matrix products run in portable Go (%s), tens of times slower than with SIMD; `qpack doctor` says more", p.Reason)
 }
 
 // Available reports whether OpenBLAS loads (whether or not Sgemm uses it) and by which name.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -241,6 +242,28 @@ func TestAWQGPTQImatrixDefault(t *testing.T) {
 		}
 		if got := prov.Options["imatrix"]; got != c.want {
 			t.Errorf("%v: provenance imatrix %v, want %v", c.flags, got, c.want)
+		}
+	}
+}
+
+// TestDoctorReportsCPUPath: doctor names the matrix engine and kernel, says whether OpenBLAS
+// was found, and measures a positive GFLOP/s.
+func TestDoctorReportsCPUPath(t *testing.T) {
+	out, err := run(t, "doctor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"CPU matrix products: ", " kernel, ", " threads (", "OpenBLAS: ", "CPU matrix speed: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, out)
+		}
+	}
+	var gflops float64
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(line, "CPU matrix speed: "); ok {
+			if _, err := fmt.Sscanf(rest, "%g GFLOP/s", &gflops); err != nil || !(gflops > 0) {
+				t.Errorf("speed line %q: %v", line, err)
+			}
 		}
 	}
 }
