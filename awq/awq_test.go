@@ -307,3 +307,45 @@ func TestWeightMeanAndDuoCandidate(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputLoss: both ways of measuring ‖X·Dᵀ‖² (through the Gram matrix when there are fewer
+// channels than rows, directly otherwise) match float64 sums, in total and per row of D.
+func TestOutputLoss(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, s := range [][3]int{{300, 37, 5}, {20, 37, 5}, {37, 37, 1}, {512, 128, 70}, {1, 3, 2}} {
+		rows, k, n := s[0], s[1], s[2]
+		x, d := make([]float32, rows*k), make([]float32, n*k)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		for i := range d {
+			d[i] = float32(r.NormFloat64() * 1e-2)
+		}
+		want := make([]float64, n)
+		total := 0.0
+		for o := range n {
+			for tok := range rows {
+				var e float64
+				for c := range k {
+					e += float64(x[tok*k+c]) * float64(d[o*k+c])
+				}
+				want[o] += e * e
+			}
+			total += want[o]
+		}
+		out := newOutputLoss(x, rows, k)
+		if (out.gram != nil) != (k < rows) {
+			t.Errorf("rows %d, k %d: Gram matrix used = %v", rows, k, out.gram != nil)
+		}
+		got := make([]float64, n)
+		out.perRow(got, d, n)
+		for o := range n {
+			if math.Abs(got[o]-want[o]) > 1e-5*want[o] {
+				t.Errorf("rows %d, k %d: row %d loss %g, want %g", rows, k, o, got[o], want[o])
+			}
+		}
+		if all := out.of(d, n); math.Abs(all-total) > 1e-5*total {
+			t.Errorf("rows %d, k %d: loss %g, want %g", rows, k, all, total)
+		}
+	}
+}

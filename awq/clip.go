@@ -3,8 +3,6 @@ package awq
 import (
 	"fmt"
 	"math"
-
-	"github.com/qpack-dev/qpack/model"
 )
 
 // ClipResult is the outcome of SearchClip.
@@ -40,6 +38,7 @@ func SearchClip(x []float32, rows int, l Linear, opt Options) (ClipResult, error
 	var res ClipResult
 	wc := make([]float32, n*k)
 	errs := make([]float64, n*groups)
+	gl := newGroupLosses(xs, t, n, k, gs)
 	for step := range steps {
 		shrink := float32(1 - float64(step)/float64(grid))
 		copy(wc, l.W)
@@ -50,7 +49,7 @@ func SearchClip(x []float32, rows int, l Linear, opt Options) (ClipResult, error
 		for i := range wc {
 			wc[i] = l.W[i] - wc[i]
 		}
-		groupErrors(errs, xs, t, wc, n, k, gs)
+		gl.measure(errs, wc)
 		for i, e := range errs {
 			if step == 0 {
 				res.Err0 += e
@@ -114,32 +113,42 @@ func clampGroups(w []float32, n, k, gs int, limit []float32, shrink float32) {
 	})
 }
 
-// groupErrors sets errs[r, g] = mean over the t tokens of (Σ_{c∈g} x[t,c]·d[r,c])², one GEMM
-// per group of the gathered columns.
-func groupErrors(errs []float64, x []float32, t int, d []float32, n, k, gs int) {
-	groups := (k + gs - 1) / gs
-	var xg, dg, e []float32
-	for g := range groups {
-		c0, c1 := g*gs, min((g+1)*gs, k)
-		w := c1 - c0
-		xg, dg, e = grow(xg, t*w), grow(dg, n*w), grow(e, t*n)
+// groupLosses measures, per output row and input group, the mean over the sampled tokens of
+// the group's squared partial dot-product error: one outputLoss per group of columns, its
+// Gram matrix (or gathered inputs) formed once for all the clipping steps.
+type groupLosses struct {
+	n, k, gs, t int
+	groups      []*outputLoss
+	dg          []float32
+	row         []float64
+}
+
+func newGroupLosses(x []float32, t, n, k, gs int) *groupLosses {
+	gl := &groupLosses{n: n, k: k, gs: gs, t: t, row: make([]float64, n)}
+	for c0 := 0; c0 < k; c0 += gs {
+		w := min(gs, k-c0)
+		xg := make([]float32, t*w)
 		for r := range t {
-			copy(xg[r*w:(r+1)*w], x[r*k+c0:r*k+c1])
+			copy(xg[r*w:(r+1)*w], x[r*k+c0:r*k+c0+w])
 		}
-		for r := range n {
-			copy(dg[r*w:(r+1)*w], d[r*k+c0:r*k+c1])
+		gl.groups = append(gl.groups, newOutputLoss(xg, t, w))
+	}
+	return gl
+}
+
+// measure sets errs[r, g] = mean over the tokens of (Σ_{c∈g} x[t,c]·d[r,c])².
+func (gl *groupLosses) measure(errs []float64, d []float32) {
+	groups := len(gl.groups)
+	for g, out := range gl.groups {
+		c0 := g * gl.gs
+		w := min(gl.gs, gl.k-c0)
+		gl.dg = grow(gl.dg, gl.n*w)
+		for r := range gl.n {
+			copy(gl.dg[r*w:(r+1)*w], d[r*gl.k+c0:r*gl.k+c0+w])
 		}
-		model.MatMulT(e, xg, dg, nil, t, w, n)
-		for r := range n {
-			errs[r*groups+g] = 0
-		}
-		for tok := range t {
-			for r, v := range e[tok*n : (tok+1)*n] {
-				errs[r*groups+g] += float64(v) * float64(v)
-			}
-		}
-		for r := range n {
-			errs[r*groups+g] /= float64(max(t, 1))
+		out.perRow(gl.row, gl.dg, gl.n)
+		for r, e := range gl.row {
+			errs[r*groups+g] = e / float64(max(gl.t, 1))
 		}
 	}
 }

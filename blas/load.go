@@ -1,9 +1,9 @@
 package blas
 
 import (
-	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 
@@ -25,7 +25,7 @@ const (
 	trans    int32 = 112
 )
 
-// library is the opened BLAS and the functions bound from it.
+// library is the opened OpenBLAS and the functions bound from it.
 type library struct {
 	path string
 	// cblas_sgemm computes C = alpha·op(A)·op(B) + beta·C; blasint is int32 in every
@@ -40,13 +40,9 @@ var (
 	loadErr  error
 )
 
-// lib opens the library on first use.
-func lib() (*library, error) {
+// openBLAS opens the library on first use: $QPACK_OPENBLAS first when set, then the usual names.
+func openBLAS() (*library, error) {
 	loadOnce.Do(func() {
-		if os.Getenv("QPACK_BLAS") == "go" {
-			loadErr = errors.New("blas: QPACK_BLAS=go forces the pure-Go path")
-			return
-		}
 		names := libraryNames
 		if p := os.Getenv("QPACK_OPENBLAS"); p != "" {
 			names = append([]string{p}, names...)
@@ -75,21 +71,22 @@ func open(names []string) (*library, error) {
 		purego.RegisterFunc(&l.sgemm, sym)
 		return l, nil
 	}
-	return nil, fmt.Errorf("blas: OpenBLAS not found (%s)", strings.Join(failures, "; "))
+	return nil, fmt.Errorf("OpenBLAS not found (%s)", strings.Join(failures, "; "))
 }
 
-// Available reports whether OpenBLAS is loaded, and the name it was loaded by.
-func Available() (path string, ok bool) {
-	l, err := lib()
-	if err != nil {
-		return "", false
+// gemm is Sgemm through cblas_sgemm; the arguments are checked and m, n, k > 0.
+func (l *library) gemm(tA, tB Transpose, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	l.sgemm(rowMajor, cblasTranspose(tA), cblasTranspose(tB), int32(m), int32(n), int32(k), alpha, &a[0], int32(lda),
+		&b[0], int32(ldb), beta, &c[0], int32(ldc))
+	// The call holds only uintptrs; the slices must outlive it.
+	runtime.KeepAlive(a)
+	runtime.KeepAlive(b)
+	runtime.KeepAlive(c)
+}
+
+func cblasTranspose(t Transpose) int32 {
+	if t == Trans {
+		return trans
 	}
-	return l.path, true
-}
-
-// LoadErr says why OpenBLAS is not available (every name tried and why it failed, or
-// QPACK_BLAS=go); nil when it is.
-func LoadErr() error {
-	_, err := lib()
-	return err
+	return noTrans
 }

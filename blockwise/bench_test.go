@@ -51,3 +51,12 @@ func BenchmarkBF16FP8(b *testing.B) {
 func BenchmarkBF16Int4G128Clip(b *testing.B) {
 	benchmarkBF16(b, 256, 4096, quant.Scheme{Bits: 4, GroupSize: 128}, Options{Clip: true})
 }
+
+// The importance-weighted search (--imatrix; GPTQ under awq+gptq fits its groups with it).
+func BenchmarkBF16Int4G128AsymImatrix(b *testing.B) {
+	imp := make([]float32, 4096)
+	for i := range imp {
+		imp[i] = float32(1 + i%7)
+	}
+	benchmarkBF16(b, 256, 4096, quant.Scheme{Bits: 4, GroupSize: 128}, Options{Imatrix: true, Importance: imp})
+}

@@ -32,6 +32,9 @@ func clipSearch(q groupQuantizer, w []float32, r span, imp []float32, codes []ui
 // as the sum reaches limit (the terms are non-negative, so the candidate cannot win any more).
 func groupError(q groupQuantizer, w, imp []float32, pr params, codes []uint8, limit, norm float64) float64 {
 	q.encode(codes, w, pr)
+	if _, ok := q.(intQuantizer); ok && norm == 2 {
+		return intGroupError(w, imp, pr, codes, limit)
+	}
 	var sum float64
 	for i, v := range w {
 		d := math.Abs(float64(q.decode(codes[i], pr) - v))
@@ -44,6 +47,31 @@ func groupError(q groupQuantizer, w, imp []float32, pr params, codes []uint8, li
 		}
 		sum += e
 		if sum >= limit {
+			return sum
+		}
+	}
+	return sum
+}
+
+// intGroupError is groupError's sum for the integer grid and norm 2 with the decoding written
+// out (quant.DequantizeInt): the same terms in the same order, without a call per weight.
+func intGroupError(w, imp []float32, pr params, codes []uint8, limit float64) float64 {
+	codes = codes[:len(w)]
+	zero := int(pr.zero)
+	var sum float64
+	if imp == nil {
+		for i, v := range w {
+			d := float64(pr.scale*float32(int(codes[i])-zero) - v)
+			if sum += d * d; sum >= limit {
+				return sum
+			}
+		}
+		return sum
+	}
+	imp = imp[:len(w)]
+	for i, v := range w {
+		d := float64(pr.scale*float32(int(codes[i])-zero) - v)
+		if sum += d * d * float64(imp[i]); sum >= limit {
 			return sum
 		}
 	}

@@ -3,6 +3,7 @@ package blockwise
 import (
 	"fmt"
 	"math"
+	"math/bits"
 
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -73,6 +74,11 @@ func (q intQuantizer) encode(codes []uint8, w []float32, pr params) {
 	// tie, round(x + zero) = round(x) + zero, and r = round(x) is recovered exactly; a tie has
 	// |d| = 0.5 and takes the true division, which rounds x alone.
 	zeroMagic := float32(roundMagic + float32(pr.zero))
+	if hasAVX2 && len(w) >= 8 {
+		n := len(w) &^ 7
+		encodeIntChunks(codes[:n], w[:n], pr, inv, zeroMagic, zero, maxq)
+		codes, w = codes[n:], w[n:]
+	}
 	for i, v := range w {
 		x := float32(v * inv)
 		y := float32(x + zeroMagic)
@@ -86,6 +92,22 @@ func (q intQuantizer) encode(codes []uint8, w []float32, pr params) {
 			c = min(max(c, 0), maxq)
 		}
 		codes[i] = uint8(c)
+	}
+}
+
+// encodeIntChunks is encode's fast path on the AVX2 kernel (len(w) a multiple of 8): the same
+// codes, the kernel flagging the near-ties that take the true division here.
+func encodeIntChunks(codes []uint8, w []float32, pr params, inv, zeroMagic float32, zero, maxq int32) {
+	var ties [64]uint8
+	for c0 := 0; c0 < len(w); c0 += 8 * len(ties) {
+		n := min(8*len(ties), len(w)-c0)
+		encodeIntAVX2(&codes[c0], &ties[0], &w[c0], n, inv, zeroMagic, roundMagicBits, nearTieBits, maxq)
+		for j, m := range ties[:n/8] {
+			for ; m != 0; m &= m - 1 {
+				i := c0 + 8*j + bits.TrailingZeros8(m)
+				codes[i] = uint8(min(max(int32(roundQuotient(w[i], pr.scale))+zero, 0), maxq))
+			}
+		}
 	}
 }
 

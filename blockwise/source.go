@@ -29,6 +29,10 @@ func (s bf16Rows) spanned(n, lo, hi int, buf []float32) ([]float32, span) {
 	var pos0, pos1 int32 = 0, 0                    // +0
 	var neg0, neg1 uint32 = 0x80000000, 0x80000000 // −0
 	i := 0
+	if hasAVX2 && len(buf) >= 8 { // eight at a time, the same two maxima
+		i = len(buf) &^ 7
+		pos0, neg0 = bf16SpanAVX2(&buf[0], &raw[0], i)
+	}
 	for ; i+4 <= len(buf); i += 4 {
 		x := binary.LittleEndian.Uint64(raw[2*i:])
 		u0, u1 := uint32(x<<16), uint32(x)&0xffff0000

@@ -26,10 +26,8 @@ func Encode(dst []byte, t Type, x []float32) ([]byte, error) {
 	if len(x)%bs != 0 {
 		return nil, fmt.Errorf("%d values are not whole %s blocks of %d", len(x), t, bs)
 	}
-	for i, v := range x {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return nil, fmt.Errorf("value %d is %v", i, v)
-		}
+	if i := fp.FirstNonFinite(x); i >= 0 {
+		return nil, fmt.Errorf("value %d is %v", i, x[i])
 	}
 	n := len(dst)
 	dst = slices.Grow(dst, t.RowBytes(len(x)))
@@ -54,6 +52,10 @@ func Encode(dst []byte, t Type, x []float32) ([]byte, error) {
 			dst = encodeQ8_0(dst, x[b:b+bs])
 		}
 	case Q4_0, Q5_0:
+		if t == Q4_0 && hasAVX2 {
+			dst = encodeQ4_0(dst, x)
+			break
+		}
 		for b := 0; b < len(x); b += bs {
 			dst = encodeSym(dst, t, x[b:b+bs])
 		}
@@ -115,6 +117,24 @@ func encodeSym(dst []byte, t Type, x []float32) []byte {
 		q[j] = uint8(min(2*half-1, float32(int8(float32(v*id)+(half+0.5)))))
 	}
 	return appendNibbles(dst, t == Q5_0, &q)
+}
+
+// encodeQ4_0 is encodeSym for Q4_0 on whole blocks through the AVX2 kernel: the same bytes
+// (TestEncodeQ4_0MatchesReference). dst has room for the blocks.
+func encodeQ4_0(dst []byte, x []float32) []byte {
+	blocks, n := len(x)/32, len(dst)
+	dst = dst[:n+18*blocks]
+	var d [256]float32
+	for b0 := 0; b0 < blocks; b0 += len(d) {
+		nb := min(len(d), blocks-b0)
+		out := dst[n+18*b0 : n+18*(b0+nb)]
+		_ = x[32*(b0+nb)-1]
+		q4_0AVX2(&out[2], &d[0], &x[32*b0], nb)
+		for b, v := range d[:nb] {
+			binary.LittleEndian.PutUint16(out[18*b:], fp.F32ToF16(v))
+		}
+	}
+	return dst
 }
 
 // encodeMin is quantize_row_q4_1_ref and quantize_row_q5_1_ref: d = (max−min)/(2^b−1),

@@ -3,11 +3,14 @@
 package ggufexport
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/model"
@@ -226,6 +229,8 @@ func floatTensor(name string, typ gguf.Type, v []float32, shape []int) gguf.Tens
 	}}
 }
 
+// writeFloatRows encodes the rows of v in typ and writes them in order (permuted when heads > 0),
+// a batch of rows at a time with the batch's rows encoded on all cores.
 func writeFloatRows(w io.Writer, typ gguf.Type, v []float32, shape []int, heads int) error {
 	k := shape[len(shape)-1]
 	rows := len(v) / k
@@ -233,14 +238,33 @@ func writeFloatRows(w io.Writer, typ gguf.Type, v []float32, shape []int, heads 
 	if heads > 0 {
 		src = permuteRows(rows, heads)
 	}
-	var buf []byte
-	for _, r := range src {
-		var err error
-		if buf, err = encodeRow(buf[:0], typ, v[r*k:(r+1)*k]); err != nil {
-			return fmt.Errorf("row %d: %w", r, err)
+	const batchValues = 1 << 20
+	batch := max(1, batchValues/k)
+	encoded := make([][]byte, min(batch, rows))
+	for b0 := 0; b0 < rows; b0 += batch {
+		part := src[b0:min(b0+batch, rows)]
+		workers := min(runtime.GOMAXPROCS(0), len(part))
+		errs := make([]error, workers)
+		var wg sync.WaitGroup
+		for i := range workers {
+			wg.Go(func() {
+				for j := i * len(part) / workers; j < (i+1)*len(part)/workers; j++ {
+					r := part[j]
+					if encoded[j], errs[i] = encodeRow(encoded[j][:0], typ, v[r*k:(r+1)*k]); errs[i] != nil {
+						errs[i] = fmt.Errorf("row %d: %w", r, errs[i])
+						return
+					}
+				}
+			})
 		}
-		if _, err := w.Write(buf); err != nil {
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
 			return err
+		}
+		for _, row := range encoded[:len(part)] {
+			if _, err := w.Write(row); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -70,13 +70,12 @@ func BenchmarkTrailingUpdate(b *testing.B) {
 	w := make([]float32, n*k)
 	u := make([]float32, k*k)
 	errs := make([]float32, n*bs)
-	packed := make([]float32, bs*updateTile)
 	for i := range errs {
 		errs[i] = 1e-3
 	}
 	b.ResetTimer()
 	for b.Loop() {
-		trailingUpdate(w, k, 0, n, errs, bs, u, 0, bs, packed)
+		trailingUpdate(w, k, 0, n, errs, bs, u, 0, bs)
 	}
 	b.ReportMetric(float64(n)*bs*(k-bs)/b.Elapsed().Seconds()*float64(b.N)/1e9, "GMAC/s")
 }

@@ -52,7 +52,7 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 	// damping's share λ‖ΔW‖² taken off.
 	st.Loss = max(0, errSq-st.Lambda*squaredError(p.t, w, dead))
 	if opt.BaselineLoss {
-		st.Baseline = quadraticForm(w, n, k, h, dead)
+		st.Baseline = baselineLoss(w, n, k, h, dead)
 		st.RelativeLoss = st.Loss / st.Baseline
 	}
 	st.Total = time.Since(start)
@@ -104,7 +104,6 @@ func (p *problem) run(n int) (float64, error) {
 func (p *problem) quantizeRows(lo, hi int) (float64, error) {
 	k, bs := p.k, p.bs
 	errs := make([]float32, (hi-lo)*bs) // Err1: the block's scaled errors, one row per weight row
-	packed := make([]float32, bs*updateTile)
 	f := newFitter(p.t, p.opt, p.lay.size)
 	total := 0.0
 	for i1 := 0; i1 < k; i1 += bs {
@@ -120,7 +119,7 @@ func (p *problem) quantizeRows(lo, hi int) (float64, error) {
 			}
 			total += sum
 		}
-		trailingUpdate(p.w, k, lo, hi, errs, bs, p.u, i1, i2, packed)
+		trailingUpdate(p.w, k, lo, hi, errs, bs, p.u, i1, i2)
 	}
 	return total, nil
 }

@@ -3,6 +3,8 @@ package gptq
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/qpack-dev/qpack/quant"
@@ -55,27 +57,20 @@ func testHessian(t testing.TB, r *rand.Rand, k int) []float64 {
 	return h.H
 }
 
-// proxyLoss is tr(ΔW H ΔWᵀ) computed directly, with ΔW = W − Q (dead columns of W as zero).
+// proxyLoss is tr(ΔW H ΔWᵀ) computed directly, with ΔW = W − Q (dead columns of W as zero),
+// through baselineLoss (float32 products, float64 sums: within 1e-6 of the float64 form, and
+// the tests' tolerances are 1e-5 and more).
 func proxyLoss(w []float32, q []float32, n, k int, h []float64) float64 {
-	total := 0.0
-	d := make([]float64, k)
-	for r := range n {
-		for c := range k {
-			v := float64(w[r*k+c])
-			if h[c*k+c] == 0 {
-				v = 0
-			}
-			d[c] = v - float64(q[r*k+c])
-		}
-		for i := range k {
-			dot := 0.0
-			for j := range k {
-				dot += h[i*k+j] * d[j]
-			}
-			total += d[i] * dot
-		}
+	dead := make([]bool, k)
+	for c := range k {
+		dead[c] = h[c*k+c] == 0
 	}
-	return total
+	d := make([]float32, n*k)
+	for i, v := range w[:n*k] {
+		d[i] = v - q[i]
+	}
+	// A dead column's row and column of H are zero: its ΔW adds nothing, whatever Q holds there.
+	return baselineLoss(d, n, k, h, dead)
 }
 
 func relDiff(a, b float64) float64 {
@@ -118,4 +113,41 @@ func variants() []variant {
 	s = quant.Scheme{Bits: 3, GroupSize: 32, Sym: true}
 	vs = append(vs, variant{s.String() + "-act-mse", s, Options{Clip: true, ActOrder: true}})
 	return vs
+}
+
+// quadraticForm returns tr(W H Wᵀ) = Σ_r w_r H w_rᵀ in float64 (dead columns of W as zero),
+// rows split over GOMAXPROCS goroutines: the reference of baselineLoss and of the GPU's.
+func quadraticForm(w []float32, n, k int, h []float64, dead []bool) float64 {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	sums := make([]float64, workers)
+	var wg sync.WaitGroup
+	for p := range workers {
+		wg.Go(func() {
+			row := make([]float64, k)
+			for r := p * n / workers; r < (p+1)*n/workers; r++ {
+				for c := range k {
+					row[c] = float64(w[r*k+c])
+					if dead[c] {
+						row[c] = 0
+					}
+				}
+				for i, x := range row {
+					if x == 0 {
+						continue
+					}
+					dot := 0.0
+					for j, y := range h[i*k : (i+1)*k] {
+						dot += y * row[j]
+					}
+					sums[p] += x * dot
+				}
+			}
+		})
+	}
+	wg.Wait()
+	total := 0.0
+	for _, s := range sums {
+		total += s
+	}
+	return total
 }

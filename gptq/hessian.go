@@ -2,10 +2,8 @@ package gptq
 
 import (
 	"fmt"
-	"runtime"
-	"sync"
-	"sync/atomic"
 
+	"github.com/qpack-dev/qpack/blas"
 	"github.com/qpack-dev/qpack/fp"
 )
 
@@ -16,16 +14,15 @@ type Hessian struct {
 	K int       // input features (width of each row of x)
 	N int       // rows accumulated
 	H []float64 // K×K, row-major, symmetric
-
-	xt []float64 // scratch: the last batch transposed (K×rows), kept between calls
 }
 
 // NewHessian returns an empty Hessian for inputs of width k.
 func NewHessian(k int) *Hessian { return &Hessian{K: k, H: make([]float64, k*k)} }
 
 // Add accumulates a batch x[rows, k] (row-major, one token per row) as the reference does:
-// H *= n/(n+rows); H += 2/(n+rows)·xᵀx. Products and sums are float64; the triangle of xᵀx is
-// split over GOMAXPROCS goroutines. A batch holding NaN or ±Inf is refused and H is unchanged.
+// H *= n/(n+rows); H += 2/(n+rows)·xᵀx, on all cores (blas.SyrkT64: products in float32,
+// summed in float32 over at most 512 tokens, those sums accumulated in float64). A batch holding
+// NaN or ±Inf is refused and H is unchanged.
 func (h *Hessian) Add(x []float32, rows, k int) error {
 	if err := h.checkWidth(k); err != nil {
 		return err
@@ -36,10 +33,9 @@ func (h *Hessian) Add(x []float32, rows, k int) error {
 	if i := fp.FirstNonFinite(x); i >= 0 {
 		return fmt.Errorf("gptq: hessian: activation at row %d, column %d is %g", i/k, i%k, x[i])
 	}
-	h.xt = transpose(h.xt, x, rows, k)
 	total := h.N + rows
 	decay, gain := float64(h.N)/float64(total), 2/float64(total)
-	syrkUpper(h.H, h.xt, k, rows, decay, gain)
+	blas.SyrkT64(k, rows, gain, x, k, decay, h.H, k)
 	mirrorUpper(h.H, k)
 	h.N = total
 	return nil
@@ -80,97 +76,17 @@ func (h *Hessian) checkWidth(k int) error {
 	return nil
 }
 
-// transpose writes x[rows, k] (float32) as xt[k, rows] (float64) into dst, grown when short.
-func transpose(dst []float64, x []float32, rows, k int) []float64 {
-	if cap(dst) < rows*k {
-		dst = make([]float64, rows*k)
-	}
-	dst = dst[:rows*k]
-	const tile = 64
-	for r0 := 0; r0 < rows; r0 += tile {
-		for c0 := 0; c0 < k; c0 += tile {
-			for r := r0; r < min(r0+tile, rows); r++ {
-				for c := c0; c < min(c0+tile, k); c++ {
-					dst[c*rows+r] = float64(x[r*k+c])
-				}
-			}
-		}
-	}
-	return dst
-}
-
-// syrkUpper sets, for i ≤ j, H[i,j] = decay·H[i,j] + gain·Σ_t xt[i,t]·xt[j,t]. Pairs of rows of
-// the triangle are handed out to the workers one at a time (rows differ in length).
-func syrkUpper(h, xt []float64, k, rows int, decay, gain float64) {
-	pairs := (k + 1) / 2
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), pairs) {
-		wg.Go(func() {
-			for {
-				p := int(next.Add(1)) - 1
-				if p >= pairs {
-					return
-				}
-				syrkRowPair(h, xt, k, rows, 2*p, decay, gain)
-			}
-		})
-	}
-	wg.Wait()
-}
-
-// syrkRowPair updates rows i and i+1 (when inside) of the upper triangle, four columns at a
-// time with eight accumulators so that each loaded x is used four times.
-func syrkRowPair(h, xt []float64, k, rows, i int, decay, gain float64) {
-	i1 := min(i+1, k-1) // the last row of an odd k pairs with itself
-	a0, a1 := xt[i*rows:(i+1)*rows], xt[i1*rows:(i1+1)*rows]
-	j := i
-	for ; j+4 <= k; j += 4 {
-		b0, b1 := xt[j*rows:(j+1)*rows], xt[(j+1)*rows:(j+2)*rows]
-		b2, b3 := xt[(j+2)*rows:(j+3)*rows], xt[(j+3)*rows:(j+4)*rows]
-		var s00, s01, s02, s03, s10, s11, s12, s13 float64
-		for t, x0 := range a0 {
-			x1, y0, y1, y2, y3 := a1[t], b0[t], b1[t], b2[t], b3[t]
-			s00 += x0 * y0
-			s01 += x0 * y1
-			s02 += x0 * y2
-			s03 += x0 * y3
-			s10 += x1 * y0
-			s11 += x1 * y1
-			s12 += x1 * y2
-			s13 += x1 * y3
-		}
-		row0, row1 := h[i*k+j:i*k+j+4], h[i1*k+j:i1*k+j+4]
-		for c, s := range [4]float64{s00, s01, s02, s03} {
-			row0[c] = decay*row0[c] + gain*s
-		}
-		if i1 != i {
-			for c, s := range [4]float64{s10, s11, s12, s13} {
-				if j+c >= i1 { // row i+1 starts one column later
-					row1[c] = decay*row1[c] + gain*s
-				}
-			}
-		}
-	}
-	for ; j < k; j++ {
-		b := xt[j*rows : (j+1)*rows]
-		var s0, s1 float64
-		for t, x0 := range a0 {
-			s0 += x0 * b[t]
-			s1 += a1[t] * b[t]
-		}
-		h[i*k+j] = decay*h[i*k+j] + gain*s0
-		if i1 != i && j >= i1 {
-			h[i1*k+j] = decay*h[i1*k+j] + gain*s1
-		}
-	}
-}
-
-// mirrorUpper copies the upper triangle of the k×k matrix h onto the lower one.
+// mirrorUpper copies the upper triangle of the k×k matrix h onto the lower one, in 32×32 tiles
+// so that the column-wise writes stay in cache.
 func mirrorUpper(h []float64, k int) {
-	for i := range k {
-		for j := i + 1; j < k; j++ {
-			h[j*k+i] = h[i*k+j]
+	const tile = 32
+	for i0 := 0; i0 < k; i0 += tile {
+		for j0 := i0; j0 < k; j0 += tile {
+			for i := i0; i < min(i0+tile, k); i++ {
+				for j := max(j0, i+1); j < min(j0+tile, k); j++ {
+					h[j*k+i] = h[i*k+j]
+				}
+			}
 		}
 	}
 }

@@ -1,9 +1,7 @@
 package gptq
 
 import (
-	"runtime"
-	"sync"
-
+	"github.com/qpack-dev/qpack/blas"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -21,39 +19,25 @@ func squaredError(t *quant.Tensor, w []float32, dead []bool) float64 {
 	return sum
 }
 
-// quadraticForm returns tr(W H Wᵀ) = Σ_r w_r H w_rᵀ in float64 (dead columns of W as zero),
-// rows split over GOMAXPROCS goroutines.
-func quadraticForm(w []float32, n, k int, h []float64, dead []bool) float64 {
-	workers := min(runtime.GOMAXPROCS(0), n)
-	sums := make([]float64, workers)
-	var wg sync.WaitGroup
-	for p := range workers {
-		wg.Go(func() {
-			row := make([]float64, k)
-			for r := p * n / workers; r < (p+1)*n/workers; r++ {
-				for c := range k {
-					row[c] = float64(w[r*k+c])
-					if dead[c] {
-						row[c] = 0
-					}
-				}
-				for i, x := range row {
-					if x == 0 {
-						continue
-					}
-					dot := 0.0
-					for j, y := range h[i*k : (i+1)*k] {
-						dot += y * row[j]
-					}
-					sums[p] += x * dot
-				}
-			}
-		})
+// baselineLoss returns tr(W H Wᵀ) = Σ_r w_r H w_rᵀ (dead columns of W as zero) for
+// Stats.RelativeLoss: W·H as one float32 product on all cores (package blas), each row dotted
+// with w_r in float64. It agrees with the float64 quadraticForm of the tests to about 1e-6.
+func baselineLoss(w []float32, n, k int, h []float64, dead []bool) float64 {
+	h32 := make([]float32, k*k)
+	for i, v := range h {
+		h32[i] = float32(v)
 	}
-	wg.Wait()
-	total := 0.0
-	for _, s := range sums {
-		total += s
+	wz := make([]float32, n*k)
+	for i, v := range w[:n*k] {
+		if !dead[i%k] {
+			wz[i] = v
+		}
 	}
-	return total
+	wh := make([]float32, n*k)
+	blas.Sgemm(blas.NoTrans, blas.NoTrans, n, k, k, 1, wz, k, h32, k, 0, wh, k)
+	sum := 0.0
+	for i, v := range wh {
+		sum += float64(v) * float64(wz[i])
+	}
+	return sum
 }

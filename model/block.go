@@ -128,7 +128,13 @@ func (b *Block) Linear(module string) (*Linear, error) {
 var errStopForward = errors.New("model: forward stopped by hook")
 
 // Forward runs the block over x [T, Hidden] in place (one sequence, causal).
-func (b *Block) Forward(x []float32, T int, hook Hook) error {
+func (b *Block) Forward(x []float32, T int, hook Hook) error { return b.forward(x, T, hook, nil) }
+
+// forward is Forward with an optional cache of the attention output (o_proj's input) for this
+// x: a nil *attn is filled; a non-nil one is used instead of the q/k/v projections and the
+// attention (their hook is then not called), valid as long as q/k/v and the input norm are the
+// weights it was computed with.
+func (b *Block) forward(x []float32, T int, hook Hook, attn *[]float32) error {
 	hid := b.cfg.Hidden
 	if len(x) != T*hid {
 		return fmt.Errorf("model: block %d: input has %d values, want %d×%d", b.Index, len(x), T, hid)
@@ -136,7 +142,7 @@ func (b *Block) Forward(x []float32, T int, hook Hook) error {
 	h := make([]float32, T*hid)
 	out := make([]float32, T*hid)
 	rmsNorm(h, x, b.InputNorm, T, hid, b.cfg.RMSNormEps)
-	if err := b.Attention(out, h, T, hook); err != nil {
+	if err := b.attention(out, h, T, hook, attn); err != nil {
 		return err
 	}
 	addTo(x, out)
@@ -151,9 +157,36 @@ func (b *Block) Forward(x []float32, T int, hook Hook) error {
 // Attention is the self-attention module (projections, rotary, causal GQA attention, o_proj)
 // on the normed input h [T, Hidden]; it writes out [T, Hidden].
 func (b *Block) Attention(out, h []float32, T int, hook Hook) error {
+	return b.attention(out, h, T, hook, nil)
+}
+
+// attention is Attention with forward's optional cache of o_proj's input.
+func (b *Block) attention(out, h []float32, T int, hook Hook, cache *[]float32) error {
+	var a []float32
+	if cache != nil && *cache != nil {
+		a = *cache
+	} else {
+		var err error
+		if a, err = b.attend(h, T, hook); err != nil {
+			return err
+		}
+		if cache != nil {
+			*cache = a
+		}
+	}
+	if err := callHook(hook, GroupO, a, T, b.O.In); err != nil {
+		return err
+	}
+	b.O.Forward(out, a, T)
+	return nil
+}
+
+// attend computes o_proj's input from the normed input h: q/k/v projections (their hook
+// first), norms, rotary and causal GQA attention.
+func (b *Block) attend(h []float32, T int, hook Hook) ([]float32, error) {
 	c := b.cfg
 	if err := callHook(hook, GroupQKV, h, T, c.Hidden); err != nil {
-		return err
+		return nil, err
 	}
 	q := make([]float32, T*b.Q.Out)
 	k := make([]float32, T*b.K.Out)
@@ -170,11 +203,7 @@ func (b *Block) Attention(out, h []float32, T int, hook Hook) error {
 	applyRope(k, cos, sin, T, c.KVHeads, c.HeadDim)
 	a := make([]float32, T*b.O.In)
 	attention(a, q, k, v, T, c.Heads, c.KVHeads, c.HeadDim, c.SlidingWindow[b.Index])
-	if err := callHook(hook, GroupO, a, T, b.O.In); err != nil {
-		return err
-	}
-	b.O.Forward(out, a, T)
-	return nil
+	return a, nil
 }
 
 // MLP is down(silu(gate(h))·up(h)) on the normed input h [T, Hidden]; it writes out [T, Hidden].

@@ -78,16 +78,22 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 			}
 			continue
 		}
+		// Each sequence's attention output, computed once the q/k/v weights are final: the later
+		// steps and the block's last pass start from it.
+		attn := make([][]float32, len(seqs))
 		for _, step := range steps {
-			if err := observeStep(b, seqs, hidden, c, step); err != nil {
+			if err := observeStep(b, seqs, hidden, c, step, attn); err != nil {
 				return err
 			}
 			if err := c.Update(b, step); err != nil {
 				return fmt.Errorf("model: calibration update of block %d: %w", i, err)
 			}
+			if slices.Contains(step, GroupQKV) { // the update may have changed q/k/v or the norm
+				clear(attn)
+			}
 		}
 		for s, seq := range seqs {
-			if err := b.Forward(hidden[s], len(seq), nil); err != nil {
+			if err := b.forward(hidden[s], len(seq), nil, &attn[s]); err != nil {
 				return err
 			}
 		}
@@ -147,8 +153,9 @@ func stepHook[X any](step []Group, observe func(g Group, x X, rows, cols int) er
 }
 
 // observeStep runs block b on a copy of every sequence's hidden states, reporting the inputs of
-// the step's groups to c and stopping after the last of them.
-func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step []Group) error {
+// the step's groups to c and stopping after the last of them; attn caches each sequence's
+// attention output (Block.forward).
+func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step []Group, attn [][]float32) error {
 	hook := stepHook(step, func(g Group, x []float32, rows, cols int) error {
 		if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
 			return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
@@ -158,7 +165,7 @@ func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step 
 	var scratch []float32
 	for s, seq := range seqs {
 		scratch = append(scratch[:0], hidden[s]...)
-		if err := b.Forward(scratch, len(seq), hook); err != nil && !errors.Is(err, errStopForward) {
+		if err := b.forward(scratch, len(seq), hook, &attn[s]); err != nil && !errors.Is(err, errStopForward) {
 			return err
 		}
 	}

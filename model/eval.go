@@ -3,8 +3,12 @@ package model
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sort"
+	"sync/atomic"
+
+	"github.com/qpack-dev/qpack/vec"
 )
 
 // Result is a perplexity evaluation: sequences scored independently (no BOS added), each
@@ -67,21 +71,46 @@ func PerplexityProgress(m *Model, ids []int, seqLen, maxSeqs int, progress Progr
 	if err != nil {
 		return Result{}, err
 	}
-	vocab := m.Config.Vocab
-	logp := make([]float64, vocab)
 	var nll float64
 	for i, seq := range seqs {
 		logits, err := m.Logits(seq)
 		if err != nil {
 			return Result{}, err
 		}
-		for t := 0; t+1 < len(seq); t++ {
-			logSoftmax(logp, logits[t*vocab:(t+1)*vocab])
-			nll -= logp[seq[t+1]]
-		}
+		nll += sequenceNLL(logits, seq, m.Config.Vocab)
 		progress.report(i+1, len(seqs))
 	}
 	return newResult(nll, len(seqs), seqLen), nil
+}
+
+// sequenceNLL is Σ_t −log softmax(logits[t])[seq[t+1]] over the predicted positions of seq,
+// the rows spread over the cores and summed in order.
+func sequenceNLL(logits []float32, seq []int, vocab int) float64 {
+	nll := make([]float64, len(seq)-1)
+	var next atomic.Int64
+	parallel(min(runtime.GOMAXPROCS(0), len(nll)), func() {
+		scratch := make([]float32, vocab)
+		for {
+			t := int(next.Add(1) - 1)
+			if t >= len(nll) {
+				return
+			}
+			row := logits[t*vocab : (t+1)*vocab]
+			nll[t] = logSumExp(row, scratch) - float64(row[seq[t+1]])
+		}
+	})
+	sum := 0.0
+	for _, v := range nll {
+		sum += v
+	}
+	return sum
+}
+
+// logSumExp is log Σ exp(x), stably: the largest x taken out, exp in float32 (vec.ExpSum), the
+// sum and log in float64. scratch holds len(x) values.
+func logSumExp(x, scratch []float32) float64 {
+	m := vec.Max(x)
+	return float64(m) + math.Log(vec.ExpSum(scratch[:len(x)], x, m))
 }
 
 // Compare evaluates ref and test on the same sequences and measures how far test's next-token
@@ -100,7 +129,6 @@ func CompareProgress(ref, test *Model, ids []int, seqLen, maxSeqs int, progress 
 	if err != nil {
 		return Comparison{}, err
 	}
-	lpRef, lpTest := make([]float64, vocab), make([]float64, vocab)
 	var st tokenStats
 	for i, seq := range seqs {
 		lr, err := ref.Logits(seq)
@@ -111,7 +139,7 @@ func CompareProgress(ref, test *Model, ids []int, seqLen, maxSeqs int, progress 
 		if err != nil {
 			return Comparison{}, fmt.Errorf("test model: %w", err)
 		}
-		st.compareLogits(lr, lt, seq, lpRef, lpTest)
+		st.compareLogits(lr, lt, seq, vocab)
 		progress.report(i+1, len(seqs))
 	}
 	return st.comparison(len(seqs), seqLen), nil
@@ -134,14 +162,44 @@ func (st *tokenStats) add(nllRef, nllTest, kl float64, agree bool) {
 }
 
 // compareLogits adds the predicted tokens of seq, given the reference's logits lr and the
-// test's lt [len(seq), Vocab]; lpRef and lpTest are work space of Vocab values.
-func (st *tokenStats) compareLogits(lr, lt []float32, seq []int, lpRef, lpTest []float64) {
-	vocab := len(lpRef)
-	for t := 0; t+1 < len(seq); t++ {
-		logSoftmax(lpRef, lr[t*vocab:(t+1)*vocab])
-		logSoftmax(lpTest, lt[t*vocab:(t+1)*vocab])
-		st.add(-lpRef[seq[t+1]], -lpTest[seq[t+1]], klDivergence(lpRef, lpTest), argmax(lpRef) == argmax(lpTest))
+// test's lt [len(seq), Vocab]; the positions are spread over the cores and added in order.
+func (st *tokenStats) compareLogits(lr, lt []float32, seq []int, vocab int) {
+	// The negative log-likelihoods as Perplexity sums them, so that both report the same value.
+	st.nllRef += sequenceNLL(lr, seq, vocab)
+	st.nllTest += sequenceNLL(lt, seq, vocab)
+	kls, agree := make([]float64, len(seq)-1), make([]bool, len(seq)-1)
+	var next atomic.Int64
+	parallel(min(runtime.GOMAXPROCS(0), len(kls)), func() {
+		scratch := make([]float32, 2*vocab)
+		for {
+			t := int(next.Add(1) - 1)
+			if t >= len(kls) {
+				return
+			}
+			kls[t], agree[t] = tokenKL(lr[t*vocab:(t+1)*vocab], lt[t*vocab:(t+1)*vocab], scratch)
+		}
+	})
+	for t, kl := range kls {
+		st.add(0, 0, kl, agree[t])
 	}
+}
+
+// tokenKL returns KL(softmax(r) ‖ softmax(t)) for one position's logits, and whether their most
+// likely tokens (the first of equals) agree. With p = softmax(r) and the log-sum-exps L_r, L_t,
+// KL = Σ p·((r − L_r) − (t − L_t)) = Σ p·(r − t) + L_t − L_r: two exponential passes (vec, float32
+// values, float64 sums) and a float64 dot product. scratch holds 2·len(r) values.
+func tokenKL(r, t, scratch []float32) (float64, bool) {
+	e := scratch[:len(r)]
+	mr, mt := vec.Max(r), vec.Max(t)
+	sr := vec.ExpSum(e, r, mr)
+	st := vec.ExpSum(scratch[len(r):2*len(r)], t, mt)
+	t = t[:len(r)]
+	var dot float64
+	for i, v := range e {
+		dot += float64(v) * (float64(r[i]) - float64(t[i]))
+	}
+	kl := dot/sr + (float64(mt) + math.Log(st)) - (float64(mr) + math.Log(sr))
+	return max(kl, 0), slices.Index(r, mr) == slices.Index(t, mt) // rounding can leave a tiny negative
 }
 
 func (st *tokenStats) comparison(seqs, seqLen int) Comparison {
@@ -163,39 +221,4 @@ func newResult(nll float64, seqs, seqLen int) Result {
 	tokens := seqs * (seqLen - 1)
 	mean := nll / float64(tokens)
 	return Result{Perplexity: math.Exp(mean), MeanNLL: mean, Tokens: tokens, Sequences: seqs}
-}
-
-// logSoftmax writes dst[i] = x[i] − log Σ exp(x), computed stably in float64.
-func logSoftmax(dst []float64, x []float32) {
-	mx := math.Inf(-1)
-	for _, v := range x {
-		mx = max(mx, float64(v))
-	}
-	var sum float64
-	for _, v := range x {
-		sum += math.Exp(float64(v) - mx)
-	}
-	lse := mx + math.Log(sum)
-	for i, v := range x {
-		dst[i] = float64(v) - lse
-	}
-}
-
-// klDivergence is KL(p‖q) = Σ p·(log p − log q) from log-probabilities.
-func klDivergence(logP, logQ []float64) float64 {
-	var kl float64
-	for i, lp := range logP {
-		kl += math.Exp(lp) * (lp - logQ[i])
-	}
-	return max(kl, 0) // rounding can leave a tiny negative for identical distributions
-}
-
-func argmax(x []float64) int {
-	best := 0
-	for i, v := range x {
-		if v > x[best] {
-			best = i
-		}
-	}
-	return best
 }

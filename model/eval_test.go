@@ -3,6 +3,7 @@ package model
 import (
 	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -104,19 +105,52 @@ func TestCompare(t *testing.T) {
 	}
 }
 
-func TestKLDivergence(t *testing.T) {
-	p := []float64{math.Log(0.5), math.Log(0.5)}
-	q := []float64{math.Log(0.25), math.Log(0.75)}
-	want := 0.5*math.Log(2) + 0.5*math.Log(2.0/3)
-	if got := klDivergence(p, q); math.Abs(got-want) > 1e-15 {
-		t.Errorf("KL = %g, want %g", got, want)
+// TestTokenKL: tokenKL against float64 log-softmaxes on a hand-worked pair, at large logits
+// (stability), on random logits of an awkward vocabulary size, itself (0) and the agreement of
+// the most likely tokens.
+func TestTokenKL(t *testing.T) {
+	logSoftmax := func(x []float32) []float64 {
+		mx := math.Inf(-1)
+		for _, v := range x {
+			mx = max(mx, float64(v))
+		}
+		var sum float64
+		for _, v := range x {
+			sum += math.Exp(float64(v) - mx)
+		}
+		lp := make([]float64, len(x))
+		for i, v := range x {
+			lp[i] = float64(v) - mx - math.Log(sum)
+		}
+		return lp
 	}
-	lp := make([]float64, 3)
-	logSoftmax(lp, []float32{1000, 1000, 999}) // stable at large logits
-	z := 2 + math.Exp(-1)
-	for i, want := range []float64{1 / z, 1 / z, math.Exp(-1) / z} {
-		if math.Abs(math.Exp(lp[i])-want) > 1e-12 {
-			t.Errorf("softmax[%d] = %g, want %g", i, math.Exp(lp[i]), want)
+	want := func(r, q []float32) float64 {
+		lr, lq := logSoftmax(r), logSoftmax(q)
+		var kl float64
+		for i := range lr {
+			kl += math.Exp(lr[i]) * (lr[i] - lq[i])
+		}
+		return kl
+	}
+	// p = (1/2, 1/2), q = (1/4, 3/4): KL = ½ ln 2 + ½ ln(2/3).
+	r, q := []float32{0, 0}, []float32{0, float32(math.Log(3))}
+	kl, agree := tokenKL(r, q, make([]float32, 4))
+	if w := 0.5*math.Log(2) + 0.5*math.Log(2.0/3); math.Abs(kl-w) > 1e-7 || agree {
+		t.Errorf("KL = %g (want %g), agree %v (want false: token 1 against token 0)", kl, w, agree)
+	}
+	rnd := rand.New(rand.NewPCG(7, 8))
+	for _, n := range []int{3, 37, 4099} {
+		r, q := make([]float32, n), make([]float32, n)
+		for i := range r {
+			r[i] = float32(rnd.NormFloat64()*3) + 1000 // large logits: the shift must keep it stable
+			q[i] = r[i] + float32(rnd.NormFloat64()*0.3)
+		}
+		kl, _ := tokenKL(r, q, make([]float32, 2*n))
+		if w := want(r, q); !(math.Abs(kl-w) <= 1e-5*w) {
+			t.Errorf("vocabulary %d: KL = %g, want %g", n, kl, w)
+		}
+		if self, agree := tokenKL(r, r, make([]float32, 2*n)); self != 0 || !agree {
+			t.Errorf("vocabulary %d: KL of a distribution with itself %g, agree %v", n, self, agree)
 		}
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/qpack-dev/qpack/blas"
 	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/vec"
 )
 
 // rmsNorm writes dst[r] = x[r]·rsqrt(mean(x[r]²)+eps)·weight for each of rows rows of dim
@@ -28,11 +30,21 @@ func rmsNorm(dst, x, weight []float32, rows, dim int, eps float64) {
 	}
 }
 
-// siluMul computes g[i] = silu(g[i])·u[i], the gated MLP activation.
+// siluMul computes g[i] = silu(g[i])·u[i] = g[i]/(1 + e^−g[i])·u[i], the gated MLP activation.
 func siluMul(g, u []float32) {
 	u = u[:len(g)]
-	for i, v := range g {
-		g[i] = float32(float64(v)/(1+math.Exp(-float64(v)))) * u[i]
+	var e [1024]float32
+	for i0 := 0; i0 < len(g); i0 += len(e) {
+		gs := g[i0:min(i0+len(e), len(g))]
+		es := e[:len(gs)]
+		for i, v := range gs {
+			es[i] = -v
+		}
+		vec.Exp(es, es)
+		us := u[i0:][:len(gs)]
+		for i, v := range gs {
+			gs[i] = v / (1 + es[i]) * us[i]
+		}
 	}
 }
 
@@ -129,56 +141,57 @@ func applyRope(x, cos, sin []float32, T, heads, headDim int) {
 
 // attention computes causal softmax(q·kᵀ/√d)·v per head into out [T, heads·headDim], each query
 // head reading key/value head h/(heads/kvHeads) (GQA). window > 0 limits each query to the
-// previous window tokens (sliding-window attention), 0 means full causal attention.
+// previous window tokens (sliding-window attention), 0 means full causal attention. Each head's
+// queries go in blocks: the block's scores against every key it may see are one product, the
+// softmax runs over each row's keys, and the output is a second product with the values.
 func attention(out, q, k, v []float32, T, heads, kvHeads, headDim, window int) {
-	const queryBlock = 32
+	const queryBlock = 64
 	blocks := (T + queryBlock - 1) / queryBlock
 	jobs := heads * blocks
 	var next atomic.Int64
 	work := func() {
-		scores := make([]float32, T)
+		scores := make([]float32, queryBlock*T)
 		for {
 			j := int(next.Add(1) - 1)
 			if j >= jobs {
 				return
 			}
 			h, t0 := j/blocks, (j%blocks)*queryBlock
-			for t := t0; t < min(t0+queryBlock, T); t++ {
-				attendOne(out, q, k, v, scores, t, h, h/(heads/kvHeads), heads, kvHeads, headDim, window)
-			}
+			attendBlock(out, q, k, v, scores, t0, min(t0+queryBlock, T), h, h/(heads/kvHeads), heads, kvHeads, headDim, window)
 		}
 	}
 	parallel(min(jobs, runtime.GOMAXPROCS(0)), work)
 }
 
-// attendOne computes the output of query position t of head h.
-func attendOne(out, q, k, v, scores []float32, t, h, kh, heads, kvHeads, headDim, window int) {
-	scale := float32(1 / math.Sqrt(float64(headDim)))
-	qt := q[(t*heads+h)*headDim : (t*heads+h+1)*headDim]
-	first := 0
+// attendBlock computes the outputs of query positions [t0, t1) of head h (key/value head kh);
+// scores is scratch of at least (t1−t0)·t1 values.
+func attendBlock(out, q, k, v, scores []float32, t0, t1, h, kh, heads, kvHeads, headDim, window int) {
+	first := 0 // the first key any query of the block sees
 	if window > 0 {
-		first = max(0, t-window+1)
+		first = max(0, t0-window+1)
 	}
-	maxScore := float32(math.Inf(-1))
-	for j := first; j <= t; j++ {
-		s := dot(qt, k[(j*kvHeads+kh)*headDim:(j*kvHeads+kh+1)*headDim]) * scale
-		scores[j] = s
-		maxScore = max(maxScore, s)
-	}
-	var sum float64
-	for j := first; j <= t; j++ {
-		e := float32(math.Exp(float64(scores[j] - maxScore)))
-		scores[j] = e
-		sum += float64(e)
-	}
-	ot := out[(t*heads+h)*headDim : (t*heads+h+1)*headDim]
-	clear(ot)
-	inv := float32(1 / sum)
-	for j := first; j <= t; j++ {
-		p := scores[j] * inv
-		vj := v[(j*kvHeads+kh)*headDim : (j*kvHeads+kh+1)*headDim][:len(ot)]
-		for i := range ot {
-			ot[i] += p * vj[i]
+	rows, keys := t1-t0, t1-first
+	scale := float32(1 / math.Sqrt(float64(headDim)))
+	s := scores[:rows*keys]
+	blas.SgemmSerial(blas.NoTrans, blas.Trans, rows, keys, headDim, scale, q[(t0*heads+h)*headDim:], heads*headDim,
+		k[(first*kvHeads+kh)*headDim:], kvHeads*headDim, 0, s, keys)
+	for r := range rows {
+		t := t0 + r
+		lo := first
+		if window > 0 {
+			lo = max(0, t-window+1)
 		}
+		row := s[r*keys : (r+1)*keys]
+		clear(row[:lo-first])
+		softmax(row[lo-first : t-first+1])
+		clear(row[t-first+1:])
 	}
+	blas.SgemmSerial(blas.NoTrans, blas.NoTrans, rows, headDim, keys, 1, s, keys, v[(first*kvHeads+kh)*headDim:], kvHeads*headDim,
+		0, out[(t0*heads+h)*headDim:], heads*headDim)
+}
+
+// softmax replaces x by exp(x − max x) / Σ exp(x − max x), the sum in float64.
+func softmax(x []float32) {
+	sum := vec.ExpSum(x, x, vec.Max(x))
+	vec.Scale(x, float32(1/sum))
 }

@@ -288,9 +288,8 @@ func (c *cpuProbe) meanKL(ref, slot int) (float64, error) {
 		}
 	}
 	var st tokenStats
-	lpRef, lpTest := make([]float64, c.m.Config.Vocab), make([]float64, c.m.Config.Vocab)
 	for s, seq := range c.seqs {
-		st.compareLogits(c.refLog[s], c.m.Head(c.slots[slot][s], T), seq, lpRef, lpTest)
+		st.compareLogits(c.refLog[s], c.m.Head(c.slots[slot][s], T), seq, c.m.Config.Vocab)
 	}
 	kl := st.comparison(len(c.seqs), T).MeanKL
 	if math.IsNaN(kl) || math.IsInf(kl, 0) {

@@ -140,6 +140,9 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	opt.AWQ = convert.AWQOptions{SearchTokens: c.Int("awq-search-tokens"), NoClip: c.Bool("awq-no-clip"), Duo: c.Bool("awq-duo")}
 	opt.OutputProbe = c.Bool("output-probe")
 	opt.Calib = convert.CalibOptions{File: c.String("calib"), Samples: c.Int("calib-samples"), SeqLen: c.Int("calib-seqlen")}
+	if opt.Calib.File != "" { // calibration runs forward passes
+		noteSlowPath(c.App.ErrWriter)
+	}
 	if p := c.String("plan"); p != "" {
 		f, err := os.Open(p)
 		if err != nil {

@@ -28,6 +28,7 @@ func runEval(c *cli.Context) (*evaluate.Report, error) {
 	if c.NArg() != 1 {
 		return nil, fmt.Errorf("%s needs exactly one MODEL argument", c.Command.Name)
 	}
+	noteSlowPath(c.App.ErrWriter)
 	o := evaluate.Options{Data: c.String("data"), SeqLen: c.Int("seq-len"),
 		MaxSeqs: c.Int("max-seqs"), Reference: c.String("reference"), Device: c.String("device"), TF32: c.Bool("tf32"),
 		Logf: func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, format, args...) }}

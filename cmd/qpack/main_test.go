@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -241,6 +242,27 @@ func TestAWQGPTQImatrixDefault(t *testing.T) {
 		}
 		if got := prov.Options["imatrix"]; got != c.want {
 			t.Errorf("%v: provenance imatrix %v, want %v", c.flags, got, c.want)
+		}
+	}
+}
+
+// TestDoctorReportsCPUPath: doctor's CPU lines name the matrix engine and kernel, say whether
+// OpenBLAS was found, and measure a positive GFLOP/s.
+func TestDoctorReportsCPUPath(t *testing.T) {
+	var b bytes.Buffer
+	describeCPUPath(&b)
+	out := b.String()
+	for _, want := range []string{"CPU matrix products: ", " kernel, ", " threads (", "OpenBLAS: ", "CPU matrix speed: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, out)
+		}
+	}
+	var gflops float64
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(line, "CPU matrix speed: "); ok {
+			if _, err := fmt.Sscanf(rest, "%g GFLOP/s", &gflops); err != nil || !(gflops > 0) {
+				t.Errorf("speed line %q: %v", line, err)
+			}
 		}
 	}
 }

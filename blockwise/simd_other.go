@@ -1,0 +1,13 @@
+//go:build !amd64 || purego
+
+package blockwise
+
+const hasAVX2 = false
+
+func bf16SpanAVX2(dst *float32, raw *byte, n int) (pos int32, neg uint32) {
+	panic("blockwise: no AVX2 kernel")
+}
+
+func encodeIntAVX2(codes *uint8, ties *uint8, w *float32, n int, inv, zeroMagic float32, magicBits uint32, tieBits uint32, maxq int32) {
+	panic("blockwise: no AVX2 kernel")
+}
