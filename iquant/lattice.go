@@ -1,0 +1,186 @@
+package iquant
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// lattice is a grid's search tables, as ggml's iq2xs_init_impl and iq3xs_init_impl compute them
+// at init: each grid point as levels l (the point's coordinates are 2l+1), a map from any vector
+// of levels to its grid point, and for the vectors off the grid the list of grid points to try.
+type lattice struct {
+	dim    int     // coordinates per point: 8 or 4
+	shift  int     // bits per level in an index: 2 or 3
+	levels []int8  // levels[p·dim + i]: level of coordinate i of point p
+	kmap   []int32 // by index Σ l_i << (shift·i): the point ≥ 0, or −1 − the start of its neighbour list
+	// neighbours holds, per off-grid index, a count and then the points nearest to it (squared
+	// distance of their 2l+1 coordinates, then index) up to the nwant-th distinct distance.
+	neighbours []uint16
+}
+
+// lattices builds each grid's tables once; iq1_s and iq1_m share theirs. nwant is ggml's number
+// of distinct distances kept per off-grid index, maxLevel the largest level a search rounds to.
+var lattices = func() map[quant.IQType]func() *lattice {
+	build := func(t quant.IQType, shift, nwant, maxLevel int) func() *lattice {
+		return sync.OnceValue(func() *lattice { return newLattice(t, shift, nwant, maxLevel) })
+	}
+	iq1 := build(quant.IQ1S, 2, 3, 2)
+	return map[quant.IQType]func() *lattice{
+		quant.IQ2XXS: build(quant.IQ2XXS, 2, 2, 2),
+		quant.IQ2XS:  build(quant.IQ2XS, 2, 2, 2),
+		quant.IQ2S:   build(quant.IQ2S, 2, 1, 2),
+		quant.IQ3XXS: build(quant.IQ3XXS, 3, 2, 7),
+		quant.IQ3S:   build(quant.IQ3S, 3, 3, 7),
+		quant.IQ1S:   iq1,
+		quant.IQ1M:   iq1,
+	}
+}()
+
+// newLattice derives the tables from the grid of t in package quant. A grid's distinct
+// coordinate values, in increasing order, are levels 0, 1, 2, …: the magnitudes 8, 25, 43 of
+// IQ2, 4, 12, …, 62 of iq3_xxs, 1, 3, …, 15 of iq3_s, and −1, 0, 1 of IQ1. Neighbour lists are
+// built for the indices a search can produce (every level ≤ maxLevel).
+func newLattice(t quant.IQType, shift, nwant, maxLevel int) *lattice {
+	f, _ := t.Format()
+	lat := &lattice{dim: f.Dim, shift: shift, levels: make([]int8, f.GridSize*f.Dim)}
+	value := func(p, i int) int {
+		b := uint8(t.GridPoint(uint16(p)) >> (8 * i))
+		if f.Bits == 1 {
+			return int(int8(b))
+		}
+		return int(b)
+	}
+	var values []int
+	for p := range f.GridSize {
+		for i := range f.Dim {
+			if v := value(p, i); !slices.Contains(values, v) {
+				values = append(values, v)
+			}
+		}
+	}
+	slices.Sort(values)
+	lat.kmap = make([]int32, 1<<(shift*f.Dim))
+	for i := range lat.kmap {
+		lat.kmap[i] = -1
+	}
+	for p := range f.GridSize {
+		u := 0
+		for i := range f.Dim {
+			l := slices.Index(values, value(p, i))
+			lat.levels[p*f.Dim+i] = int8(l)
+			u |= l << (shift * i)
+		}
+		lat.kmap[u] = int32(p)
+	}
+	lat.buildNeighbours(nwant, maxLevel)
+	return lat
+}
+
+// buildNeighbours fills the neighbour lists of the off-grid indices whose levels are all at most
+// maxLevel, in index order.
+func (lat *lattice) buildNeighbours(nwant, maxLevel int) {
+	points := len(lat.levels) / lat.dim
+	type cand struct{ d2, p int }
+	var cands []cand
+	pos := make([]int, lat.dim)
+	for u := range lat.kmap {
+		if lat.kmap[u] >= 0 || !lat.levelsAtMost(u, maxLevel, pos) {
+			continue
+		}
+		cands = cands[:0]
+		for p := range points {
+			d2 := 0
+			for i, l := range lat.levels[p*lat.dim : (p+1)*lat.dim] {
+				d := 2*int(l) + 1 - pos[i]
+				d2 += d * d
+			}
+			cands = append(cands, cand{d2, p})
+		}
+		slices.SortFunc(cands, func(a, b cand) int {
+			if a.d2 != b.d2 {
+				return a.d2 - b.d2
+			}
+			return a.p - b.p
+		})
+		lat.kmap[u] = -1 - int32(len(lat.neighbours))
+		start := len(lat.neighbours)
+		lat.neighbours = append(lat.neighbours, 0)
+		distinct := 1
+		for i, c := range cands {
+			if i > 0 && c.d2 > cands[i-1].d2 {
+				if distinct == nwant {
+					break
+				}
+				distinct++
+			}
+			lat.neighbours = append(lat.neighbours, uint16(c.p))
+		}
+		lat.neighbours[start] = uint16(len(lat.neighbours) - start - 1)
+	}
+}
+
+// levelsAtMost reports whether every level of index u is at most max, writing the coordinates
+// 2l+1 to pos.
+func (lat *lattice) levelsAtMost(u, max int, pos []int) bool {
+	mask := 1<<lat.shift - 1
+	for i := range pos {
+		l := u >> (lat.shift * i) & mask
+		if l > max {
+			return false
+		}
+		pos[i] = 2*l + 1
+	}
+	return true
+}
+
+// index returns the kmap index of the levels L (each in [0, 2^shift)).
+func (lat *lattice) index(L []int8) int {
+	u := 0
+	for i, l := range L {
+		u |= int(l) << (lat.shift * i)
+	}
+	return u
+}
+
+// onGrid returns the point with levels L, or −1 (also for a level outside [0, 2^shift)).
+func (lat *lattice) onGrid(L []int8) int {
+	for _, l := range L {
+		if l < 0 || int(l) >= 1<<lat.shift {
+			return -1
+		}
+	}
+	if p := lat.kmap[lat.index(L)]; p >= 0 {
+		return int(p)
+	}
+	return -1
+}
+
+// nearest is ggml's iq2_find_best_neighbour / iq3_find_best_neighbour for the off-grid levels
+// L: among their neighbours, the point p minimising Σ w_i·(scale·(2l_i+1) − x_i)² (the first
+// on ties). It writes p's levels to L and returns p, or −1 when no distance is below float32's
+// largest (NaN or overflowing weights: ggml aborts).
+func (lat *lattice) nearest(L []int8, x, w []float32, scale float32) int {
+	start := -1 - int(lat.kmap[lat.index(L)])
+	list := lat.neighbours[start+1 : start+1+int(lat.neighbours[start])]
+	best, bestD2 := -1, float32(maxFloat32)
+	for _, p := range list {
+		var d2 float32
+		for i, l := range lat.levels[int(p)*lat.dim : (int(p)+1)*lat.dim] {
+			diff := float32(scale*float32(2*l+1)) - x[i]
+			d2 += float32(float32(w[i]*diff) * diff)
+		}
+		if d2 < bestD2 {
+			best, bestD2 = int(p), d2
+		}
+	}
+	if best < 0 {
+		return -1
+	}
+	copy(L, lat.levels[best*lat.dim:(best+1)*lat.dim])
+	return best
+}
+
+// point returns the levels of point p.
+func (lat *lattice) point(p int) []int8 { return lat.levels[p*lat.dim : (p+1)*lat.dim] }
