@@ -14,6 +14,7 @@ type lattice struct {
 	dim    int     // coordinates per point: 8 or 4
 	shift  int     // bits per level in an index: 2 or 3
 	levels []int8  // levels[p·dim + i]: level of coordinate i of point p
+	values []int   // values[l]: the grid's coordinate value of level l (a stored byte; −1, 0, 1 for IQ1)
 	kmap   []int32 // by index Σ l_i << (shift·i): the point ≥ 0, or −1 − the start of its neighbour list
 	// neighbours holds, per off-grid index, a count and then the points nearest to it (squared
 	// distance of their 2l+1 coordinates, then index) up to the nwant-th distinct distance.
@@ -61,6 +62,7 @@ func newLattice(t quant.IQType, shift, nwant, maxLevel int) *lattice {
 		}
 	}
 	slices.Sort(values)
+	lat.values = values
 	lat.kmap = make([]int32, 1<<(shift*f.Dim))
 	for i := range lat.kmap {
 		lat.kmap[i] = -1
@@ -79,43 +81,41 @@ func newLattice(t quant.IQType, shift, nwant, maxLevel int) *lattice {
 }
 
 // buildNeighbours fills the neighbour lists of the off-grid indices whose levels are all at most
-// maxLevel, in index order.
+// maxLevel, in index order. Squared distances are small integers, so the points are bucketed by
+// distance: listing the buckets in increasing distance, each in point order, is ggml's sort by
+// (distance, index).
 func (lat *lattice) buildNeighbours(nwant, maxLevel int) {
 	points := len(lat.levels) / lat.dim
-	type cand struct{ d2, p int }
-	var cands []cand
 	pos := make([]int, lat.dim)
+	d2 := make([]int, points)
+	count := make([]int, lat.dim*4*(1<<lat.shift)*(1<<lat.shift)+1)
 	for u := range lat.kmap {
 		if lat.kmap[u] >= 0 || !lat.levelsAtMost(u, maxLevel, pos) {
 			continue
 		}
-		cands = cands[:0]
+		clear(count)
 		for p := range points {
-			d2 := 0
-			for i, l := range lat.levels[p*lat.dim : (p+1)*lat.dim] {
-				d := 2*int(l) + 1 - pos[i]
-				d2 += d * d
+			d := 0
+			for i, l := range lat.point(p) {
+				e := 2*int(l) + 1 - pos[i]
+				d += e * e
 			}
-			cands = append(cands, cand{d2, p})
+			d2[p] = d
+			count[d]++
 		}
-		slices.SortFunc(cands, func(a, b cand) int {
-			if a.d2 != b.d2 {
-				return a.d2 - b.d2
-			}
-			return a.p - b.p
-		})
 		lat.kmap[u] = -1 - int32(len(lat.neighbours))
 		start := len(lat.neighbours)
 		lat.neighbours = append(lat.neighbours, 0)
-		distinct := 1
-		for i, c := range cands {
-			if i > 0 && c.d2 > cands[i-1].d2 {
-				if distinct == nwant {
-					break
-				}
-				distinct++
+		for d, distinct := 0, 0; d < len(count) && distinct < nwant; d++ {
+			if count[d] == 0 {
+				continue
 			}
-			lat.neighbours = append(lat.neighbours, uint16(c.p))
+			distinct++
+			for p := range points {
+				if d2[p] == d {
+					lat.neighbours = append(lat.neighbours, uint16(p))
+				}
+			}
 		}
 		lat.neighbours[start] = uint16(len(lat.neighbours) - start - 1)
 	}

@@ -298,11 +298,7 @@ func (t *Tensor) dequantizeLattice(o []float32, f IQFormat, dl float32, at int) 
 		point := f.Type.GridPoint(t.Points[(at+g)/f.Dim])
 		signs := t.Signs[(at+g)/8] >> ((at + g) % 8)
 		for j := range f.Dim {
-			v := dl * float32(uint8(point>>(8*j)))
-			if signs>>j&1 != 0 {
-				v = -v
-			}
-			o[g+j] = v
+			o[g+j] = latticeValue(dl, point, j, signs>>j&1 != 0)
 		}
 	}
 }
@@ -311,12 +307,53 @@ func (t *Tensor) dequantizeLattice(o []float32, f IQFormat, dl float32, at int) 
 func (t *Tensor) dequantizeIQ1(o []float32, f IQFormat, dl float32, at int) {
 	for g := 0; g < len(o); g += f.Dim {
 		point := f.Type.GridPoint(t.Points[(at+g)/f.Dim])
-		delta := float32(IQ1Delta)
-		if t.Signs[(at+g)/f.SignGroup] != 0 {
-			delta = -delta
-		}
+		neg := t.Signs[(at+g)/f.SignGroup] != 0
 		for j := range f.Dim {
-			o[g+j] = dl * (float32(int8(point>>(8*j))) + delta)
+			o[g+j] = IQ1Value(dl, point, j, neg)
 		}
 	}
+}
+
+// latticeValue is coordinate j of an IQ2/IQ3 point (its stored magnitude) at factor dl, negated
+// when neg: ±(dl·g).
+func latticeValue(dl float32, point uint64, j int, neg bool) float32 {
+	v := dl * float32(uint8(point>>(8*j)))
+	if neg {
+		return -v
+	}
+	return v
+}
+
+// IQ1Value is coordinate j (−1, 0 or 1) of an IQ1 point at factor dl with δ = −1/8 when neg, else
+// +1/8: dl·(g + δ).
+func IQ1Value(dl float32, point uint64, j int, neg bool) float32 {
+	delta := float32(IQ1Delta)
+	if neg {
+		delta = -delta
+	}
+	return dl * (float32(int8(point>>(8*j))) + delta)
+}
+
+// IQFactor returns the factor of the sub-block holding weight (n, col) of an IQ tensor.
+func (t *Tensor) IQFactor(n, col int) float32 {
+	f, _ := t.Scheme.IQuant()
+	e := n*t.K + col
+	var sc int8
+	if t.SubScales != nil {
+		sc = t.SubScales[e/f.Sub]
+	}
+	return f.IQSubScale(t.Scales[e/f.Block], sc)
+}
+
+// IQValue returns the value of weight (n, col) of an IQ tensor, as Dequantize computes it.
+func (t *Tensor) IQValue(n, col int) float32 {
+	f, _ := t.Scheme.IQuant()
+	e, dl := n*t.K+col, t.IQFactor(n, col)
+	switch {
+	case f.Dim == 0:
+		return dl * float32(IQ4Values[t.Codes[e]])
+	case f.Bits == 1:
+		return IQ1Value(dl, f.Type.GridPoint(t.Points[e/f.Dim]), e%f.Dim, t.Signs[e/f.SignGroup] != 0)
+	}
+	return latticeValue(dl, f.Type.GridPoint(t.Points[e/f.Dim]), e%f.Dim, t.Signs[e/8]>>(e%8)&1 != 0)
 }
