@@ -68,7 +68,7 @@ func newSignedTables(x, c []float32, dl float32, values []int) *signedTables {
 		for l, g := range values {
 			m := dl * float32(g)
 			t.cost[j][l] = c[j] * (a - m) * (a - m)
-			t.flip[j][l] = c[j] * (a + m) * (a + m) - t.cost[j][l]
+			t.flip[j][l] = c[j]*(a+m)*(a+m) - t.cost[j][l]
 		}
 	}
 	return &t
