@@ -50,6 +50,9 @@ func placeholderTensor(s quant.Scheme, n, k int) *quant.Tensor {
 	if s.Grid == quant.KQuant {
 		return quant.NewKQuantTensor(s, n, k)
 	}
+	if s.Grid == quant.IQuant {
+		return quant.NewIQuantTensor(s, n, k)
+	}
 	groups := s.Groups(k)
 	if s.Grid == quant.FP8E4M3 {
 		groups = 1

@@ -261,3 +261,85 @@ func TestExportRefusesPartialSuperBlocks(t *testing.T) {
 		t.Fatalf("permuteRows(8, 2) = %v", permuteRows(8, 2))
 	}
 }
+
+// An IQ qpack checkpoint exports losslessly too (its tensors are ggml's blocks): RTN with and
+// without an importance matrix and GPTQ, every file decoding to the checkpoint's weights bit
+// for bit, with llama.cpp's file type.
+func TestExportIQuantIsLossless(t *testing.T) {
+	src := syntheticLlama(t)
+	for _, c := range []struct {
+		scheme  string
+		imatrix bool
+		method  convert.Method
+	}{{"iq4_nl", false, "rtn"}, {"iq2_xxs", true, "rtn"}, {"iq3_xxs", false, "gptq"}} {
+		s, _ := quant.ParseScheme(c.scheme)
+		dir := t.TempDir()
+		opt := convert.DefaultOptions()
+		opt.Alloc, opt.Format, opt.Method = convert.Uniform(s), "qpack", c.method
+		if c.imatrix || c.method != "rtn" {
+			opt.Imatrix, opt.Calib = c.imatrix, convert.CalibOptions{File: filepath.Join(tinyDir(t), "heldout.txt"), Samples: 2, SeqLen: 64}
+		}
+		q := filepath.Join(dir, "q")
+		if _, err := convert.Convert(src, q, opt); err != nil {
+			t.Fatalf("%s: %v", c.scheme, err)
+		}
+		out := filepath.Join(dir, "q.gguf")
+		entries, err := Export(q, out, Options{EmbedType: "f32"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		typ := iquantTypes[s.IQ]
+		repacked := 0
+		for _, e := range entries {
+			if e.How == "repacked losslessly ("+c.scheme+")" && e.Type == typ {
+				repacked++
+			}
+		}
+		if repacked != len(linears) {
+			t.Fatalf("%s: %d linears repacked as %s, want %d: %+v", c.scheme, repacked, typ, len(linears), entries)
+		}
+		ck, err := quantized.Open(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkDecoded(t, out, src, typ, func(name string) []float32 {
+			v, err := ck.Float32(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		})
+		ck.Close()
+		g, _ := gguf.Open(out)
+		ft, _ := g.Get("general.file_type")
+		g.Close()
+		want := map[string]uint32{"iq4_nl": 25, "iq3_xxs": 23, "iq2_xxs": 19}[c.scheme]
+		if ft != want {
+			t.Errorf("%s: general.file_type %v, want %d", c.scheme, ft, want)
+		}
+	}
+}
+
+// Float weights export to the IQ types that need no importance matrix with iquant's fit (what
+// llama-quantize does without an imatrix); the others are refused.
+func TestExportFloatToIQuant(t *testing.T) {
+	src := syntheticLlama(t)
+	in, _ := safetensors.Open(src)
+	defer in.Close()
+	s, _ := quant.ParseScheme("iq3_s")
+	out := filepath.Join(t.TempDir(), "f.gguf")
+	if _, err := Export(src, out, Options{Type: "iq3_s"}); err != nil {
+		t.Fatal(err)
+	}
+	checkDecoded(t, out, src, gguf.IQ3_S, func(name string) []float32 {
+		w, _ := in.Float32(name)
+		qt, err := blockwise.Quantize(w, len(w)/512, 512, s, blockwise.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return qt.Dequantize(nil)
+	})
+	if _, err := Export(src, out, Options{Type: "iq2_xs"}); err == nil || !strings.Contains(err.Error(), "need no importance matrix") {
+		t.Errorf("--type iq2_xs: %v", err)
+	}
+}

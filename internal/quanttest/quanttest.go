@@ -4,6 +4,7 @@ package quanttest
 import (
 	"math/rand/v2"
 
+	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -26,6 +27,28 @@ func RandomKQuant(r *rand.Rand, s quant.Scheme, n, k int) *quant.Tensor {
 	}
 	for i := range t.SubMins {
 		t.SubMins[i] = uint8(r.IntN(kt.MinHi + 1))
+	}
+	return t
+}
+
+// RandomIQuant returns a valid n×k tensor of IQ scheme s (k a multiple of its block) decoded
+// from random ggml blocks: every field over its whole range, d any finite F16 below 2.
+func RandomIQuant(r *rand.Rand, s quant.Scheme, n, k int) *quant.Tensor {
+	f, _ := s.IQuant()
+	data := make([]byte, n*k/f.Block*f.BlockBytes)
+	for i := range data {
+		data[i] = uint8(r.Uint32())
+	}
+	for b := 0; b < len(data); b += f.BlockBytes {
+		if s.IQ == quant.IQ1M {
+			data[b+f.BlockBytes-1] &= 0xbf // d's top nibble is in the last scale word
+		} else {
+			data[b+1] &= 0xbf
+		}
+	}
+	t, err := iquant.Decode(s, data, n, k)
+	if err != nil {
+		panic(err)
 	}
 	return t
 }
