@@ -177,7 +177,8 @@ func (f *iq1Fit) values(shift, g int) *[3]float32 {
 }
 
 // splitS is iq1_s's exhaustive search over the splits i1 ≤ i2 of the sorted weights, with
-// prefix sums, for δ = +1/8 then −1/8: the best scale, split and shift (i1 = −1: none).
+// prefix sums, for δ = +1/8 then −1/8: the best scale, split and shift (i1 = −1: none). The
+// terms of the first and last runs depend on one end of the split only and are computed once.
 func (f *iq1Fit) splitS(xb []float32) (scale float32, bi1, bi2, bshift int) {
 	n := len(xb)
 	var sumx, sumw [33]float32
@@ -185,13 +186,25 @@ func (f *iq1Fit) splitS(xb []float32) (scale float32, bi1, bi2, bshift int) {
 		sumx[j+1] = sumx[j] + float32(f.weight[i]*xb[i])
 		sumw[j+1] = sumw[j] + f.weight[i]
 	}
+	// first[s][i1] and last[s][i2]: the runs' products for δ choice s, as ggml rounds them
+	var first, firstW, last, lastW [2][33]float32
+	for s, xx := range iq1Values {
+		for i := 0; i <= n; i++ {
+			first[s][i] = float32((sumx[i] - sumx[0]) * xx[0])
+			firstW[s][i] = float32(float32((sumw[i]-sumw[0])*xx[0]) * xx[0])
+			last[s][i] = float32((sumx[n] - sumx[i]) * xx[2])
+			lastW[s][i] = float32(float32((sumw[n]-sumw[i])*xx[2]) * xx[2])
+		}
+	}
 	best := -minFloat32
 	scale, bi1, bi2 = max32(xb), -1, -1
 	for i1 := 0; i1 <= n; i1++ {
 		for i2 := i1; i2 <= n; i2++ {
-			for s, xx := range iq1Values {
-				sumqx := float32(float32(float32((sumx[i1]-sumx[0])*xx[0])+float32((sumx[i2]-sumx[i1])*xx[1])) + float32((sumx[n]-sumx[i2])*xx[2]))
-				sumq2 := float32(float32(float32(float32((sumw[i1]-sumw[0])*xx[0])*xx[0])+float32(float32((sumw[i2]-sumw[i1])*xx[1])*xx[1])) + float32(float32((sumw[n]-sumw[i2])*xx[2])*xx[2]))
+			bx, bw := sumx[i2]-sumx[i1], sumw[i2]-sumw[i1]
+			for s := range 2 {
+				x1 := iq1Values[s][1]
+				sumqx := float32(first[s][i1]+float32(bx*x1)) + last[s][i2]
+				sumq2 := float32(firstW[s][i1]+float32(float32(bw*x1)*x1)) + lastW[s][i2]
 				if sumq2 > 0 && sumqx*sumqx > best*sumq2 {
 					scale = sumqx / sumq2
 					best = scale * sumqx
@@ -204,40 +217,67 @@ func (f *iq1Fit) splitS(xb []float32) (scale float32, bi1, bi2, bshift int) {
 }
 
 // splitM is iq1_m's search: for every split, the sums of the four shift combinations (each
-// group of 8 with δ = ±1/8) accumulated from scratch in ggml's order.
+// group of 8 with δ = ±1/8) accumulated from scratch in ggml's order. The products each weight
+// adds for each level and δ are the same for every split, so they are computed once.
 func (f *iq1Fit) splitM(xb []float32) (scale float32, bi1, bi2, bk int) {
 	n := len(xb)
+	// terms[j][l] holds, for the weight at sorted position j at level l: w·xp·x, w·xm·x,
+	// w·xp·xp, w·xm·xm, and whether it lies in the second group of 8.
+	var terms [16][3][4]float32
+	var second [16]bool
+	for j, i := range f.idx[:n] {
+		w, x := f.weight[i], xb[i]
+		second[j] = i >= n/2
+		for l := range 3 {
+			p, m := iq1Values[0][l], iq1Values[1][l]
+			terms[j][l] = [4]float32{float32(float32(w*p) * x), float32(float32(w*m) * x), float32(float32(w*p) * p), float32(float32(w*m) * m)}
+		}
+	}
 	best := -minFloat32
 	scale, bi1, bi2, bk = max32(xb), -1, -1, -1
+	// The sums run over j in order, so the part before i1 (level 0) is shared by every i2 and
+	// the part before i2 (levels 0 and 1) grows by one term per i2: only the terms from i2 on
+	// are added anew, and every sum is still ggml's sequence of additions.
+	var head sums4
 	for i1 := 0; i1 <= n; i1++ {
+		mid := head
 		for i2 := i1; i2 <= n; i2++ {
-			var sumqx, sumq2 [4]float32
-			for j, i := range f.idx[:n] {
-				l, w, x := level(j, i1, i2), f.weight[i], xb[i]
-				for k := range 4 {
-					// combination k: bit 1 chooses the first group's δ, bit 0 the second's
-					neg := k>>1 == 1
-					if i >= n/2 {
-						neg = k&1 == 1
-					}
-					q := iq1Values[0][l]
-					if neg {
-						q = iq1Values[1][l]
-					}
-					sumqx[k] += float32(float32(w*q) * x)
-					sumq2[k] += float32(float32(w*q) * q)
-				}
+			all := mid
+			for j := i2; j < n; j++ {
+				all.add(&terms[j][2], second[j])
 			}
 			for k := range 4 {
-				if sumq2[k] > 0 && sumqx[k]*sumqx[k] > best*sumq2[k] {
-					scale = sumqx[k] / sumq2[k]
-					best = scale * sumqx[k]
+				if all.q2[k] > 0 && all.qx[k]*all.qx[k] > best*all.q2[k] {
+					scale = all.qx[k] / all.q2[k]
+					best = scale * all.qx[k]
 					bi1, bi2, bk = i1, i2, k
 				}
 			}
+			if i2 < n {
+				mid.add(&terms[i2][1], second[i2])
+			}
+		}
+		if i1 < n {
+			head.add(&terms[i1][0], second[i1])
 		}
 	}
 	return scale, bi1, bi2, bk
+}
+
+// sums4 are the four shift combinations' Σ w·q·x and Σ w·q² (combination k: bit 1 chooses the
+// first group's δ, set for −1/8, bit 0 the second's).
+type sums4 struct{ qx, q2 [4]float32 }
+
+// add adds one weight's terms (w·xp·x, w·xm·x, w·xp², w·xm²) to the combinations it is in.
+func (s *sums4) add(t *[4]float32, second bool) {
+	px, mx, pq, mq := t[0], t[1], t[2], t[3]
+	if second {
+		s.qx[0], s.qx[1], s.qx[2], s.qx[3] = s.qx[0]+px, s.qx[1]+mx, s.qx[2]+px, s.qx[3]+mx
+		s.q2[0], s.q2[1], s.q2[2], s.q2[3] = s.q2[0]+pq, s.q2[1]+mq, s.q2[2]+pq, s.q2[3]+mq
+		return
+	}
+	s.qx[0], s.qx[1], s.qx[2], s.qx[3] = s.qx[0]+px, s.qx[1]+px, s.qx[2]+mx, s.qx[3]+mx
+	s.q2[0], s.q2[1], s.q2[2], s.q2[3] = s.q2[0]+pq, s.q2[1]+pq, s.q2[2]+mq, s.q2[3]+mq
 }
 
 // refitIQ1M stores iq1_m's shifts and its block scale: the least-squares d of every weight's
@@ -273,12 +313,15 @@ func (f *iq1Fit) refitIQ1M(x, imp []float32, sigma2 float32, c *carry, p *Params
 func (f *iq1Fit) nearest(L []int8, x, w []float32, scale float32, xx *[3]float32) int {
 	lat := f.lat
 	start := -1 - int(lat.kmap[lat.index(L)])
-	best, bestD2 := -1, float32(maxFloat32)
+	sv := [3]float32{scale * xx[0], scale * xx[1], scale * xx[2]}
+	xs, ws := (*[8]float32)(x), (*[8]float32)(w)
+	best, bestD2 := -1, maxFloat32
 	for _, pt := range lat.neighbours[start+1 : start+1+int(lat.neighbours[start])] {
+		levels := (*[8]int8)(lat.levels[int(pt)*8:])
 		var d2 float32
-		for i, l := range lat.point(int(pt)) {
-			diff := float32(scale*xx[l]) - x[i]
-			d2 += float32(float32(w[i]*diff) * diff)
+		for i := range 8 {
+			diff := sv[levels[i]] - xs[i]
+			d2 += float32(float32(ws[i]*diff) * diff)
 		}
 		if d2 < bestD2 {
 			best, bestD2 = int(pt), d2

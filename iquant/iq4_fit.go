@@ -111,36 +111,58 @@ func iq4Sums(xb, weight []float32, id float32, L []uint8) (sumqx, sumq2 float32)
 		if L != nil {
 			L[j] = l
 		}
-		q, w := float32(quant.IQ4Values[l]), weight[j]
+		q, w := iq4Values[l], weight[j]
 		sumqx += float32(float32(w*q) * v)
 		sumq2 += float32(float32(w*q) * q)
 	}
 	return sumqx, sumq2
 }
 
-// iq4Code is ggml's best_index_int8 over the code values: the nearest (the upper one on ties,
-// by ggml's comparison), the ends for values beyond them.
-func iq4Code(x float32) uint8 {
-	v := &quant.IQ4Values
-	if x <= float32(v[0]) {
-		return 0
+// iq4Values are quant.IQ4Values as float32.
+var iq4Values = func() (v [16]float32) {
+	for i, q := range quant.IQ4Values {
+		v[i] = float32(q)
 	}
-	if x >= float32(v[15]) {
-		return 15
-	}
-	ml, mu := 0, 15
-	for mu-ml > 1 {
-		mav := (ml + mu) / 2
-		if x < float32(v[mav]) {
-			mu = mav
-		} else {
-			ml = mav
+	return v
+}()
+
+// iq4Below[m + 127] is the index l of the largest code value v_l ≤ m, for integers
+// m = −127 … 112 (l ≤ 14).
+var iq4Below = func() (t [240]uint8) {
+	for m := range t {
+		for l := 1; l < 15; l++ {
+			if int(quant.IQ4Values[l]) <= m-127 {
+				t[m] = uint8(l)
+			}
 		}
 	}
-	if x-float32(v[mu-1]) < float32(v[mu])-x {
-		return uint8(mu - 1)
+	return t
+}()
+
+// iq4Code is ggml's best_index_int8 over the code values: the ends for values beyond them, else
+// between the values v_l ≤ x < v_{l+1} the upper one unless x − v_l < v_{l+1} − x. ggml finds l
+// by bisection; as the values are integers, v_l ≤ x exactly when v_l ≤ ⌊x⌋, so a table of ⌊x⌋
+// gives the same l.
+func iq4Code(x float32) uint8 {
+	v := &iq4Values
+	if !(x > v[0]) {
+		if x != x { // NaN: ggml's bisection ends at the top
+			return 15
+		}
+		return 0
 	}
-	return uint8(mu)
+	if x >= v[15] {
+		return 15
+	}
+	m := int32(x) // toward zero; one less for a negative x with a fraction
+	if float32(m) > x {
+		m--
+	}
+	l := iq4Below[m+127]
+	if x-v[l] < v[l+1]-x {
+		return l
+	}
+	return l + 1
 }
 
 func abs32(v float32) float32 { return math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) }

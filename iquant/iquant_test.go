@@ -147,3 +147,51 @@ func TestFitIsQuantizeRow(t *testing.T) {
 		}
 	}
 }
+
+// iq4Code's table lookup is ggml's bisection (best_index_int8) for every float32 near the code
+// values and the midpoints between them, and for random values.
+func TestIQ4CodeIsBisection(t *testing.T) {
+	bisect := func(x float32) uint8 {
+		v := func(i int) float32 { return float32(quant.IQ4Values[i]) }
+		if x <= v(0) {
+			return 0
+		}
+		if x >= v(15) {
+			return 15
+		}
+		ml, mu := 0, 15
+		for mu-ml > 1 {
+			if mav := (ml + mu) / 2; x < v(mav) {
+				mu = mav
+			} else {
+				ml = mav
+			}
+		}
+		if x-v(mu-1) < v(mu)-x {
+			return uint8(mu - 1)
+		}
+		return uint8(mu)
+	}
+	var xs []float32
+	for i, q := range quant.IQ4Values {
+		c := []float32{float32(q)}
+		if i < 15 {
+			c = append(c, (float32(q)+float32(quant.IQ4Values[i+1]))/2)
+		}
+		for _, x := range c {
+			for _, d := range []float32{x, math.Nextafter32(x, -200), math.Nextafter32(x, 200), x - 0.5, x + 0.5, -x} {
+				xs = append(xs, d)
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(8, 8))
+	for range 100000 {
+		xs = append(xs, float32(300*r.Float64()-150))
+	}
+	xs = append(xs, 0, float32(math.Copysign(0, -1)), float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)))
+	for _, x := range xs {
+		if got, want := iq4Code(x), bisect(x); got != want {
+			t.Fatalf("iq4Code(%v) = %d, ggml's bisection %d", x, got, want)
+		}
+	}
+}

@@ -11,11 +11,12 @@ import (
 // at init: each grid point as levels l (the point's coordinates are 2l+1), a map from any vector
 // of levels to its grid point, and for the vectors off the grid the list of grid points to try.
 type lattice struct {
-	dim    int     // coordinates per point: 8 or 4
-	shift  int     // bits per level in an index: 2 or 3
-	levels []int8  // levels[p·dim + i]: level of coordinate i of point p
-	values []int   // values[l]: the grid's coordinate value of level l (a stored byte; −1, 0, 1 for IQ1)
-	kmap   []int32 // by index Σ l_i << (shift·i): the point ≥ 0, or −1 − the start of its neighbour list
+	dim    int       // coordinates per point: 8 or 4
+	shift  int       // bits per level in an index: 2 or 3
+	levels []int8    // levels[p·dim + i]: level of coordinate i of point p
+	coords []float32 // coords[p·dim + i] = 2·levels[p·dim + i] + 1, for the neighbour search
+	values []int     // values[l]: the grid's coordinate value of level l (a stored byte; −1, 0, 1 for IQ1)
+	kmap   []int32   // by index Σ l_i << (shift·i): the point ≥ 0, or −1 − the start of its neighbour list
 	// neighbours holds, per off-grid index, a count and then the points nearest to it (squared
 	// distance of their 2l+1 coordinates, then index) up to the nwant-th distinct distance.
 	neighbours []uint16
@@ -75,6 +76,10 @@ func newLattice(t quant.IQType, shift, nwant, maxLevel int) *lattice {
 			u |= l << (shift * i)
 		}
 		lat.kmap[u] = int32(p)
+	}
+	lat.coords = make([]float32, len(lat.levels))
+	for i, l := range lat.levels {
+		lat.coords[i] = float32(2*l + 1)
 	}
 	lat.buildNeighbours(nwant, maxLevel)
 	return lat
@@ -164,21 +169,57 @@ func (lat *lattice) onGrid(L []int8) int {
 func (lat *lattice) nearest(L []int8, x, w []float32, scale float32) int {
 	start := -1 - int(lat.kmap[lat.index(L)])
 	list := lat.neighbours[start+1 : start+1+int(lat.neighbours[start])]
-	best, bestD2 := -1, float32(maxFloat32)
+	var best int
+	if lat.dim == 8 {
+		best = nearest8(lat.coords, list, (*[8]float32)(x), (*[8]float32)(w), scale)
+	} else {
+		best = nearest4(lat.coords, list, (*[4]float32)(x), (*[4]float32)(w), scale)
+	}
+	if best >= 0 {
+		copy(L, lat.point(best))
+	}
+	return best
+}
+
+// nearest8 and nearest4 are nearest's distance loop for points of 8 and 4 coordinates, written
+// out for each size so that the compiler drops the bounds checks and the loop.
+func nearest8(coords []float32, list []uint16, x, w *[8]float32, scale float32) int {
+	best, bestD2 := -1, maxFloat32
 	for _, p := range list {
-		var d2 float32
-		for i, l := range lat.levels[int(p)*lat.dim : (int(p)+1)*lat.dim] {
-			diff := float32(scale*float32(2*l+1)) - x[i]
-			d2 += float32(float32(w[i]*diff) * diff)
-		}
+		c := (*[8]float32)(coords[int(p)*8:])
+		d2 := dist(0, c[0], x[0], w[0], scale)
+		d2 = dist(d2, c[1], x[1], w[1], scale)
+		d2 = dist(d2, c[2], x[2], w[2], scale)
+		d2 = dist(d2, c[3], x[3], w[3], scale)
+		d2 = dist(d2, c[4], x[4], w[4], scale)
+		d2 = dist(d2, c[5], x[5], w[5], scale)
+		d2 = dist(d2, c[6], x[6], w[6], scale)
+		d2 = dist(d2, c[7], x[7], w[7], scale)
 		if d2 < bestD2 {
 			best, bestD2 = int(p), d2
 		}
 	}
-	if best < 0 {
-		return -1
+	return best
+}
+
+// dist is d2 + w·(scale·c − x)², rounded as ggml rounds it.
+func dist(d2, c, x, w, scale float32) float32 {
+	diff := float32(scale*c) - x
+	return d2 + float32(float32(w*diff)*diff)
+}
+
+func nearest4(coords []float32, list []uint16, x, w *[4]float32, scale float32) int {
+	best, bestD2 := -1, maxFloat32
+	for _, p := range list {
+		c := (*[4]float32)(coords[int(p)*4:])
+		d2 := dist(0, c[0], x[0], w[0], scale)
+		d2 = dist(d2, c[1], x[1], w[1], scale)
+		d2 = dist(d2, c[2], x[2], w[2], scale)
+		d2 = dist(d2, c[3], x[3], w[3], scale)
+		if d2 < bestD2 {
+			best, bestD2 = int(p), d2
+		}
 	}
-	copy(L, lat.levels[best*lat.dim:(best+1)*lat.dim])
 	return best
 }
 
