@@ -263,15 +263,15 @@ func TestExportRefusesPartialSuperBlocks(t *testing.T) {
 }
 
 // An IQ qpack checkpoint exports losslessly too (its tensors are ggml's blocks): RTN with and
-// without an importance matrix and GPTQ, every file decoding to the checkpoint's weights bit
-// for bit, with llama.cpp's file type.
+// without an importance matrix, GPTQ and awq+gptq, every file decoding to the checkpoint's
+// weights bit for bit, with llama.cpp's file type.
 func TestExportIQuantIsLossless(t *testing.T) {
 	src := syntheticLlama(t)
 	for _, c := range []struct {
 		scheme  string
 		imatrix bool
 		method  convert.Method
-	}{{"iq4_nl", false, "rtn"}, {"iq2_xxs", true, "rtn"}, {"iq3_xxs", false, "gptq"}} {
+	}{{"iq4_nl", false, "rtn"}, {"iq2_xxs", true, "rtn"}, {"iq3_xxs", false, "gptq"}, {"iq2_s", true, "awq+gptq"}} {
 		s, _ := quant.ParseScheme(c.scheme)
 		dir := t.TempDir()
 		opt := convert.DefaultOptions()
@@ -313,7 +313,7 @@ func TestExportIQuantIsLossless(t *testing.T) {
 		g, _ := gguf.Open(out)
 		ft, _ := g.Get("general.file_type")
 		g.Close()
-		want := map[string]uint32{"iq4_nl": 25, "iq3_xxs": 23, "iq2_xxs": 19}[c.scheme]
+		want := map[string]uint32{"iq4_nl": 25, "iq3_xxs": 23, "iq2_xxs": 19, "iq2_s": 28}[c.scheme]
 		if ft != want {
 			t.Errorf("%s: general.file_type %v, want %d", c.scheme, ft, want)
 		}
