@@ -210,6 +210,13 @@ func TestSearchScaleBeatsRTN(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := outputError(x, w, wq, rows, n, k); math.Abs(got-res.Loss) > 1e-3*got {
+		t.Errorf("reported loss %.6g, recomputed %.6g", res.Loss, got)
+	}
+}
+
+// outputError is the mean squared difference of X·Wᵀ and X·Wqᵀ over rows × n outputs.
+func outputError(x, w, wq []float32, rows, n, k int) float64 {
 	var sum float64
 	for tok := range rows {
 		for o := range n {
@@ -221,9 +228,7 @@ func TestSearchScaleBeatsRTN(t *testing.T) {
 			sum += (a - b) * (a - b)
 		}
 	}
-	if got := sum / (rows * n); math.Abs(got-res.Loss) > 1e-3*got {
-		t.Errorf("reported loss %.6g, recomputed %.6g", res.Loss, got)
-	}
+	return sum / float64(rows*n)
 }
 
 // The clipping search never does worse than no clipping, and clamps within each group's range.
@@ -344,18 +349,7 @@ func TestSearchScaleIQuant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum float64
-	for tok := range rows {
-		for o := range n {
-			var a, b float64
-			for c := range k {
-				a += float64(x[tok*k+c]) * float64(w[o*k+c])
-				b += float64(x[tok*k+c]) * float64(wq[o*k+c])
-			}
-			sum += (a - b) * (a - b)
-		}
-	}
-	if got := sum / (rows * n); math.Abs(got-res.Loss) > 1e-3*res.Loss {
+	if got := outputError(x, w, wq, rows, n, k); math.Abs(got-res.Loss) > 1e-3*res.Loss {
 		t.Errorf("the chosen loss %g, recomputed %g", res.Loss, got)
 	}
 }

@@ -25,26 +25,7 @@ func TestIQuantBeatsRTN(t *testing.T) {
 	for _, it := range quant.IQTypes() {
 		s, _ := quant.IQuantScheme(it)
 		t.Run(s.String(), func(t *testing.T) {
-			gt, st, err := Quantize(w, n, k, h, s, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := gt.Validate(); err != nil {
-				t.Fatal(err)
-			}
-			rt, err := blockwise.Quantize(w, n, k, s, blockwise.Options{Imatrix: true, Importance: diag})
-			if err != nil {
-				t.Fatal(err)
-			}
-			gLoss := proxyLoss(w, gt.Dequantize(nil), n, k, h)
-			rLoss := proxyLoss(w, rt.Dequantize(nil), n, k, h)
-			if gLoss >= 0.9*rLoss {
-				t.Errorf("GPTQ proxy loss %.4g not 10%% below RTN's %.4g", gLoss, rLoss)
-			}
-			if d := relDiff(st.Loss, gLoss); d > 1e-3 {
-				t.Errorf("Stats.Loss %g, direct tr(ΔW H ΔWᵀ) %g (rel. diff %g)", st.Loss, gLoss, d)
-			}
-			t.Logf("GPTQ/RTN proxy loss %.3f", gLoss/rLoss)
+			checkBeatsRTN(t, w, n, k, h, s, Options{}, blockwise.Options{Imatrix: true, Importance: diag})
 		})
 	}
 }

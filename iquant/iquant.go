@@ -208,15 +208,9 @@ func (t *Type) QuantizeRow(q *quant.Tensor, n int, w, imp []float32) error {
 // importance imp (len k; nil for none), rows spread over GOMAXPROCS goroutines: round-to-nearest
 // as ggml_quantize_chunk does it. On error the lowest failing row is named.
 func Quantize(w []float32, n, k int, s quant.Scheme, imp []float32) (*quant.Tensor, error) {
-	t, err := TypeOf(s)
+	t, err := checkTensor(w, n, k, s, imp)
 	if err != nil {
 		return nil, err
-	}
-	if n <= 0 || k <= 0 || len(w) != n*k || (imp != nil && len(imp) != k) {
-		return nil, fmt.Errorf("iquant: %d weights and %d importances for a %dx%d tensor", len(w), len(imp), n, k)
-	}
-	if err := s.CheckRowLength(k); err != nil {
-		return nil, fmt.Errorf("iquant: %w", err)
 	}
 	q := quant.NewIQuantTensor(s, n, k)
 	errs := make([]error, n)
@@ -236,4 +230,20 @@ func Quantize(w []float32, n, k int, s quant.Scheme, imp []float32) (*quant.Tens
 		}
 	}
 	return q, nil
+}
+
+// checkTensor returns the type of a whole n×k tensor of scheme s after checking the shapes and
+// the row length.
+func checkTensor(w []float32, n, k int, s quant.Scheme, imp []float32) (*Type, error) {
+	t, err := TypeOf(s)
+	if err != nil {
+		return nil, err
+	}
+	if n <= 0 || k <= 0 || len(w) != n*k || (imp != nil && len(imp) != k) {
+		return nil, fmt.Errorf("iquant: %d weights and %d importances for a %dx%d tensor", len(w), len(imp), n, k)
+	}
+	if err := s.CheckRowLength(k); err != nil {
+		return nil, fmt.Errorf("iquant: %w", err)
+	}
+	return t, nil
 }

@@ -112,15 +112,9 @@ func (g *GPUFitter) Quantize(w []float32, n, k int, s quant.Scheme, imp []float3
 // non-finite weight, with a flagged block or with a non-finite d, in order, so that the first
 // error is the CPU's for the lowest failing row. cpuRows counts them.
 func fitTensor(w []float32, n, k int, s quant.Scheme, imp []float32, run func(t *Type, q *quant.Tensor, flags []uint8) error, cpuRows *int) (*quant.Tensor, error) {
-	t, err := TypeOf(s)
+	t, err := checkTensor(w, n, k, s, imp)
 	if err != nil {
 		return nil, err
-	}
-	if n <= 0 || k <= 0 || len(w) != n*k || (imp != nil && len(imp) != k) {
-		return nil, fmt.Errorf("iquant: %d weights and %d importances for a %dx%d tensor", len(w), len(imp), n, k)
-	}
-	if err := s.CheckRowLength(k); err != nil {
-		return nil, fmt.Errorf("iquant: %w", err)
 	}
 	q := quant.NewIQuantTensor(s, n, k)
 	if (imp == nil && t.Imatrix) || !validImportance(imp) {
@@ -175,11 +169,11 @@ func (g *GPUFitter) run(t *Type, q *quant.Tensor, w, imp []float32, flags []uint
 		lat = *tab
 	}
 	in, out := [][]byte{cuda.Bytes(w), cuda.Bytes(imp)}, append(kernelOutputs(q), flags)
-	ptrs, err := g.alloc(append(in, out...))
+	ptrs, err := g.dev.AllocFor(append(in, out...))
 	if err != nil {
 		return err
 	}
-	defer g.free(ptrs)
+	defer g.dev.FreeAll(ptrs)
 	for i, b := range out {
 		if len(b) > 0 {
 			if err := g.dev.Fill32(ptrs[2+i], 0, (len(b)+3)/4); err != nil {
@@ -225,13 +219,13 @@ func (g *GPUFitter) lattice(t *Type) (*gpuLattice, error) {
 	}
 	lat := t.lat()
 	bufs := latticeBytes(lat)
-	ptrs, err := g.alloc(bufs)
+	ptrs, err := g.dev.AllocFor(bufs)
 	if err != nil {
 		return nil, err
 	}
 	for i, b := range bufs {
 		if err := g.dev.CopyToDevice(ptrs[i], b); err != nil {
-			g.free(ptrs)
+			g.dev.FreeAll(ptrs)
 			return nil, err
 		}
 	}
@@ -243,29 +237,4 @@ func (g *GPUFitter) lattice(t *Type) (*gpuLattice, error) {
 // latticeBytes are the tables the kernel reads, in its argument order.
 func latticeBytes(lat *lattice) [][]byte {
 	return [][]byte{cuda.Bytes(lat.levels), cuda.Bytes(lat.coords), cuda.Bytes(lat.kmap), cuda.Bytes(lat.neighbours)}
-}
-
-// alloc allocates a device buffer for each non-empty slice (rounded up to whole 32-bit words, for
-// zeroing), 0 for an empty one. The caller frees them.
-func (g *GPUFitter) alloc(bufs [][]byte) ([]cuda.DevicePtr, error) {
-	ptrs := make([]cuda.DevicePtr, len(bufs))
-	for i, b := range bufs {
-		if len(b) == 0 {
-			continue
-		}
-		var err error
-		if ptrs[i], err = g.dev.Alloc((len(b) + 3) &^ 3); err != nil {
-			g.free(ptrs)
-			return nil, err
-		}
-	}
-	return ptrs, nil
-}
-
-func (g *GPUFitter) free(ptrs []cuda.DevicePtr) {
-	for _, p := range ptrs {
-		if p != 0 {
-			g.dev.Free(p)
-		}
-	}
 }

@@ -84,7 +84,7 @@ func fitLattice(t *Type, c *carry, x, imp []float32, p *Params) error {
 	}
 	var scales [16]float32
 	var maxScale float32
-	skipped := 0 // iq3_s: the sub-blocks skipped so far (see iq3sLayout)
+	skipped := 0 // iq3_s: the sub-blocks skipped so far (see store)
 	for ib := range t.Block / t.Sub {
 		lo, hi := ib*t.Sub, (ib+1)*t.Sub
 		var qw []float32
@@ -219,24 +219,14 @@ func (f *latticeFit) splitSigns(x []float32) {
 // off-grid groups with the winning scale.
 func (f *latticeFit) search(n int, max float32) (float32, error) {
 	k := f.k
-	best, scale := float32(0), max/float32(2*k.maxQ-1)
 	if k.onGridStart != startCarried {
 		for g := range n / f.t.Dim {
 			f.onGrid[g] = k.onGridStart == startOnGrid
 		}
 	}
-	for is := -k.steps; is <= k.steps; is++ {
-		id := (float32(2*k.maxQ-1) + float32(float32(is)*k.step)) / max
-		if err := f.round(f.Laux[:n], id, 1/id, f.onGridAux[:], true); err != nil {
-			return 0, err
-		}
-		sumqx, sumq2 := f.sums(f.Laux[:n])
-		if sumq2 > 0 && sumqx*sumqx > best*sumq2 {
-			scale = sumqx / sumq2
-			best = scale * sumqx
-			copy(f.L[:n], f.Laux[:n])
-			f.onGrid = f.onGridAux
-		}
+	scale, err := f.sweep(n, max, max/float32(2*k.maxQ-1))
+	if err != nil {
+		return 0, err
 	}
 	offGrid := false
 	for g := range n / f.t.Dim {
@@ -245,14 +235,7 @@ func (f *latticeFit) search(n int, max float32) (float32, error) {
 	if !offGrid || !(scale > 0) {
 		return scale, nil
 	}
-	found := f.onGrid // the requantizing leaves ggml's on-grid record as the search left it
-	if err := f.round(f.L[:n], 1/scale, scale, found[:], k.requantizeAll); err != nil {
-		return 0, err
-	}
-	if sumqx, sumq2 := f.sums(f.L[:n]); sumq2 > 0 {
-		scale = sumqx / sumq2
-	}
-	return scale, nil
+	return f.requantize(n, scale, k.requantizeAll)
 }
 
 // searchFromQP is iq2_xxs's search: make_qp_quants' scale s, inverse scales over maxQ·s, then
@@ -265,10 +248,21 @@ func (f *latticeFit) searchFromQP(n int) (float32, error) {
 	for i := range n {
 		f.L[i] = int8(L8[i])
 	}
-	effMax := scale * float32(k.maxQ)
+	scale, err := f.sweep(n, scale*float32(k.maxQ), scale)
+	if err != nil || !(scale > 0) {
+		return scale, err
+	}
+	return f.requantize(n, scale, true)
+}
+
+// sweep tries the inverse scales (2·maxQ − 1 + is·step)/ref for is = −steps … steps, keeping in
+// f.L and f.onGrid the levels of the best weighted least-squares fit; it returns that fit's
+// scale, or scale when none fits.
+func (f *latticeFit) sweep(n int, ref, scale float32) (float32, error) {
+	k := f.k
 	best := float32(0)
 	for is := -k.steps; is <= k.steps; is++ {
-		id := (float32(2*k.maxQ-1) + float32(float32(is)*k.step)) / effMax
+		id := (float32(2*k.maxQ-1) + float32(float32(is)*k.step)) / ref
 		if err := f.round(f.Laux[:n], id, 1/id, f.onGridAux[:], true); err != nil {
 			return 0, err
 		}
@@ -277,13 +271,18 @@ func (f *latticeFit) searchFromQP(n int) (float32, error) {
 			scale = sumqx / sumq2
 			best = scale * sumqx
 			copy(f.L[:n], f.Laux[:n])
+			f.onGrid = f.onGridAux
 		}
 	}
-	if !(scale > 0) {
-		return scale, nil
-	}
-	var all [8]bool
-	if err := f.round(f.L[:n], 1/scale, scale, all[:], true); err != nil {
+	return scale, nil
+}
+
+// requantize rounds the groups again with scale (every group, or those found off the grid,
+// leaving ggml's on-grid record as the sweep left it) and returns the least-squares scale of
+// the result (scale when nothing is weighted).
+func (f *latticeFit) requantize(n int, scale float32, all bool) (float32, error) {
+	found := f.onGrid
+	if err := f.round(f.L[:n], 1/scale, scale, found[:], all); err != nil {
 		return 0, err
 	}
 	if sumqx, sumq2 := f.sums(f.L[:n]); sumq2 > 0 {

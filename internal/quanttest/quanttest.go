@@ -2,9 +2,9 @@
 package quanttest
 
 import (
+	"math/bits"
 	"math/rand/v2"
 
-	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -31,24 +31,34 @@ func RandomKQuant(r *rand.Rand, s quant.Scheme, n, k int) *quant.Tensor {
 	return t
 }
 
-// RandomIQuant returns a valid n×k tensor of IQ scheme s (k a multiple of its block) decoded
-// from random ggml blocks: every field over its whole range, d any finite F16 below 2.
+// RandomIQuant returns a valid n×k tensor of IQ scheme s (k a multiple of its block) with
+// random fields over their whole ranges: d of either sign, every sub-block scale, grid point,
+// sign byte (with even parity where the format stores 7 of 8 signs) and code.
 func RandomIQuant(r *rand.Rand, s quant.Scheme, n, k int) *quant.Tensor {
 	f, _ := s.IQuant()
-	data := make([]byte, n*k/f.Block*f.BlockBytes)
-	for i := range data {
-		data[i] = uint8(r.Uint32())
+	t := quant.NewIQuantTensor(s, n, k)
+	for i := range t.Scales {
+		t.Scales[i] = quant.RoundF16(float32(r.NormFloat64() * 0.01))
 	}
-	for b := 0; b < len(data); b += f.BlockBytes {
-		if s.IQ == quant.IQ1M {
-			data[b+f.BlockBytes-1] &= 0xbf // d's top nibble is in the last scale word
-		} else {
-			data[b+1] &= 0xbf
+	for i := range t.SubScales {
+		t.SubScales[i] = int8(f.ScaleLo + r.IntN(f.ScaleHi-f.ScaleLo+1))
+	}
+	for i := range t.Codes {
+		t.Codes[i] = uint8(r.IntN(16))
+	}
+	for i := range t.Points {
+		t.Points[i] = uint16(r.IntN(f.GridSize))
+	}
+	for i := range t.Signs {
+		switch {
+		case f.Bits == 1:
+			t.Signs[i] = uint8(r.IntN(2))
+		case f.Parity:
+			v := uint8(r.IntN(128))
+			t.Signs[i] = v | uint8(bits.OnesCount8(v)%2)<<7
+		default:
+			t.Signs[i] = uint8(r.IntN(256))
 		}
-	}
-	t, err := iquant.Decode(s, data, n, k)
-	if err != nil {
-		panic(err)
 	}
 	return t
 }

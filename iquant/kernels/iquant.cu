@@ -299,42 +299,54 @@ __device__ void lsums(const lfit& f, const int8_t* L, int n, float* sumqx, float
     *sumq2 = q2;
 }
 
-// lsearch is latticeFit.search; returns false where ggml aborts.
-__device__ bool lsearch(lfit& f, int n, float max, float* scale_out) {
+// lsweep is latticeFit.sweep; returns false where ggml aborts. *accepted tells whether any
+// inverse scale fitted.
+__device__ bool lsweep(lfit& f, int n, float ref, float* scale, bool* accepted) {
     const knobs& k = f.k;
-    float best = 0.f, scale = __fdiv_rn(max, (float)(2 * k.maxq - 1));
-    if (k.on_grid_start != 2) {
-        for (int g = 0; g < n / f.dim; g++) f.on_grid[g] = k.on_grid_start == 0;
-    }
-    bool accepted = false;
+    float best = 0.f;
+    *accepted = false;
     for (int is = -k.steps; is <= k.steps; is++) {
-        float id = __fdiv_rn(__fadd_rn((float)(2 * k.maxq - 1), __fmul_rn((float)is, k.step)), max);
+        float id = __fdiv_rn(__fadd_rn((float)(2 * k.maxq - 1), __fmul_rn((float)is, k.step)), ref);
         if (!lround(f, f.Laux, n, id, __fdiv_rn(1.f, id), f.on_grid_aux, true)) return false;
         float sumqx, sumq2;
         lsums(f, f.Laux, n, &sumqx, &sumq2);
         if (sumq2 > 0.f && __fmul_rn(sumqx, sumqx) > __fmul_rn(best, sumq2)) {
-            scale = __fdiv_rn(sumqx, sumq2);
-            best = __fmul_rn(scale, sumqx);
+            *scale = __fdiv_rn(sumqx, sumq2);
+            best = __fmul_rn(*scale, sumqx);
             for (int i = 0; i < n; i++) f.L[i] = f.Laux[i];
             for (int g = 0; g < n / f.dim; g++) f.on_grid[g] = f.on_grid_aux[g];
-            accepted = true;
+            *accepted = true;
         }
     }
+    return true;
+}
+
+// lrequantize is latticeFit.requantize; returns false where ggml aborts.
+__device__ bool lrequantize(lfit& f, int n, float* scale, bool all) {
+    bool found[8];
+    for (int g = 0; g < 8; g++) found[g] = f.on_grid[g];
+    if (!lround(f, f.L, n, __fdiv_rn(1.f, *scale), *scale, found, all)) return false;
+    float sumqx, sumq2;
+    lsums(f, f.L, n, &sumqx, &sumq2);
+    if (sumq2 > 0.f) *scale = __fdiv_rn(sumqx, sumq2);
+    return true;
+}
+
+// lsearch is latticeFit.search; returns false where ggml aborts. A sweep that fits nothing
+// leaves the carried levels (iq2_xs, iq2_s) or on-grid record (iq3_xxs) in use: f.carried.
+__device__ bool lsearch(lfit& f, int n, float max, float* scale) {
+    const knobs& k = f.k;
+    if (k.on_grid_start != 2) {
+        for (int g = 0; g < n / f.dim; g++) f.on_grid[g] = k.on_grid_start == 0;
+    }
+    *scale = __fdiv_rn(max, (float)(2 * k.maxq - 1));
+    bool accepted;
+    if (!lsweep(f, n, max, scale, &accepted)) return false;
     if (!accepted && (f.type == IQ2XS || f.type == IQ2S || f.type == IQ3XXS)) f.carried = true;
     bool off = false;
     for (int g = 0; g < n / f.dim; g++) off = off || !f.on_grid[g];
-    if (!off || !(scale > 0.f)) {
-        *scale_out = scale;
-        return true;
-    }
-    bool found[8];
-    for (int g = 0; g < 8; g++) found[g] = f.on_grid[g];
-    if (!lround(f, f.L, n, __fdiv_rn(1.f, scale), scale, found, k.requantize_all)) return false;
-    float sumqx, sumq2;
-    lsums(f, f.L, n, &sumqx, &sumq2);
-    if (sumq2 > 0.f) scale = __fdiv_rn(sumqx, sumq2);
-    *scale_out = scale;
-    return true;
+    if (!off || !(*scale > 0.f)) return true;
+    return lrequantize(f, n, scale, k.requantize_all);
 }
 
 // qp_quants is kquant.QPQuants for n ≤ 32 values with a positive maximum, nmax = 4.
@@ -400,36 +412,17 @@ __device__ void qp_quants(int nmax, const float* x, int n, uint8_t* L, const flo
 }
 
 // lsearch_qp is latticeFit.searchFromQP (iq2_xxs); returns false where ggml aborts.
-__device__ bool lsearch_qp(lfit& f, int n, float* scale_out) {
+__device__ bool lsearch_qp(lfit& f, int n, float* scale) {
     const knobs& k = f.k;
     uint8_t L8[32];
     float sumlx, suml2;
     qp_quants(k.maxq + 1, f.xval, n, L8, f.weight, &sumlx, &suml2);
-    float scale = __fdiv_rn(sumlx, suml2);
+    *scale = __fdiv_rn(sumlx, suml2);
     for (int i = 0; i < n; i++) f.L[i] = (int8_t)L8[i];
-    float eff_max = __fmul_rn(scale, (float)k.maxq), best = 0.f;
-    for (int is = -k.steps; is <= k.steps; is++) {
-        float id = __fdiv_rn(__fadd_rn((float)(2 * k.maxq - 1), __fmul_rn((float)is, k.step)), eff_max);
-        if (!lround(f, f.Laux, n, id, __fdiv_rn(1.f, id), f.on_grid_aux, true)) return false;
-        float sumqx, sumq2;
-        lsums(f, f.Laux, n, &sumqx, &sumq2);
-        if (sumq2 > 0.f && __fmul_rn(sumqx, sumqx) > __fmul_rn(best, sumq2)) {
-            scale = __fdiv_rn(sumqx, sumq2);
-            best = __fmul_rn(scale, sumqx);
-            for (int i = 0; i < n; i++) f.L[i] = f.Laux[i];
-        }
-    }
-    if (!(scale > 0.f)) {
-        *scale_out = scale;
-        return true;
-    }
-    bool all[8];
-    if (!lround(f, f.L, n, __fdiv_rn(1.f, scale), scale, all, true)) return false;
-    float sumqx, sumq2;
-    lsums(f, f.L, n, &sumqx, &sumq2);
-    if (sumq2 > 0.f) scale = __fdiv_rn(sumqx, sumq2);
-    *scale_out = scale;
-    return true;
+    bool accepted;
+    if (!lsweep(f, n, __fmul_rn(*scale, (float)k.maxq), scale, &accepted)) return false;
+    if (!(*scale > 0.f)) return true;
+    return lrequantize(f, n, scale, true);
 }
 
 // lsub is latticeFit.subBlock: 1 for a fitted sub-block, 0 for a skipped one, −1 where ggml
