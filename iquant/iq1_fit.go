@@ -1,8 +1,6 @@
 package iquant
 
 import (
-	"slices"
-
 	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -95,15 +93,13 @@ func (f *iq1Fit) subBlock(xb []float32, p *Params, ib int) (float32, int8, error
 	for i := range n {
 		f.idx[i] = i
 	}
-	slices.SortStableFunc(f.idx[:n], func(a, b int) int {
-		switch {
-		case xb[a] < xb[b]:
-			return -1
-		case xb[a] > xb[b]:
-			return 1
+	for i := 1; i < n; i++ { // a stable insertion sort by x (ggml's qsort is a stable merge sort here)
+		v, j := f.idx[i], i-1
+		for ; j >= 0 && xb[f.idx[j]] > xb[v]; j-- {
+			f.idx[j+1] = f.idx[j]
 		}
-		return 0
-	})
+		f.idx[j+1] = v
+	}
 	var scale float32
 	var i1, i2, shift int
 	if f.t.Type == quant.IQ1S {

@@ -167,7 +167,12 @@ func (lat *lattice) onGrid(L []int8) int {
 // on ties). It writes p's levels to L and returns p, or −1 when no distance is below float32's
 // largest (NaN or overflowing weights: ggml aborts).
 func (lat *lattice) nearest(L []int8, x, w []float32, scale float32) int {
-	start := -1 - int(lat.kmap[lat.index(L)])
+	return lat.nearestFrom(lat.kmap[lat.index(L)], L, x, w, scale)
+}
+
+// nearestFrom is nearest given L's entry in the map (negative: off the grid).
+func (lat *lattice) nearestFrom(entry int32, L []int8, x, w []float32, scale float32) int {
+	start := -1 - int(entry)
 	list := lat.neighbours[start+1 : start+1+int(lat.neighbours[start])]
 	var best int
 	if lat.dim == 8 {

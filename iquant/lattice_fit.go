@@ -295,18 +295,21 @@ func (f *latticeFit) requantize(n int, scale float32, all bool) (float32, error)
 // l = round((id·|x| − 1)/2) in [0, maxQ−1] into L, taking the nearest neighbour at scale
 // `scale` for levels off the grid; onGrid records which groups were found on the grid.
 func (f *latticeFit) round(L []int8, id, scale float32, onGrid []bool, all bool) error {
-	dim := f.t.Dim
+	lat, dim, top := f.lat, f.t.Dim, int32(f.k.maxQ-1)
 	for g := range len(L) / dim {
 		if !all && onGrid[g] {
 			continue
 		}
-		lg := L[g*dim : (g+1)*dim]
-		for i := range lg {
-			l := kquant.NearestInt(float32(0.5 * float32(float32(id*f.xval[g*dim+i])-1)))
-			lg[i] = int8(clampInt(l, 0, int32(f.k.maxQ-1)))
+		lg, xs := L[g*dim:(g+1)*dim], f.xval[g*dim:(g+1)*dim]
+		u := 0 // the levels' index, built as they are rounded (they are within the map's range)
+		for i, x := range xs {
+			l := clampInt(kquant.NearestInt(float32(0.5*float32(float32(id*x)-1))), 0, top)
+			lg[i] = int8(l)
+			u |= int(l) << (lat.shift * i)
 		}
-		onGrid[g] = f.lat.onGrid(lg) >= 0
-		if !onGrid[g] && f.lat.nearest(lg, f.xval[g*dim:(g+1)*dim], f.waux[g*dim:(g+1)*dim], scale) < 0 {
+		p := lat.kmap[u]
+		onGrid[g] = p >= 0
+		if p < 0 && lat.nearestFrom(p, lg, xs, f.waux[g*dim:(g+1)*dim], scale) < 0 {
 			return ggmlAborts("no grid point near levels %v at scale %g", lg, scale)
 		}
 	}
