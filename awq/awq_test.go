@@ -206,10 +206,17 @@ func TestSearchScaleBeatsRTN(t *testing.T) {
 		t.Errorf("scales not normalised by sqrt(max·min): max·min = %g", lo*hi)
 	}
 	// The chosen loss is what the candidate scale really gives.
-	wq, err := fakeQuantScaled(nil, Linear{Name: "l", W: w, Out: n, In: k, Scheme: &s}, res.Scales)
+	wq, err := fakeQuantScaled(nil, Linear{Name: "l", W: w, Out: n, In: k, Scheme: &s}, res.Scales, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := outputError(x, w, wq, rows, n, k); math.Abs(got-res.Loss) > 1e-3*got {
+		t.Errorf("reported loss %.6g, recomputed %.6g", res.Loss, got)
+	}
+}
+
+// outputError is the mean squared difference of X·Wᵀ and X·Wqᵀ over rows × n outputs.
+func outputError(x, w, wq []float32, rows, n, k int) float64 {
 	var sum float64
 	for tok := range rows {
 		for o := range n {
@@ -221,9 +228,7 @@ func TestSearchScaleBeatsRTN(t *testing.T) {
 			sum += (a - b) * (a - b)
 		}
 	}
-	if got := sum / (rows * n); math.Abs(got-res.Loss) > 1e-3*got {
-		t.Errorf("reported loss %.6g, recomputed %.6g", res.Loss, got)
-	}
+	return sum / float64(rows*n)
 }
 
 // The clipping search never does worse than no clipping, and clamps within each group's range.
@@ -347,5 +352,46 @@ func TestOutputLoss(t *testing.T) {
 		if all := out.of(d, n); math.Abs(all-total) > 1e-5*total {
 			t.Errorf("rows %d, k %d: loss %g, want %g", rows, k, all, total)
 		}
+	}
+}
+
+// The search quantizes to IQ types too, fitting them with the importance E[x²]/s² their scaled
+// inputs have (iq2_xxs has no fit without importance); its loss must be what that fit gives.
+// (On the salient-channel case of TestSearchScaleBeatsRTN that importance already protects the
+// salient channels: α = 0 wins.)
+func TestSearchScaleIQuant(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const rows, k, n = 128, 256, 32
+	x := make([]float32, rows*k)
+	for i := range x {
+		v := r.NormFloat64()
+		if i%k%37 == 0 {
+			v *= 30
+		}
+		x[i] = float32(v)
+	}
+	in := &Inputs{}
+	if err := in.Add(x, rows, k); err != nil {
+		t.Fatal(err)
+	}
+	w := make([]float32, n*k)
+	for i := range w {
+		w[i] = float32(r.NormFloat64())
+	}
+	s, _ := quant.IQuantScheme(quant.IQ2XXS)
+	l := Linear{Name: "l", W: w, Out: n, In: k, Scheme: &s}
+	res, err := SearchScale(in.X, in.Rows, in.MeanAbs(), []Linear{l}, Options{Grid: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(res.Loss <= res.Loss0) {
+		t.Errorf("α %.2f, loss %.4g above %.4g at α=0", res.Alpha, res.Loss, res.Loss0)
+	}
+	wq, err := fakeQuantScaled(nil, l, res.Scales, meanSquares(in.X, in.Rows, k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := outputError(x, w, wq, rows, n, k); math.Abs(got-res.Loss) > 1e-3*res.Loss {
+		t.Errorf("the chosen loss %g, recomputed %g", res.Loss, got)
 	}
 }

@@ -158,6 +158,12 @@ func SearchScale(x []float32, rows int, xMean []float32, ls []Linear, opt Option
 		wMean = weightMean(ls, k)
 	}
 	out := newOutputLoss(x, rows, k)
+	var xSq []float32 // E[x²] per channel, the importance of the IQ types' fits
+	for _, l := range ls {
+		if l.Scheme != nil && l.Scheme.Grid == quant.IQuant && xSq == nil {
+			xSq = meanSquares(x, rows, k)
+		}
+	}
 	best := ScaleResult{Loss: math.Inf(1), Losses: make([]float64, opt.grid())}
 	var d []float32
 	for step := range opt.grid() {
@@ -169,7 +175,7 @@ func SearchScale(x []float32, rows int, xMean []float32, ls []Linear, opt Option
 				continue
 			}
 			var err error
-			if d, err = weightError(d, l, s); err != nil {
+			if d, err = weightError(d, l, s, xSq); err != nil {
 				return ScaleResult{}, err
 			}
 			sum += out.of(d, l.Out)
@@ -257,8 +263,8 @@ func dot64(a, b []float32) float64 {
 }
 
 // weightError returns Q(W·diag(s))·diag(s)⁻¹ − W in dst.
-func weightError(dst []float32, l Linear, s []float32) ([]float32, error) {
-	dst, err := fakeQuantScaled(dst, l, s)
+func weightError(dst []float32, l Linear, s, xSq []float32) ([]float32, error) {
+	dst, err := fakeQuantScaled(dst, l, s, xSq)
 	if err != nil {
 		return nil, err
 	}
@@ -268,12 +274,20 @@ func weightError(dst []float32, l Linear, s []float32) ([]float32, error) {
 	return dst, nil
 }
 
-// fakeQuantScaled returns Q(W·diag(s))·diag(s)⁻¹ in dst.
-func fakeQuantScaled(dst []float32, l Linear, s []float32) ([]float32, error) {
+// fakeQuantScaled returns Q(W·diag(s))·diag(s)⁻¹ in dst. An IQ scheme is fitted with the
+// importance its scaled inputs x/s would have, E[x²]/s² (xSq: E[x²]), as GPTQ then fits it.
+func fakeQuantScaled(dst []float32, l Linear, s, xSq []float32) ([]float32, error) {
 	dst = grow(dst, len(l.W))
 	copy(dst, l.W)
 	ScaleColumns(dst, l.Out, l.In, s)
-	if err := fakeQuant(dst, l.Out, l.In, *l.Scheme); err != nil {
+	var imp []float32
+	if l.Scheme.Grid == quant.IQuant {
+		imp = make([]float32, l.In)
+		for c := range imp {
+			imp[c] = xSq[c] / (s[c] * s[c])
+		}
+	}
+	if err := fakeQuantWith(dst, l.Out, l.In, *l.Scheme, imp); err != nil {
 		return nil, fmt.Errorf("awq: %s: %w", l.Name, err)
 	}
 	for i := range dst {
@@ -283,13 +297,31 @@ func fakeQuantScaled(dst []float32, l Linear, s []float32) ([]float32, error) {
 }
 
 // fakeQuant replaces w by its quantized-then-dequantized value under the real group quantizer.
-func fakeQuant(w []float32, n, k int, s quant.Scheme) error {
-	t, err := blockwise.Quantize(w, n, k, s, blockwise.Options{})
+func fakeQuant(w []float32, n, k int, s quant.Scheme) error { return fakeQuantWith(w, n, k, s, nil) }
+
+// fakeQuantWith is fakeQuant with importance imp (nil: none) for the fit.
+func fakeQuantWith(w []float32, n, k int, s quant.Scheme, imp []float32) error {
+	t, err := blockwise.Quantize(w, n, k, s, blockwise.Options{Imatrix: imp != nil, Importance: imp})
 	if err != nil {
 		return err
 	}
 	t.Dequantize(w)
 	return nil
+}
+
+// meanSquares is E[x²] of each of the k channels of x [rows, k].
+func meanSquares(x []float32, rows, k int) []float32 {
+	sum := make([]float64, k)
+	for r := range rows {
+		for c, v := range x[r*k : (r+1)*k] {
+			sum[c] += float64(v) * float64(v)
+		}
+	}
+	out := make([]float32, k)
+	for c, v := range sum {
+		out[c] = float32(v / float64(rows))
+	}
+	return out
 }
 
 // ScaleColumns multiplies column c of w [out, in] by s[c]: the linears after a folded scale.

@@ -79,7 +79,7 @@ func TestGPUFakeQuantDiff(t *testing.T) {
 			s[c] = float32(math.Exp2(4*r.Float64() - 2))
 		}
 		l := Linear{Name: "l", W: w, Out: n, In: k, Scheme: &sc}
-		wq, err := fakeQuantScaled(nil, l, s)
+		wq, err := fakeQuantScaled(nil, l, s, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,5 +1,5 @@
 // Package blockwise quantizes a weight matrix group by group (no error feedback): round-to-nearest per
-// group on the integer, NF4, FP8, binary and k-quant grids, optionally with the GPTQ reference
+// group on the integer, NF4, FP8, binary, k-quant and IQ grids, optionally with the GPTQ reference
 // quantizer's MSE-optimal clipping search or an importance-weighted scale search.
 //
 // How each code is computed (a GPU kernel must reproduce these bit for bit); w is the float32
@@ -14,6 +14,8 @@
 //	         means in float64; code = 1 when w − offset ≥ 0, else 0.
 //	K-quant: ggml's fitting of each super-block of 256 weights of a row (package kquant):
 //	         quantize_row_qX_K_ref, or quantize_row_qX_K_impl with Options.Importance.
+//	IQ:      ggml's IQ quantizers on each block of a row (package iquant), with
+//	         Options.Importance as their imatrix.
 //
 // p = 1 unless Options.Clip chose a smaller one. Options.Imatrix instead searches the parameters
 // that minimise the importance-weighted squared error (weighted.go): shrunk ranges as above plus
@@ -113,7 +115,7 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 	if err := checkArgs(n, k, s, opt); err != nil {
 		return err
 	}
-	if s.Grid == quant.KQuant && sink != nil {
+	if (s.Grid == quant.KQuant || s.Grid == quant.IQuant) && sink != nil {
 		return fmt.Errorf("blockwise: %s codes are not packed in the GPTQ layout", s)
 	}
 	resize(dst, n, k, s, sink == nil)
@@ -146,16 +148,21 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 }
 
 // quantizeBlock quantizes rows r0 … r1−1 into dst.Codes or, with a sink, into block (len ≥
-// (r1−r0)·k), which it then hands to the sink.
+// (r1−r0)·k), which it then hands to the sink. A lattice IQ tensor has no codes (its row fitter
+// stores grid points): its rows get none.
 func quantizeBlock(dst *quant.Tensor, quantize rowQuantizer, src rowSource, r0, r1 int, block []uint8, buf []float32, sink blockSink) error {
 	k := dst.K
 	codes := block
 	if sink == nil {
-		codes = dst.Codes[r0*k:]
+		codes = dst.Codes[min(r0*k, len(dst.Codes)):]
 	}
-	codes = codes[:(r1-r0)*k]
+	codes = codes[:min((r1-r0)*k, len(codes))]
 	for row := r0; row < r1; row++ {
-		if err := quantize(dst, src, row, codes[(row-r0)*k:(row-r0+1)*k], buf); err != nil {
+		var rowCodes []uint8
+		if len(codes) > 0 {
+			rowCodes = codes[(row-r0)*k : (row-r0+1)*k]
+		}
+		if err := quantize(dst, src, row, rowCodes, buf); err != nil {
 			return err
 		}
 	}
@@ -180,7 +187,7 @@ func checkArgs(n, k int, s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("blockwise: %w", err)
 	}
-	if err := checkKQuant(k, s, opt); err != nil {
+	if err := checkRowLength(k, s, opt); err != nil {
 		return err
 	}
 	if p := opt.Params; p != nil {
@@ -212,9 +219,13 @@ func resize(dst *quant.Tensor, n, k int, s quant.Scheme, withCodes bool) {
 		*dst = *quant.NewKQuantTensor(s, n, k)
 		return
 	}
+	if s.Grid == quant.IQuant {
+		*dst = *quant.NewIQuantTensor(s, n, k)
+		return
+	}
 	ng := n * s.Groups(k)
 	dst.Scheme, dst.N, dst.K, dst.GIdx = s, n, k, nil
-	dst.Mins, dst.SubScales, dst.SubMins = nil, nil, nil
+	dst.Mins, dst.SubScales, dst.SubMins, dst.Points, dst.Signs = nil, nil, nil, nil, nil
 	dst.Codes = dst.Codes[:0]
 	if withCodes {
 		dst.Codes = grow(dst.Codes, n*k)

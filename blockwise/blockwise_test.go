@@ -459,7 +459,8 @@ func equalTensors(a, b *quant.Tensor) bool {
 	}
 	return a.Scheme == b.Scheme && a.N == b.N && a.K == b.K && string(a.Codes) == string(b.Codes) &&
 		eq(a.Scales, b.Scales) && string(a.Zeros) == string(b.Zeros) && eq(a.Offsets, b.Offsets) &&
-		eq(a.Mins, b.Mins) && slices.Equal(a.SubScales, b.SubScales) && string(a.SubMins) == string(b.SubMins)
+		eq(a.Mins, b.Mins) && slices.Equal(a.SubScales, b.SubScales) && string(a.SubMins) == string(b.SubMins) &&
+		slices.Equal(a.Points, b.Points) && string(a.Signs) == string(b.Signs)
 }
 
 // The fast integer encoder (float32 rounding trick, clamping) must agree with the scalar

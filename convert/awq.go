@@ -10,6 +10,7 @@ import (
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
@@ -80,6 +81,11 @@ func useAWQ(r *blockRunner, items []Item, opt Options, g *gpu) error {
 		}
 	} else {
 		r.dev, r.device = g.dev, DeviceCUDA
+	}
+	for _, it := range items {
+		if it.Scheme != nil && it.Scheme.Grid == quant.IQuant {
+			return nil // the GPU searches fake-quantize to integer grids: IQ types search on the CPU
+		}
 	}
 	var err error
 	s.gpu, err = awq.NewGPUSearch(g.dev)

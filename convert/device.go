@@ -5,6 +5,7 @@ import (
 
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
@@ -30,6 +31,7 @@ type gpu struct {
 	q       *blockwise.GPUQuantizer
 	imatrix *blockwise.GPUImatrix // --imatrix's search
 	kq      *kquant.GPUFitter     // k-quants (with or without --imatrix); nil until useKQuants
+	iq      *iquant.GPUFitter     // IQ types (likewise)
 }
 
 // openGPU opens the first GPU as the device option asks. With "auto" a missing driver or
@@ -60,16 +62,23 @@ func openGPU(device string, slots int, logf func(format string, args ...any)) (*
 	return &gpu{dev: dev, q: q, imatrix: weighted}, nil
 }
 
-// useKQuants loads the k-quant fit when RTN has k-quant tensors to quantize: only then, as the
-// driver compiles its PTX on the first load (about a second) and other conversions need not wait.
+// useKQuants loads the k-quant fit when RTN has k-quant tensors to quantize, and the IQ fit when
+// it has IQ tensors: only then, as the driver compiles their PTX on the first load (about a
+// second) and other conversions need not wait.
 func (g *gpu) useKQuants(items []Item) error {
 	if g == nil {
 		return nil
 	}
+	var err error
 	for _, it := range items {
-		if it.Scheme != nil && it.Scheme.Grid == quant.KQuant {
-			var err error
+		switch {
+		case it.Scheme == nil:
+		case it.Scheme.Grid == quant.KQuant && g.kq == nil:
 			g.kq, err = kquant.NewGPUFitter(g.dev)
+		case it.Scheme.Grid == quant.IQuant && g.iq == nil:
+			g.iq, err = iquant.NewGPUFitter(g.dev)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -80,6 +89,9 @@ func (g *gpu) close() {
 	if g != nil {
 		if g.kq != nil {
 			g.kq.Close()
+		}
+		if g.iq != nil {
+			g.iq.Close()
 		}
 		g.imatrix.Close()
 		g.q.Close()
@@ -99,10 +111,10 @@ func (g *gpu) searches(s quant.Scheme, opt Options) bool {
 	return g != nil && opt.Imatrix && g.imatrix.Supports(s)
 }
 
-// fits says whether the GPU fits this item's k-quant super-blocks (with their importance under
-// --imatrix; the CPU then packs the tensor it returns).
+// fits says whether the GPU fits this item's k-quant super-blocks or IQ blocks (with their
+// importance under --imatrix; the CPU then packs the tensor it returns).
 func (g *gpu) fits(s quant.Scheme, opt Options) bool {
-	return g != nil && g.kq != nil && !opt.Clip && g.kq.Supports(s)
+	return g != nil && !opt.Clip && ((g.kq != nil && g.kq.Supports(s)) || (g.iq != nil && g.iq.Supports(s)))
 }
 
 // checkDevicePlan refuses, with --device cuda, a plan that has a tensor the GPU cannot do:

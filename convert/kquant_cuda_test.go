@@ -19,13 +19,18 @@ var q4k, _ = quant.KQuantScheme(4)
 // (the log says "on cuda" for each) and writes exactly the files of --device cpu, byte for
 // byte; with --imatrix too, both conversions given the same importance (measured on the CPU:
 // the GPU's TF32 calibration gives slightly different E[x²]).
-func TestGPUKQuantSameBytes(t *testing.T) {
+func TestGPUKQuantSameBytes(t *testing.T) { checkGPUSameBytes(t, q4k) }
+
+// checkGPUSameBytes converts tiny to s by RTN on --device cuda and on --device cpu, with and
+// without --imatrix (the importance measured once, on the CPU: the GPU's TF32 calibration gives
+// slightly different E[x²]): every linear must say "on cuda" and the files must be equal.
+func checkGPUSameBytes(t *testing.T, s quant.Scheme) {
 	gputest.Open(t) // skips without a GPU
 	tiny := testenv.Testdata(t, "models/tiny")
 	for _, imatrix := range []bool{false, true} {
 		t.Run(map[bool]string{false: "rtn", true: "rtn-imatrix"}[imatrix], func(t *testing.T) {
 			opt := DefaultOptions()
-			opt.Alloc, opt.Format, opt.Imatrix = Uniform(q4k), "qpack", imatrix
+			opt.Alloc, opt.Format, opt.Imatrix = Uniform(s), "qpack", imatrix
 			if imatrix {
 				opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
 				calib, err := opt.calibration(tiny)

@@ -23,7 +23,8 @@ const (
 	// AWQ searches activation-aware scales per group of linears, folds them into the previous
 	// op, clips and rounds: integer grids.
 	AWQ Method = "awq"
-	// AWQGPTQ folds AWQ's scales, then runs GPTQ on the scaled model: integer grids.
+	// AWQGPTQ folds AWQ's scales, then runs GPTQ on the scaled model: integer grids and the IQ
+	// types.
 	AWQGPTQ Method = "awq+gptq"
 )
 
@@ -72,8 +73,8 @@ func (m Method) Takes(s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	if m.Scales() && s.Grid != quant.Integer {
-		return fmt.Errorf("%s quantizes to integer grids, not %s (use --method gptq or rtn for it)", m, s)
+	if m.Scales() && s.Grid != quant.Integer && (m != AWQGPTQ || s.Grid != quant.IQuant) {
+		return fmt.Errorf("%s quantizes to integer grids%s, not %s (use --method gptq or rtn for it)", m, map[bool]string{true: " and the IQ types"}[m == AWQGPTQ], s)
 	}
 	if m.Solves() {
 		return gptq.Takes(s, opt.gptq())

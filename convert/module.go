@@ -50,6 +50,9 @@ func placeholderTensor(s quant.Scheme, n, k int) *quant.Tensor {
 	if s.Grid == quant.KQuant {
 		return quant.NewKQuantTensor(s, n, k)
 	}
+	if s.Grid == quant.IQuant {
+		return quant.NewIQuantTensor(s, n, k)
+	}
 	groups := s.Groups(k)
 	if s.Grid == quant.FP8E4M3 {
 		groups = 1
@@ -194,14 +197,17 @@ func (m *packedModule) quantizeSearchedOnGPU() (*quant.Tensor, error) {
 	return blockwise.Quantize(w, n, k, s, bopt)
 }
 
-// fitKQuantOnGPU fits every super-block of a k-quant weight on the GPU, with its importance
-// under --imatrix: the tensor the CPU would make, bit for bit.
+// fitKQuantOnGPU fits every super-block of a k-quant weight (every block of an IQ one) on the
+// GPU, with its importance under --imatrix: the tensor the CPU would make, bit for bit.
 func (m *packedModule) fitKQuantOnGPU() (*quant.Tensor, error) {
 	w, err := m.ck.Float32(m.item.Info.Name)
 	if err != nil {
 		return nil, err
 	}
 	imp := m.opt.blockwise(m.item.Module).Importance
+	if s := *m.item.Scheme; s.Grid == quant.IQuant {
+		return m.gpu.iq.Quantize(w, m.item.N(), m.item.K(), s, imp)
+	}
 	return m.gpu.kq.Quantize(w, m.item.N(), m.item.K(), *m.item.Scheme, imp)
 }
 

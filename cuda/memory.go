@@ -29,6 +29,32 @@ func (d *Device) Free(p DevicePtr) error {
 	return d.do(func() error { return d.drv.check("cuMemFree_v2", d.drv.cuMemFree(uintptr(p))) })
 }
 
+// AllocFor allocates a device buffer for each non-empty slice, rounded up to whole 32-bit words
+// (so that Fill32 can zero or poison it), and 0 for an empty one. Free them with FreeAll.
+func (d *Device) AllocFor(bufs [][]byte) ([]DevicePtr, error) {
+	ptrs := make([]DevicePtr, len(bufs))
+	for i, b := range bufs {
+		if len(b) == 0 {
+			continue
+		}
+		var err error
+		if ptrs[i], err = d.Alloc((len(b) + 3) &^ 3); err != nil {
+			d.FreeAll(ptrs)
+			return nil, err
+		}
+	}
+	return ptrs, nil
+}
+
+// FreeAll frees every non-zero pointer.
+func (d *Device) FreeAll(ptrs []DevicePtr) {
+	for _, p := range ptrs {
+		if p != 0 {
+			d.Free(p)
+		}
+	}
+}
+
 // Fill32 sets count 32-bit words at p to value (for poisoning outputs in tests, or zeroing).
 func (d *Device) Fill32(p DevicePtr, value uint32, count int) error {
 	return d.do(func() error {

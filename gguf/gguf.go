@@ -62,7 +62,17 @@ const (
 	Q4_K Type = 12
 	Q5_K Type = 13
 	Q6_K Type = 14
-	BF16 Type = 30
+	// llama.cpp's IQ types (package iquant holds their layouts and quantizers).
+	IQ2_XXS Type = 16
+	IQ2_XS  Type = 17
+	IQ3_XXS Type = 18
+	IQ1_S   Type = 19
+	IQ4_NL  Type = 20
+	IQ3_S   Type = 21
+	IQ2_S   Type = 22
+	IQ4_XS  Type = 23
+	IQ1_M   Type = 29
+	BF16    Type = 30
 )
 
 // typeInfo is a type's name, elements per block and bytes per block (ggml's type_traits).
@@ -86,6 +96,16 @@ var types = map[Type]typeInfo{
 	Q4_K: {"Q4_K", 256, 144},
 	Q5_K: {"Q5_K", 256, 176},
 	Q6_K: {"Q6_K", 256, 210},
+
+	IQ2_XXS: {"IQ2_XXS", 256, 66},
+	IQ2_XS:  {"IQ2_XS", 256, 74},
+	IQ3_XXS: {"IQ3_XXS", 256, 98},
+	IQ1_S:   {"IQ1_S", 256, 50},
+	IQ4_NL:  {"IQ4_NL", 32, 18},
+	IQ3_S:   {"IQ3_S", 256, 110},
+	IQ2_S:   {"IQ2_S", 256, 82},
+	IQ4_XS:  {"IQ4_XS", 256, 136},
+	IQ1_M:   {"IQ1_M", 256, 56},
 }
 
 // Known reports whether qpack knows the type's block layout.

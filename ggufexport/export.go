@@ -106,13 +106,18 @@ func parseType(s, flag string) (gguf.Type, error) {
 	if _, ok := kquantFor(t); ok || slices.Contains(gguf.Encoders, t) {
 		return t, nil
 	}
-	return 0, fmt.Errorf("%s %s: qpack quantizes float weights to %v and Q2_K … Q6_K", flag, t, gguf.Encoders)
+	if qt, ok := iquantFor(t); ok && !qt.Imatrix {
+		return t, nil
+	}
+	return 0, fmt.Errorf("%s %s: qpack quantizes float weights to %v, Q2_K … Q6_K and the IQ types that need no importance matrix (IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ1_M)", flag, t, gguf.Encoders)
 }
 
 // fileType is general.file_type (llama.h LLAMA_FTYPE_*) of the type most linear weights use.
 func fileType(entries []Entry) uint32 {
 	ftype := map[gguf.Type]uint32{gguf.F32: 0, gguf.F16: 1, gguf.Q4_0: 2, gguf.Q4_1: 3, gguf.Q8_0: 7,
-		gguf.Q5_0: 8, gguf.Q5_1: 9, gguf.Q2_K: 10, gguf.Q3_K: 12, gguf.Q4_K: 15, gguf.Q5_K: 17, gguf.Q6_K: 18, gguf.BF16: 32}
+		gguf.Q5_0: 8, gguf.Q5_1: 9, gguf.Q2_K: 10, gguf.Q3_K: 12, gguf.Q4_K: 15, gguf.Q5_K: 17, gguf.Q6_K: 18, gguf.BF16: 32,
+		gguf.IQ2_XXS: 19, gguf.IQ2_XS: 20, gguf.IQ3_XXS: 23, gguf.IQ1_S: 24, gguf.IQ4_NL: 25, gguf.IQ3_S: 26, gguf.IQ2_S: 28,
+		gguf.IQ4_XS: 30, gguf.IQ1_M: 31}
 	count := map[gguf.Type]int{}
 	best := gguf.F32
 	for _, e := range entries {

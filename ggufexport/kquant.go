@@ -25,8 +25,11 @@ func kquantFor(typ gguf.Type) (*kquant.Type, bool) {
 
 // encodeRow appends one row of float weights in type typ: k-quants through kquant's fitting
 // without importance (ggml's quantize_row_qX_K_ref, what llama-quantize runs without an
-// imatrix), the other types through gguf.Encode.
+// imatrix), IQ types through iquant's, the other types through gguf.Encode.
 func encodeRow(dst []byte, typ gguf.Type, x []float32) ([]byte, error) {
+	if qt, ok := iquantFor(typ); ok {
+		return encodeIQRow(dst, qt, x)
+	}
 	kt, ok := kquantFor(typ)
 	if !ok {
 		return gguf.Encode(dst, typ, x)

@@ -127,49 +127,7 @@ func TestExportKQuantIsLossless(t *testing.T) {
 	}{{"q2_k", false, "rtn"}, {"q3_k", false, "rtn"}, {"q4_k", false, "rtn"}, {"q5_k", false, "rtn"}, {"q6_k", false, "rtn"},
 		{"q4_k", true, "rtn"}, {"q3_k", true, "gptq"}} {
 		s, _ := quant.ParseScheme(c.scheme)
-		dir := t.TempDir()
-		opt := convert.DefaultOptions()
-		opt.Alloc, opt.Format, opt.Method = convert.Uniform(s), "qpack", c.method
-		if c.imatrix {
-			opt.Imatrix, opt.Calib = true, convert.CalibOptions{File: filepath.Join(tinyDir(t), "heldout.txt"), Samples: 2, SeqLen: 64}
-		}
-		q := filepath.Join(dir, "q")
-		if _, err := convert.Convert(src, q, opt); err != nil {
-			t.Fatal(err)
-		}
-		out := filepath.Join(dir, "q.gguf")
-		entries, err := Export(q, out, Options{EmbedType: "f32"}) // the embeddings as stored, for the perplexity
-		if err != nil {
-			t.Fatal(err)
-		}
-		typ := kquantTypes[s.Bits]
-		repacked := 0
-		for _, e := range entries {
-			if e.How == "repacked losslessly ("+c.scheme+")" && e.Type == typ {
-				repacked++
-			}
-		}
-		if repacked != len(linears) {
-			t.Fatalf("%s: %d linears repacked as %s, want %d: %+v", c.scheme, repacked, typ, len(linears), entries)
-		}
-		ck, err := quantized.Open(q)
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkDecoded(t, out, src, typ, func(name string) []float32 {
-			v, err := ck.Float32(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		})
-		ck.Close()
-		g, _ := gguf.Open(out)
-		ft, _ := g.Get("general.file_type")
-		g.Close()
-		if want := map[int]uint32{2: 10, 3: 12, 4: 15, 5: 17, 6: 18}[s.Bits]; ft != want {
-			t.Errorf("%s: general.file_type %v, want %d", c.scheme, ft, want)
-		}
+		q, out := exportLossless(t, src, c.scheme, c.imatrix, c.method, kquantTypes[s.Bits], map[int]uint32{2: 10, 3: 12, 4: 15, 5: 17, 6: 18}[s.Bits])
 		if c.scheme == "q4_k" && !c.imatrix {
 			got, ref := ggufPerplexity(t, out, src, src, 1), sourcePerplexity(t, q, src, 1)
 			if got != ref {
@@ -259,5 +217,97 @@ func TestExportRefusesPartialSuperBlocks(t *testing.T) {
 	}
 	if !reflect.DeepEqual(permuteRows(8, 2), []int{0, 2, 1, 3, 4, 6, 5, 7}) {
 		t.Fatalf("permuteRows(8, 2) = %v", permuteRows(8, 2))
+	}
+}
+
+// An IQ qpack checkpoint exports losslessly too (its tensors are ggml's blocks): RTN with and
+// without an importance matrix, GPTQ and awq+gptq, every file decoding to the checkpoint's
+// weights bit for bit, with llama.cpp's file type.
+func TestExportIQuantIsLossless(t *testing.T) {
+	src := syntheticLlama(t)
+	for _, c := range []struct {
+		scheme  string
+		imatrix bool
+		method  convert.Method
+	}{{"iq4_nl", false, "rtn"}, {"iq2_xxs", true, "rtn"}, {"iq3_xxs", false, "gptq"}, {"iq2_s", true, "awq+gptq"}} {
+		s, _ := quant.ParseScheme(c.scheme)
+		exportLossless(t, src, c.scheme, c.imatrix, c.method, iquantTypes[s.IQ], map[string]uint32{"iq4_nl": 25, "iq3_xxs": 23, "iq2_xxs": 19, "iq2_s": 28}[c.scheme])
+	}
+}
+
+// exportLossless converts src to scheme with method (calibrating on tiny's text when imatrix
+// or the method needs it), exports the checkpoint to GGUF with F32 embeddings (as stored, for
+// perplexities) and checks that every linear was repacked as typ, that the file decodes to the
+// checkpoint's weights bit for bit and that its general.file_type is fileType. It returns the
+// checkpoint and the file.
+func exportLossless(t *testing.T, src, scheme string, imatrix bool, method convert.Method, typ gguf.Type, fileType uint32) (q, out string) {
+	t.Helper()
+	s, _ := quant.ParseScheme(scheme)
+	dir := t.TempDir()
+	opt := convert.DefaultOptions()
+	opt.Alloc, opt.Format, opt.Method = convert.Uniform(s), "qpack", method
+	if imatrix || method != "rtn" {
+		opt.Imatrix, opt.Calib = imatrix, convert.CalibOptions{File: filepath.Join(tinyDir(t), "heldout.txt"), Samples: 2, SeqLen: 64}
+	}
+	q = filepath.Join(dir, "q")
+	if _, err := convert.Convert(src, q, opt); err != nil {
+		t.Fatalf("%s: %v", scheme, err)
+	}
+	out = filepath.Join(dir, "q.gguf")
+	entries, err := Export(q, out, Options{EmbedType: "f32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	repacked := 0
+	for _, e := range entries {
+		if e.How == "repacked losslessly ("+scheme+")" && e.Type == typ {
+			repacked++
+		}
+	}
+	if repacked != len(linears) {
+		t.Fatalf("%s: %d linears repacked as %s, want %d: %+v", scheme, repacked, typ, len(linears), entries)
+	}
+	ck, err := quantized.Open(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	checkDecoded(t, out, src, typ, func(name string) []float32 {
+		v, err := ck.Float32(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	})
+	g, _ := gguf.Open(out)
+	ft, _ := g.Get("general.file_type")
+	g.Close()
+	if ft != fileType {
+		t.Errorf("%s: general.file_type %v, want %d", scheme, ft, fileType)
+	}
+	return q, out
+}
+
+// Float weights export to the IQ types that need no importance matrix with iquant's fit (what
+// llama-quantize does without an imatrix); the others are refused.
+func TestExportFloatToIQuant(t *testing.T) {
+	src := syntheticLlama(t)
+	in, _ := safetensors.Open(src)
+	defer in.Close()
+	s, _ := quant.ParseScheme("iq3_s")
+	out := filepath.Join(t.TempDir(), "f.gguf")
+	if _, err := Export(src, out, Options{Type: "iq3_s"}); err != nil {
+		t.Fatal(err)
+	}
+	checkDecoded(t, out, src, gguf.IQ3_S, func(name string) []float32 {
+		w, _ := in.Float32(name)
+		qt, err := blockwise.Quantize(w, len(w)/512, 512, s, blockwise.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return qt.Dequantize(nil)
+	})
+	if _, err := Export(src, out, Options{Type: "iq2_xs"}); err == nil || !strings.Contains(err.Error(), "need no importance matrix") {
+		t.Errorf("--type iq2_xs: %v", err)
 	}
 }

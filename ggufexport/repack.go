@@ -7,6 +7,7 @@ import (
 
 	"github.com/qpack-dev/qpack/fp"
 	"github.com/qpack-dev/qpack/gguf"
+	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -18,12 +19,16 @@ import (
 //	int4-g32-asym → Q4_1: d = scale, m = −z·scale, when every m is exact in F16
 //
 // and the k-quants q2_k … q6_k → Q2_K … Q6_K: the same d, dmin, sub-block scales, mins and
-// codes in ggml's block layout (kquant.Type.AppendRow), when K is a multiple of 256.
-const lossless = "int8-g32-sym → Q8_0, int4-g32-sym → Q4_0, int4-g32-asym → Q4_1 (when −z·scale is exact in F16), q2_k … q6_k → Q2_K … Q6_K"
+// codes in ggml's block layout (kquant.Type.AppendRow), when K is a multiple of 256; and the IQ
+// types iq1_s … iq4_xs → IQ1_S … IQ4_XS, whose tensors are ggml's block fields (iquant.AppendRows).
+const lossless = "int8-g32-sym → Q8_0, int4-g32-sym → Q4_0, int4-g32-asym → Q4_1 (when −z·scale is exact in F16), q2_k … q6_k → Q2_K … Q6_K, iq1_s … iq4_xs → IQ1_S … IQ4_XS"
 
 func repackType(s quant.Scheme) (gguf.Type, bool) {
 	if s.Grid == quant.KQuant {
 		return kquantTypes[s.Bits], true
+	}
+	if s.Grid == quant.IQuant {
+		return iquantTypes[s.IQ], true
 	}
 	if s.Grid != quant.Integer || s.GroupSize != 32 {
 		return 0, false
@@ -83,6 +88,9 @@ func (p *planner) module(r role, prefix string) (gguf.Tensor, string, error) {
 func repack(t *quant.Tensor, typ gguf.Type) ([]byte, error) {
 	if t.Scheme.Grid == quant.KQuant {
 		return repackKQuant(t)
+	}
+	if t.Scheme.Grid == quant.IQuant {
+		return iquant.AppendRows(make([]byte, 0, t.N*typ.RowBytes(t.K)), t)
 	}
 	for k, g := range t.GIdx {
 		if int(g) != k/32 {

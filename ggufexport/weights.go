@@ -69,7 +69,7 @@ func (w *Weights) Float32(name string) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, err := gguf.Decode(make([]float32, 0, len(b)), t.Type, b)
+	v, err := decode(t, b)
 	if err != nil {
 		return nil, fmt.Errorf("%s: tensor %s: %w", w.f.Path, t.Name, err)
 	}

@@ -41,15 +41,13 @@ func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 }
 
 // CheckScheme says whether Quantize can quantize rows of k weights to scheme s with opt, before
-// any Hessian is gathered: Takes, and k-quant rows of whole sub-blocks.
+// any Hessian is gathered: Takes, k-quant rows of whole sub-blocks and IQ rows of whole blocks.
 func CheckScheme(s quant.Scheme, k int, opt Options) error {
 	if err := Takes(s, opt); err != nil {
 		return err
 	}
-	if _, ok := s.KQuant(); ok {
-		if err := s.CheckRowLength(k); err != nil {
-			return fmt.Errorf("gptq: %w", err)
-		}
+	if err := s.CheckRowLength(k); err != nil {
+		return fmt.Errorf("gptq: %w", err)
 	}
 	return nil
 }
@@ -57,13 +55,17 @@ func CheckScheme(s quant.Scheme, k int, opt Options) error {
 // Takes says whether GPTQ with opt quantizes to scheme s at all, whatever the tensor: the grid,
 // and what k-quants cannot do — act-order with super-blocks fitted on the fly (they would
 // follow the quantization order, and k-quants have no g_idx to record it) and the clipping
-// search (ggml's fit chooses each sub-block's range itself).
+// search (ggml's fit chooses each sub-block's range itself); IQ types code groups of adjacent
+// columns, so refuse act-order altogether, and need lazy batches of whole groups.
 func Takes(s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("gptq: %w", err)
 	}
-	if s.Grid != quant.Integer && s.Grid != quant.NF4 && s.Grid != quant.KQuant {
-		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer, NF4 and k-quant grids, not %s (use blockwise)", s, s.Grid)
+	if s.Grid != quant.Integer && s.Grid != quant.NF4 && s.Grid != quant.KQuant && s.Grid != quant.IQuant {
+		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer, NF4, k-quant and IQ grids, not %s (use blockwise)", s, s.Grid)
+	}
+	if _, ok := s.IQuant(); ok {
+		return takesIQuant(s, opt)
 	}
 	if _, ok := s.KQuant(); !ok {
 		return nil
@@ -73,6 +75,18 @@ func Takes(s quant.Scheme, opt Options) error {
 		return fmt.Errorf("gptq: %s has no act-order group index (g_idx); use act-order with static groups (--static-groups)", s)
 	case opt.Clip && !opt.Imatrix:
 		return fmt.Errorf("gptq: %s has no clipping search (--clip); ggml's fit searches each sub-block's range", s)
+	}
+	return nil
+}
+
+func takesIQuant(s quant.Scheme, opt Options) error {
+	switch {
+	case opt.ActOrder:
+		return fmt.Errorf("gptq: %s codes groups of adjacent columns and has no act-order group index (g_idx); leave --act-order off", s)
+	case opt.Clip && !opt.Imatrix:
+		return fmt.Errorf("gptq: %s has no clipping search (--clip); ggml's fit searches each sub-block's scale", s)
+	case opt.BlockSize%8 != 0:
+		return fmt.Errorf("gptq: %s codes groups of 8 columns; the block size %d must be a multiple of 8", s, opt.BlockSize)
 	}
 	return nil
 }

@@ -34,5 +34,14 @@
 // (package kquant; with Options.Imatrix its imatrix variant, importance diag H) when the column
 // loop reaches it, or before any update with static groups; every weight is then coded with
 // those fixed parameters. K-quants have no g_idx, so act-order needs static groups with them.
-// Other grids are refused.
+//
+// llama.cpp's IQ types (package iquant) likewise fit each block (256 columns, 32 for iq4_nl) by
+// ggml's algorithm when the loop reaches it, always with its importance variant (importance
+// diag H, with or without Options.Imatrix). Their lattice types code
+// 8 weights jointly (a grid point and a sign byte; two points for IQ3), so each group of 8 is
+// coded when the loop reaches its first column, from its weights at that moment, by an
+// exhaustive search of the grid at the block's fixed scales weighted by GPTQ's costs 1/U_jj²;
+// every column's error is then spread as usual (the errors of a group's later columns include
+// the updates from its earlier ones, which makes the sequence exactly the block update for the
+// whole group). They refuse act-order. Other grids are refused.
 package gptq

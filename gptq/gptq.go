@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -31,6 +32,7 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 		k: k, groups: s.Groups(k), bs: opt.BlockSize, opt: opt,
 	}
 	p.kt, _ = kquant.TypeOf(s)
+	p.it, _ = iquant.TypeOf(s)
 	p.impOrig, p.imp = importance(diag, dead, perm)
 	if err := p.loadWeights(opt.Work, w, dead); err != nil {
 		return nil, st, err
@@ -42,6 +44,9 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 		return nil, st, err
 	}
 	p.u = u
+	if p.it != nil {
+		p.cost = errorCosts(u, k)
+	}
 	errSq, err := p.run(n)
 	if err != nil {
 		return nil, st, err
@@ -62,12 +67,16 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 // problem is one quantization in progress: the working weights in quantization order and the
 // inverse factor they are updated with, shared read-only by the row workers.
 type problem struct {
-	t   *quant.Tensor
-	kt  *kquant.Type // t's k-quant type, nil for other grids
-	lay layout
-	w   []float32 // N×K working weights, column i is original column perm[i]
-	u   []float32 // K×K upper Cholesky factor of the damped H⁻¹, in quantization order
-	k   int
+	t  *quant.Tensor
+	kt *kquant.Type // t's k-quant type, nil for other grids
+	it *iquant.Type // t's IQ type, nil for other grids
+	// cost[i] = 1/U_ii², GPTQ's cost of a unit error in column i (the loss adds (w − q)²/U_ii²):
+	// the weights with which an IQ group is coded (IQ types only).
+	cost []float32
+	lay  layout
+	w    []float32 // N×K working weights, column i is original column perm[i]
+	u    []float32 // K×K upper Cholesky factor of the damped H⁻¹, in quantization order
+	k    int
 	// groups is the number of groups per row: the row stride of t.Scales (not for k-quants).
 	groups int
 	bs     int
@@ -146,26 +155,48 @@ func (p *problem) quantizeBlock(r int, row []float32, i1, i2 int, errs []float32
 	t, k := p.t, p.k
 	sum := 0.0
 	for i := i1; i < i2; i++ {
-		code, q := p.round(r, i, row[i])
+		code, q := p.round(r, i, row)
 		urow := p.u[i*k : i*k+i2]
 		e := (row[i] - q) / urow[i]
 		for j := i + 1; j < i2; j++ {
 			row[j] -= e * urow[j]
 		}
 		errs[i-i1] = e
-		t.Codes[r*k+p.lay.perm[i]] = code
+		if p.it == nil {
+			t.Codes[r*k+p.lay.perm[i]] = code
+		}
 		sum += float64(e) * float64(e)
 	}
 	return sum
 }
 
-// round rounds w, the weight of row r at quantization position i, with its group's fitted
-// parameters: its code and the value the code stands for.
-func (p *problem) round(r, i int, w float32) (uint8, float32) {
-	if p.kt != nil {
-		return p.kt.Round(p.t, r, p.lay.perm[i], w)
+// round rounds the weight of row r at quantization position i (row holds the row's working
+// weights) with its group's fitted parameters: its code and the value the code stands for. An
+// IQ type codes a whole group of adjacent weights when the loop reaches its first column, from
+// their weights at that moment (all earlier columns' errors spread), weighted by GPTQ's costs;
+// it stores the codes in the tensor itself.
+func (p *problem) round(r, i int, row []float32) (uint8, float32) {
+	if p.it != nil {
+		col := p.lay.perm[i] // the identity: IQ types refuse act-order
+		if gw := p.it.GroupWidth(); col%gw == 0 {
+			p.it.CodeGroup(p.t, r, col, row[i:i+gw], p.cost[i:i+gw])
+		}
+		return 0, p.t.IQValue(r, col)
 	}
-	return roundOne(p.t, w, r*p.groups+p.lay.group(i))
+	if p.kt != nil {
+		return p.kt.Round(p.t, r, p.lay.perm[i], row[i])
+	}
+	return roundOne(p.t, row[i], r*p.groups+p.lay.group(i))
+}
+
+// errorCosts returns 1/U_ii² for each column of the k×k factor u.
+func errorCosts(u []float32, k int) []float32 {
+	c := make([]float32, k)
+	for i := range c {
+		d := float64(u[i*k+i])
+		c[i] = float32(1 / (d * d))
+	}
+	return c
 }
 
 // roundOne rounds one weight to the nearest value of t's grid with the parameters of group i
@@ -204,10 +235,13 @@ func (p *problem) loadWeights(ws *Workspace, w []float32, dead []bool) error {
 	return nil
 }
 
-// newTensor allocates an n×k tensor of scheme s (integer, NF4 or k-quant grid).
+// newTensor allocates an n×k tensor of scheme s (integer, NF4, k-quant or IQ grid).
 func newTensor(s quant.Scheme, n, k int) *quant.Tensor {
 	if s.Grid == quant.KQuant {
 		return quant.NewKQuantTensor(s, n, k)
+	}
+	if s.Grid == quant.IQuant {
+		return quant.NewIQuantTensor(s, n, k)
 	}
 	ng := n * s.Groups(k)
 	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, ng)}

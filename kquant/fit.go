@@ -108,7 +108,7 @@ func quantizeToMax(v []float32, l []uint8, q float32) float32 {
 	}
 	iscale := q / max
 	for j, s := range v {
-		l[j] = uint8(nearestInt(iscale * s))
+		l[j] = uint8(NearestInt(iscale * s))
 	}
 	return f16(max / q)
 }
@@ -166,7 +166,7 @@ func fitQ3Ref(t *Type, x []float32, codes []uint8) Params {
 	if max, _ := signedMax(scales[:nsub]); max != 0 {
 		iscale := -32 / max
 		for j := range nsub {
-			p.Scales[j] = int8(clamp(int32(int8(nearestInt(iscale*scales[j]))), -32, 31))
+			p.Scales[j] = int8(clamp(int32(int8(NearestInt(iscale*scales[j]))), -32, 31))
 		}
 		p.D = f16(1 / iscale)
 	}
@@ -218,7 +218,7 @@ func fitQ6(t *Type, x, qw []float32, codes []uint8) Params {
 	iscale := -128 / max
 	p.D = f16(1 / iscale)
 	for j := range nsub {
-		p.Scales[j] = int8(min(127, nearestInt(iscale*scales[j])))
+		p.Scales[j] = int8(min(127, NearestInt(iscale*scales[j])))
 	}
 	t.requantize(&p, x, codes)
 	return p

@@ -166,7 +166,7 @@ func (t *Type) Round(q *quant.Tensor, n, col int, w float32) (code uint8, value 
 
 func (t *Type) code(w, dl, ml float32) uint8 {
 	off := int32(t.Offset)
-	l := clamp(nearestInt((w+ml)/dl), -off, int32(t.maxq)-off)
+	l := clamp(NearestInt((w+ml)/dl), -off, int32(t.maxq)-off)
 	return uint8(l + off)
 }
 

@@ -119,11 +119,11 @@ func kernelOutputs(q *quant.Tensor) [][]byte {
 // parameters into q.
 func (g *GPUFitter) run(kt *Type, q *quant.Tensor, w, imp []float32) error {
 	in, out := [][]byte{cuda.Bytes(w), cuda.Bytes(imp)}, kernelOutputs(q)
-	ptrs, err := g.alloc(append(in, out...))
+	ptrs, err := g.dev.AllocFor(append(in, out...))
 	if err != nil {
 		return err
 	}
-	defer g.free(ptrs)
+	defer g.dev.FreeAll(ptrs)
 	if g.poison {
 		for i, b := range out {
 			if len(b) > 0 {
@@ -157,31 +157,6 @@ func (g *GPUFitter) run(kt *Type, q *quant.Tensor, w, imp []float32) error {
 		}
 	}
 	return nil
-}
-
-// alloc allocates a device buffer for each non-empty slice (rounded up to whole 32-bit words, for
-// poisoning), 0 for an empty one. The caller frees them.
-func (g *GPUFitter) alloc(bufs [][]byte) ([]cuda.DevicePtr, error) {
-	ptrs := make([]cuda.DevicePtr, len(bufs))
-	for i, b := range bufs {
-		if len(b) == 0 {
-			continue
-		}
-		var err error
-		if ptrs[i], err = g.dev.Alloc((len(b) + 3) &^ 3); err != nil {
-			g.free(ptrs)
-			return nil, err
-		}
-	}
-	return ptrs, nil
-}
-
-func (g *GPUFitter) free(ptrs []cuda.DevicePtr) {
-	for _, p := range ptrs {
-		if p != 0 {
-			g.dev.Free(p)
-		}
-	}
 }
 
 // checkTensor checks W[n, k] and its importance before a whole tensor is fitted at once, with

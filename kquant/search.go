@@ -12,10 +12,10 @@ import "math"
 // groupMaxEps is ggml's GROUP_MAX_EPS: below it a group counts as all zero.
 const groupMaxEps = 1e-15
 
-// nearestInt rounds x to the nearest integer, ties to even, as ggml's nearest_int: adding
+// NearestInt rounds x to the nearest integer, ties to even, as ggml's nearest_int: adding
 // 1.5·2^23 in float32 leaves the rounded value in the low mantissa bits. Like ggml's, it is
 // meant for |x| < 2^22; larger values give the same (meaningless) results as ggml's.
-func nearestInt(x float32) int32 {
+func NearestInt(x float32) int32 {
 	v := x + 12582912
 	return int32(math.Float32bits(v)&0x7fffff) - 0x400000
 }
@@ -57,7 +57,7 @@ func fitSymmetric(nmax int32, x []float32, L []uint8, qw []float32) float32 {
 	}
 	sums := func(iscale float32, store bool) (sumlx, suml2 float32) {
 		for i, v := range x {
-			l := clamp(nearestInt(iscale*v), -nmax, nmax-1)
+			l := clamp(NearestInt(iscale*v), -nmax, nmax-1)
 			if store {
 				L[i] = uint8(l + nmax)
 			}
@@ -101,7 +101,7 @@ func fitQ3(nmax int32, x []float32, L []uint8) float32 {
 	var ls [32]int32
 	var sumlx, suml2 float32
 	for i, v := range x {
-		ls[i] = clamp(nearestInt(iscale*v), -nmax, nmax-1)
+		ls[i] = clamp(NearestInt(iscale*v), -nmax, nmax-1)
 		w, fl := v*v, float32(ls[i])
 		sumlx += float32(w * v * fl)
 		suml2 += float32(w * fl * fl)
@@ -115,7 +115,7 @@ func fitQ3(nmax int32, x []float32, L []uint8) float32 {
 				continue
 			}
 			sl2 := suml2 - float32(w*fl*fl)
-			nl := clamp(nearestInt(v*sl2/slx), -nmax, nmax-1)
+			nl := clamp(NearestInt(v*sl2/slx), -nmax, nmax-1)
 			if nl == ls[i] {
 				continue
 			}
@@ -166,14 +166,14 @@ func fitScaleMin(nmax int32, x, w []float32, L, aux []uint8, rmin, rdelta float3
 	scale = 1 / iscale
 	bestErr := float32(0)
 	for i, v := range x {
-		L[i] = uint8(clamp(nearestInt(iscale*(v-lo)), 0, nmax))
+		L[i] = uint8(clamp(NearestInt(iscale*(v-lo)), 0, nmax))
 		bestErr += float32(w[i] * errorOf(float32(scale*float32(L[i]))+lo-v, mad))
 	}
 	for is := range nstep + 1 {
 		iscale = (float32(rmin+float32(rdelta*float32(is))) + float32(nmax)) / (hi - lo)
 		var sumL, sumL2, sumXL float32
 		for i, v := range x {
-			l := clamp(nearestInt(iscale*(v-lo)), 0, nmax)
+			l := clamp(NearestInt(iscale*(v-lo)), 0, nmax)
 			aux[i] = uint8(l)
 			fl := float32(l)
 			sumL += float32(w[i] * fl)
@@ -225,11 +225,9 @@ func maxC(m, x float32) float32 {
 	return m
 }
 
-// fitPositive is make_qp_quants: codes L_i in [0, nmax] for non-negative x ≈ scale·L
-// (sub-block scales or mins, weighted by qw): the inverse scale (nmax + 0.1·is)/max for
-// is = −4 … 4 with the smallest weighted squared error, then up to five rounds of moving single
-// codes as in fitQ3; the least-squares scale of the final codes is returned. Codes are stored
-// as ggml's uint8 L (a negative code would wrap, as in ggml).
+// fitPositive is make_qp_quants as the k-quant fits use it: codes L_i in [0, nmax] for
+// non-negative x ≈ scale·L (sub-block scales or mins, weighted by qw), the least-squares scale
+// of QPQuants' codes; 0 when every x is below ggml's epsilon or no code is weighted.
 func fitPositive(nmax int32, x []float32, L []uint8, qw []float32) float32 {
 	var max float32
 	for _, v := range x {
@@ -241,9 +239,28 @@ func fitPositive(nmax int32, x []float32, L []uint8, qw []float32) float32 {
 		clear(L[:len(x)])
 		return 0
 	}
+	sumlx, suml2 := QPQuants(nmax, x, L, qw)
+	if suml2 > 0 {
+		return sumlx / suml2
+	}
+	return 0
+}
+
+// QPQuants is the body of ggml's make_qp_quants (which returns sumlx/suml2, NaN for 0/0) for x
+// with a positive maximum: the inverse scale (nmax + 0.1·is)/max for is = −4 … 4 with the
+// smallest weighted squared error, then up to five rounds of moving single codes as in fitQ3.
+// It returns Σ qw·x·l and Σ qw·l² of the final codes. Codes are stored as ggml's uint8 L (a
+// negative code would wrap, as in ggml).
+func QPQuants(nmax int32, x []float32, L []uint8, qw []float32) (sumlx, suml2 float32) {
+	var max float32
+	for _, v := range x {
+		if !(max > v) {
+			max = v
+		}
+	}
 	iscale := float32(nmax) / max
 	for i, v := range x {
-		L[i] = uint8(nearestInt(iscale * v))
+		L[i] = uint8(NearestInt(iscale * v))
 	}
 	bestMSE := squaredError(x, qw, 1/iscale, func(i int) float32 { return float32(L[i]) })
 	for is := int32(-4); is <= 4; is++ {
@@ -251,14 +268,13 @@ func fitPositive(nmax int32, x []float32, L []uint8, qw []float32) float32 {
 			continue
 		}
 		isc := (float32(0.1*float32(is)) + float32(nmax)) / max
-		mse := squaredError(x, qw, 1/isc, func(i int) float32 { return float32(min(nmax, nearestInt(isc*x[i]))) })
+		mse := squaredError(x, qw, 1/isc, func(i int) float32 { return float32(min(nmax, NearestInt(isc*x[i]))) })
 		if mse < bestMSE {
 			bestMSE, iscale = mse, isc
 		}
 	}
-	var sumlx, suml2 float32
 	for i, v := range x {
-		l := min(nmax, nearestInt(iscale*v))
+		l := min(nmax, NearestInt(iscale*v))
 		L[i] = uint8(l)
 		fl := float32(l)
 		sumlx += float32(qw[i] * v * fl)
@@ -273,7 +289,7 @@ func fitPositive(nmax int32, x []float32, L []uint8, qw []float32) float32 {
 			if !(slx > 0 && sl2 > 0) {
 				continue
 			}
-			nl := min(nmax, nearestInt(v*sl2/slx))
+			nl := min(nmax, NearestInt(v*sl2/slx))
 			if nl == int32(L[i]) {
 				continue
 			}
@@ -289,10 +305,7 @@ func fitPositive(nmax int32, x []float32, L []uint8, qw []float32) float32 {
 			break
 		}
 	}
-	if suml2 > 0 {
-		return sumlx / suml2
-	}
-	return 0
+	return sumlx, suml2
 }
 
 // squaredError is Σ qw_i·(x_i − scale·l(i))² in ggml's float32 order.

@@ -58,6 +58,9 @@ func (ops Ops) Supports(s quant.Scheme) error {
 	case quant.KQuant:
 		why = "MatMulNBits and DequantizeLinear take one float scale per block, not sub-block scales quantized against an F16 super-block scale"
 		nearest = fmt.Sprintf("int%d-%s-%s", s.Bits, group, map[bool]string{true: "sym", false: "asym"}[s.Sym])
+	case quant.IQuant:
+		why = "MatMulNBits and DequantizeLinear take integer codes, not lattice points or non-uniform values"
+		nearest = fmt.Sprintf("int%d-%s-sym", max(2, s.Bits), group)
 	}
 	return fmt.Errorf("%s has no ONNX weight-only operator (%s); the nearest scheme that exports is %s (qpack convert --scheme %s), or export with --dequantize-unsupported to write it dequantized",
 		s, why, nearest, nearest)

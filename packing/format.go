@@ -48,12 +48,15 @@ func SchemeOf(prefix string, meta map[string]string) (quant.Scheme, error) {
 	return schemeFor(prefix, meta)
 }
 
-// refuseKQuant refuses a k-quant scheme in a layout other than qpack, naming qpack.
+// refuseKQuant refuses a k-quant or IQ scheme in a layout other than qpack, naming qpack.
 func refuseKQuant(format string, s quant.Scheme) error {
-	if s.Grid != quant.KQuant {
-		return nil
+	switch s.Grid {
+	case quant.KQuant:
+		return fmt.Errorf("format %s cannot hold %s, a llama.cpp k-quant with super-blocks: use format qpack (qpack export gguf then writes it for llama.cpp)", format, s)
+	case quant.IQuant:
+		return fmt.Errorf("format %s cannot hold %s, a llama.cpp IQ type: use format qpack (qpack export gguf then writes it for llama.cpp)", format, s)
 	}
-	return fmt.Errorf("format %s cannot hold %s, a llama.cpp k-quant with super-blocks: use format qpack (qpack export gguf then writes it for llama.cpp)", format, s)
+	return nil
 }
 
 // supportedScheme finds the scheme of prefix in meta and checks that f can hold it.

@@ -54,6 +54,14 @@ import (
 // (q5_k) and 6.5625 (q6_k) bits per weight, and ggufexport repacks the values into ggml blocks
 // losslessly.
 //
+// IQ modules (iq1_s … iq4_xs, llama.cpp's IQ formats, quant/iquant.go; K a multiple of the
+// block: 256, 32 for iq4_nl) store P.qpack_shape and the weights as ggml's blocks themselves:
+//
+//	P.qpack_blocks    U8  [N, K/block·bytes]   each row's blocks (block_iqX of ggml-common.h)
+//
+// which is ggml's size: 1.5625 (iq1_s), 1.75 (iq1_m), 2.0625 (iq2_xxs), 2.3125 (iq2_xs), 2.5625
+// (iq2_s), 3.0625 (iq3_xxs), 3.4375 (iq3_s), 4.25 (iq4_xs) and 4.5 (iq4_nl) bits per weight.
+//
 // The checkpoint's config.json carries {"quant_method": "qpack", "version": 1, …} (see
 // QuantizationConfig); the per-tensor metadata above is all a reader needs.
 type QPack struct{}
@@ -73,6 +81,9 @@ func (f QPack) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 		return nil, err
 	}
 	s, n, k := t.Scheme, t.N, t.K
+	if s.Grid == quant.IQuant {
+		return f.packIQuant(prefix, t)
+	}
 	ng := paramGroups(s, k)
 	codes, err := packRows(prefix+".qpack_codes", t.Codes, n, k, s.Bits)
 	if err != nil {
@@ -131,6 +142,9 @@ func (f QPack) Unpack(prefix string, get func(string) (Raw, bool), meta map[stri
 	}
 	if s.Grid == quant.KQuant {
 		return f.unpackKQuant(g, prefix, s, n, k)
+	}
+	if s.Grid == quant.IQuant {
+		return f.unpackIQuant(g, prefix, s, n, k)
 	}
 	ng := paramGroups(s, k)
 	codes, err := unpackRows(g, prefix+".qpack_codes", n, k, s.Bits) // checked before allocating what the shape claims
@@ -193,6 +207,9 @@ func (f QPack) Unpack(prefix string, get func(string) (Raw, bool), meta map[stri
 }
 
 func (QPack) Bytes(s quant.Scheme, n, k int) int64 {
+	if s.Grid == quant.IQuant {
+		return iquantBytes(s, n, k)
+	}
 	ng := int64(paramGroups(s, k))
 	n64 := int64(n)
 	b := 16 + n64*int64(PackedLen[uint8](k, s.Bits))
@@ -217,5 +234,5 @@ func (QPack) Bytes(s quant.Scheme, n, k int) int64 {
 func (QPack) TensorNames(prefix string) []string {
 	return []string{prefix + ".qpack_shape", prefix + ".qpack_codes", prefix + ".qpack_scales",
 		prefix + ".qpack_zeros", prefix + ".qpack_offsets", prefix + ".qpack_g_idx",
-		prefix + ".qpack_mins", prefix + ".qpack_subscales", prefix + ".qpack_submins"}
+		prefix + ".qpack_mins", prefix + ".qpack_subscales", prefix + ".qpack_submins", prefix + ".qpack_blocks"}
 }

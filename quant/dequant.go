@@ -17,6 +17,7 @@ import (
 //	FP8:     scale·e4m3(q)
 //	Binary:  offset + scale·(2q − 1)   (offset 0 when Offsets is empty)
 //	KQuant:  (d·sc)·q − dmin·m or (d·sc)·(q − o), see kquant.go
+//	IQuant:  a grid point's coordinate or a 4-bit code's value times the sub-block's factor, see iquant.go
 //
 // t must be valid (see Validate); inconsistent lengths panic.
 func (t *Tensor) Dequantize(dst []float32) []float32 {
@@ -45,6 +46,12 @@ func (t *Tensor) DequantizeRows(dst []float32, r0, r1 int) {
 	if t.Scheme.Grid == KQuant {
 		for n := r0; n < r1; n++ {
 			t.dequantizeKRow(dst[(n-r0)*t.K:(n-r0+1)*t.K], n)
+		}
+		return
+	}
+	if t.Scheme.Grid == IQuant {
+		for n := r0; n < r1; n++ {
+			t.dequantizeIQRow(dst[(n-r0)*t.K:(n-r0+1)*t.K], n)
 		}
 		return
 	}
@@ -107,7 +114,8 @@ func (t *Tensor) dequantizeOne(q uint8, i int) float32 {
 // Validate checks that t is consistent: a valid scheme, positive N and K, slice lengths that
 // match N, K and the scheme's group count, codes below 2^bits (and no FP8 NaN codes), finite
 // non-zero scales, integer zero points ≤ maxq (exactly 2^(bits−1) when symmetric), finite
-// binary offsets, and GIdx values inside [0, groups). K-quants: see validateKQuant.
+// binary offsets, and GIdx values inside [0, groups). K-quants: see validateKQuant; IQ types:
+// validateIQuant.
 func (t *Tensor) Validate() error {
 	s := t.Scheme
 	if err := s.Validate(); err != nil {
@@ -117,10 +125,16 @@ func (t *Tensor) Validate() error {
 		return fmt.Errorf("quantized tensor %dx%d: dimensions must be positive", t.N, t.K)
 	}
 	if s.Grid == KQuant {
+		if len(t.Points)+len(t.Signs) > 0 {
+			return fmt.Errorf("%s: grid points and signs belong to IQ types only", s)
+		}
 		return t.validateKQuant()
 	}
-	if len(t.Mins)+len(t.SubScales)+len(t.SubMins) > 0 {
-		return fmt.Errorf("%s: mins and sub-block scales belong to k-quants only", s)
+	if s.Grid == IQuant {
+		return t.validateIQuant()
+	}
+	if len(t.Mins)+len(t.SubScales)+len(t.SubMins)+len(t.Points)+len(t.Signs) > 0 {
+		return fmt.Errorf("%s: mins, sub-block scales, grid points and signs belong to k-quants and IQ types only", s)
 	}
 	groups := s.Groups(t.K)
 	ng := t.N * groups

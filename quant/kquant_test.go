@@ -193,7 +193,7 @@ func TestKQuantValidateRejects(t *testing.T) {
 		}
 	}
 	plain := quant.Tensor{Scheme: quant.Scheme{Bits: 4, GroupSize: 8}, N: 1, K: 8, Codes: make([]uint8, 8), Scales: []float32{1}, Zeros: []uint8{0}, SubScales: []int8{1}}
-	if err := plain.Validate(); err == nil || !strings.Contains(err.Error(), "k-quants only") {
+	if err := plain.Validate(); err == nil || !strings.Contains(err.Error(), "k-quants and IQ types only") {
 		t.Errorf("sub-block scales on an integer tensor: %v", err)
 	}
 }

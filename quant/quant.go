@@ -26,9 +26,12 @@ const (
 	// KQuant: llama.cpp's super-block formats q2_k … q6_k (kquant.go): per super-block of 256
 	// weights an F16 scale d (and dmin), per sub-block an integer scale (and min).
 	KQuant
+	// IQuant: llama.cpp's IQ formats iq1_s … iq4_xs (iquant.go), named by Scheme.IQ: lattice
+	// points with signs (or 4-bit non-uniform codes), per-sub-block integer scales, F16 block scales.
+	IQuant
 )
 
-var gridNames = map[Grid]string{Integer: "int", NF4: "nf4", FP8E4M3: "fp8", Binary: "bin", KQuant: "kquant"}
+var gridNames = map[Grid]string{Integer: "int", NF4: "nf4", FP8E4M3: "fp8", Binary: "bin", KQuant: "kquant", IQuant: "iquant"}
 
 func (g Grid) String() string {
 	if s, ok := gridNames[g]; ok {
@@ -47,6 +50,7 @@ type Scheme struct {
 	GroupSize int  // input channels (K) per scale; PerChannel for one group per row; k-quant: the sub-block
 	Sym       bool // symmetric: fixed zero point 2^(bits−1) (integer), no offset (binary), no mins (k-quant)
 	Grid      Grid
+	IQ        IQType // the IQ format (grid IQuant only)
 }
 
 // Validate reports whether the scheme is one qpack can quantize and pack.
@@ -70,8 +74,13 @@ func (s Scheme) Validate() error {
 		}
 	case KQuant:
 		return s.validateKQuant()
+	case IQuant:
+		return s.validateIQuant()
 	default:
 		return fmt.Errorf("unknown grid %d", int(s.Grid))
+	}
+	if s.IQ != IQNone {
+		return fmt.Errorf("scheme %s: an IQ type belongs to the iquant grid only", s)
 	}
 	if s.GroupSize < 0 || (s.GroupSize != PerChannel && s.GroupSize%8 != 0) {
 		return fmt.Errorf("scheme %s: group size must be per-channel or a positive multiple of 8", s)
@@ -80,10 +89,13 @@ func (s Scheme) Validate() error {
 }
 
 // String gives the canonical name, e.g. "int4-g128-asym", "int8-pc-sym", "nf4-g64", "fp8", "bin-g128-asym",
-// "q4_k". ParseScheme reads it back.
+// "q4_k", "iq2_xs". ParseScheme reads it back.
 func (s Scheme) String() string {
 	if s.Grid == KQuant {
 		return fmt.Sprintf("q%d_k", s.Bits)
+	}
+	if s.Grid == IQuant {
+		return s.IQ.String()
 	}
 	var b strings.Builder
 	b.WriteString(s.Grid.String())
@@ -109,8 +121,8 @@ func (s Scheme) String() string {
 }
 
 // ParseScheme reads a scheme name as written by Scheme.String. The group part defaults to 128
-// and symmetry to asymmetric when left out ("int4" = "int4-g128-asym"); a k-quant ("q4_k") has
-// neither.
+// and symmetry to asymmetric when left out ("int4" = "int4-g128-asym"); a k-quant ("q4_k") or
+// IQ type ("iq3_s") has neither.
 func ParseScheme(name string) (Scheme, error) {
 	parts := strings.Split(strings.ToLower(strings.TrimSpace(name)), "-")
 	s := Scheme{GroupSize: 128}
@@ -118,6 +130,8 @@ func ParseScheme(name string) (Scheme, error) {
 	switch {
 	case strings.HasPrefix(head, "q") && strings.HasSuffix(head, "_k"):
 		return parseKQuant(name, parts)
+	case strings.HasPrefix(head, "iq"):
+		return parseIQuant(name, parts)
 	case head == "nf4":
 		s.Grid, s.Bits, s.Sym = NF4, 4, true
 	case head == "fp8":
@@ -131,7 +145,7 @@ func ParseScheme(name string) (Scheme, error) {
 		}
 		s.Grid, s.Bits = Integer, bits
 	default:
-		return Scheme{}, fmt.Errorf("scheme %q: unknown grid %q (want int2 … int8, nf4, fp8, bin or q2_k … q6_k)", name, head)
+		return Scheme{}, fmt.Errorf("scheme %q: unknown grid %q (want int2 … int8, nf4, fp8, bin, q2_k … q6_k or iq1_s … iq4_xs)", name, head)
 	}
 	for _, p := range parts[1:] {
 		switch {
@@ -196,6 +210,18 @@ type Tensor struct {
 	SubScales []int8
 	// SubMins holds N×K/G sub-block mins: q2_k 0…15, q4_k/q5_k 0…63 (min types only).
 	SubMins []uint8
+
+	// The IQ parameters (grid IQuant; see iquant.go), row-major like the codes. Scales holds
+	// N×K/Block block scales d (F16 values) and SubScales N×K/Sub sub-block scales (none for
+	// iq4_nl). iq4_nl and iq4_xs have a 4-bit code per weight in Codes (an index into
+	// IQ4Values); the lattice types have no Codes but:
+	//
+	// Points holds N×K/Dim grid indices, one per Dim weights.
+	Points []uint16
+	// Signs holds, for IQ2 and IQ3, N×K/8 sign bytes: bit j set when weight 8i+j is negative
+	// (with an even number of bits set for iq2_xxs, iq2_xs and iq3_xxs); for IQ1, one byte per
+	// SignGroup weights, 1 when their δ is −1/8.
+	Signs []uint8
 }
 
 // Group returns the group index of input column k.

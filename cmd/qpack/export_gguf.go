@@ -23,7 +23,7 @@ func exportGGUFCommand() *cli.Command {
 		ArgsUsage: "SRC",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output FILE.gguf (required)", Required: true},
-			&cli.StringFlag{Name: "type", Value: "f16", Usage: "ggml type of float linear weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k … q6_k (ggml's reference fitting, as llama-quantize without an imatrix)"},
+			&cli.StringFlag{Name: "type", Value: "f16", Usage: "ggml type of float linear weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k … q6_k, iq4_nl, iq4_xs, iq3_s, iq3_xxs, iq2_s, iq1_m (ggml's fitting without an imatrix, as llama-quantize's)"},
 			&cli.StringFlag{Name: "embed-type", Value: "f16", Usage: "ggml type of token_embd and output (same choices)"},
 			&cli.BoolFlag{Name: "requantize", Usage: "dequantize modules whose scheme maps onto no ggml type and quantize them again to --type (lossy)"},
 			&cli.StringFlag{Name: "tokenizer-pre", Usage: "tokenizer.ggml.pre to write instead of the detected one (gpt-2, llama-bpe, qwen2, …)"},

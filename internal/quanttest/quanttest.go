@@ -2,6 +2,7 @@
 package quanttest
 
 import (
+	"math/bits"
 	"math/rand/v2"
 
 	"github.com/qpack-dev/qpack/quant"
@@ -26,6 +27,38 @@ func RandomKQuant(r *rand.Rand, s quant.Scheme, n, k int) *quant.Tensor {
 	}
 	for i := range t.SubMins {
 		t.SubMins[i] = uint8(r.IntN(kt.MinHi + 1))
+	}
+	return t
+}
+
+// RandomIQuant returns a valid n×k tensor of IQ scheme s (k a multiple of its block) with
+// random fields over their whole ranges: d of either sign, every sub-block scale, grid point,
+// sign byte (with even parity where the format stores 7 of 8 signs) and code.
+func RandomIQuant(r *rand.Rand, s quant.Scheme, n, k int) *quant.Tensor {
+	f, _ := s.IQuant()
+	t := quant.NewIQuantTensor(s, n, k)
+	for i := range t.Scales {
+		t.Scales[i] = quant.RoundF16(float32(r.NormFloat64() * 0.01))
+	}
+	for i := range t.SubScales {
+		t.SubScales[i] = int8(f.ScaleLo + r.IntN(f.ScaleHi-f.ScaleLo+1))
+	}
+	for i := range t.Codes {
+		t.Codes[i] = uint8(r.IntN(16))
+	}
+	for i := range t.Points {
+		t.Points[i] = uint16(r.IntN(f.GridSize))
+	}
+	for i := range t.Signs {
+		switch {
+		case f.Bits == 1:
+			t.Signs[i] = uint8(r.IntN(2))
+		case f.Parity:
+			v := uint8(r.IntN(128))
+			t.Signs[i] = v | uint8(bits.OnesCount8(v)%2)<<7
+		default:
+			t.Signs[i] = uint8(r.IntN(256))
+		}
 	}
 	return t
 }

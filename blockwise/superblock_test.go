@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -86,5 +87,43 @@ func TestKQuantReusesTensor(t *testing.T) {
 		if err := dst.Validate(); err != nil {
 			t.Errorf("%s after reuse: %v", s, err)
 		}
+	}
+}
+
+// RTN to an IQ type is iquant's fitting of every row, with Imatrix and Importance its imatrix
+// variant; the types ggml fits only with an importance matrix are refused without one.
+func TestIQuantRows(t *testing.T) {
+	const n, k = 9, 512
+	w := randomWeights(n, k, 24)
+	imp := make([]float32, k)
+	for i := range imp {
+		imp[i] = float32(1 + i%5)
+	}
+	for _, it := range quant.IQTypes() {
+		s, _ := quant.IQuantScheme(it)
+		f, _ := s.IQuant()
+		for _, opt := range []Options{{}, {Imatrix: true, Importance: imp}} {
+			got, err := Quantize(w, n, k, s, opt)
+			if f.Imatrix && opt.Importance == nil {
+				if err == nil || !strings.Contains(err.Error(), "needs an importance matrix") {
+					t.Errorf("%s without importance: %v", s, err)
+				}
+				continue
+			}
+			want, werr := iquant.Quantize(w, n, k, s, opt.Importance)
+			if err != nil || werr != nil {
+				t.Fatalf("%s: %v, %v", s, err, werr)
+			}
+			if !equalTensors(got, want) {
+				t.Errorf("%s (importance %v): Quantize differs from iquant's rows", s, opt.Importance != nil)
+			}
+		}
+	}
+	s, _ := quant.IQuantScheme(quant.IQ3S)
+	if _, err := Quantize(w[:3*320], 3, 320, s, Options{}); err == nil || !strings.Contains(err.Error(), "whole blocks of 256") {
+		t.Errorf("iq3_s with K = 320: %v", err)
+	}
+	if err := Takes(s, Options{Clip: true}); err == nil {
+		t.Error("iq3_s takes --clip")
 	}
 }
