@@ -27,11 +27,17 @@ func OpenWeights(path string, cfg *model.Config) (*Weights, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s: architecture %q, the config says %q", path, arch, want)
 	}
+	return newWeights(f, cfg), nil
+}
+
+func newWeights(f *gguf.File, cfg *model.Config) *Weights {
+	v, _ := f.Get("general.architecture")
+	arch, _ := v.(string)
 	w := &Weights{f: f, roles: map[string]role{}}
 	for _, r := range roles(arch, cfg) {
 		w.roles[r.hf] = r
 	}
-	return w, nil
+	return w
 }
 
 // Close closes the file.
