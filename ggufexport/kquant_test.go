@@ -16,6 +16,7 @@ import (
 
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/ggmltype"
 	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/quantized"
@@ -142,7 +143,7 @@ func TestExportKQuantIsLossless(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		typ := kquantTypes[s.Bits]
+		typ, _ := ggmltype.TypeOf(s)
 		repacked := 0
 		for _, e := range entries {
 			if e.How == "repacked losslessly ("+c.scheme+")" && e.Type == typ {

@@ -1,0 +1,109 @@
+package ggmltype
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/gguf"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+func randomWeights(r *rand.Rand, n int) []float32 {
+	w := make([]float32, n)
+	for i := range w {
+		w[i] = float32(0.02 * r.NormFloat64())
+		if r.IntN(50) == 0 {
+			w[i] *= 8
+		}
+	}
+	return w
+}
+
+// Every rung's tensor, fitted by qpack and written as ggml blocks, decodes through ggml's
+// dequantizers (package gguf) to exactly the weights qpack's tensor stands for.
+func TestEncodeDecodesExactly(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	const n, k = 6, 512
+	w := randomWeights(r, n*k)
+	imp := make([]float32, k)
+	for i := range imp {
+		imp[i] = float32(r.ExpFloat64())
+	}
+	for _, rung := range Rungs() {
+		for _, imatrix := range []bool{false, true} {
+			opt := blockwise.Options{Imatrix: imatrix}
+			if imatrix {
+				opt.Importance = imp
+			}
+			q, err := blockwise.Quantize(w, n, k, rung.Scheme, opt)
+			if err != nil {
+				t.Fatalf("%s: %v", rung.Scheme, err)
+			}
+			typ, b, err := Encode(q)
+			if err != nil {
+				t.Fatalf("%s: %v", rung.Scheme, err)
+			}
+			if typ != rung.Type || int64(len(b)) != Bytes(typ, n, k) {
+				t.Fatalf("%s: %s, %d bytes; want %s, %d", rung.Scheme, typ, len(b), rung.Type, Bytes(rung.Type, n, k))
+			}
+			got, err := gguf.Decode(nil, typ, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := q.Dequantize(nil)
+			for i := range want {
+				if got[i] != want[i] {
+					t.Fatalf("%s (imatrix %v): weight %d decodes to %v, qpack's tensor holds %v", typ, imatrix, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+func TestRungsAndLookups(t *testing.T) {
+	prev := 0.0
+	for _, r := range Rungs() {
+		bpw := 8 * float64(r.Type.TypeSize()) / float64(r.Type.BlockSize())
+		if bpw < prev {
+			t.Errorf("%s (%.4f bpw) after a rung of %.4f", r.Type, bpw, prev)
+		}
+		prev = bpw
+		if got, ok := TypeOf(r.Scheme); !ok || got != r.Type {
+			t.Errorf("TypeOf(%s) = %s", r.Scheme, got)
+		}
+		if got, ok := SchemeOf(r.Type); !ok || got != r.Scheme {
+			t.Errorf("SchemeOf(%s) = %s", r.Type, got)
+		}
+	}
+	if err := Supports(quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}); err == nil || !strings.Contains(err.Error(), "Q4_K") {
+		t.Errorf("int4-g128-sym: %v", err)
+	}
+	if err := Fits(gguf.Q4_K, 384); err == nil {
+		t.Error("Q4_K took rows of 384")
+	}
+	if err := Fits(gguf.Q5_0, 384); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestEncodeRefuses(t *testing.T) {
+	w := randomWeights(rand.New(rand.NewPCG(3, 4)), 2*64)
+	q, err := blockwise.Quantize(w, 2, 64, sym32(4), blockwise.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	act := *q
+	act.GIdx = make([]int32, 64)
+	act.GIdx[0] = 1
+	half := *q
+	half.Scales = append([]float32(nil), q.Scales...)
+	half.Scales[0] = 1e-7 + 1.5e-7 // not an F16 value
+	kq4, _ := blockwise.Quantize(w, 2, 64, kq(4), blockwise.Options{})
+	for name, c := range map[string]*quant.Tensor{"act-order": &act, "scale": &half, "partial super-block": kq4} {
+		if _, _, err := Encode(c); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
