@@ -129,3 +129,19 @@ func NeedsImatrix(f FileType, name string, t gguf.Type) bool {
 	}
 	return false
 }
+
+// mostly maps a ggml type to the file type named after it (the _M variant for k-quants).
+var mostly = map[gguf.Type]FileType{gguf.F32: AllF32, gguf.F16: MostlyF16, gguf.BF16: MostlyBF16, gguf.Q4_0: MostlyQ4_0,
+	gguf.Q4_1: MostlyQ4_1, gguf.Q5_0: MostlyQ5_0, gguf.Q5_1: MostlyQ5_1, gguf.Q8_0: MostlyQ8_0, gguf.Q2_K: MostlyQ2_K,
+	gguf.Q3_K: MostlyQ3_KM, gguf.Q4_K: MostlyQ4_KM, gguf.Q5_K: MostlyQ5_KM, gguf.Q6_K: MostlyQ6_K,
+	gguf.IQ2_XXS: IQ2_XXS, gguf.IQ2_XS: IQ2_XS, gguf.IQ2_S: IQ2_S, gguf.IQ3_XXS: IQ3_XXS, gguf.IQ3_S: IQ3_S,
+	gguf.IQ1_S: IQ1_S, gguf.IQ1_M: IQ1_M, gguf.IQ4_NL: IQ4_NL, gguf.IQ4_XS: IQ4_XS, gguf.TQ1_0: TQ1_0, gguf.TQ2_0: TQ2_0}
+
+// Mostly is the file type of a file whose weights are mostly of type t (general.file_type
+// of a mixed file: what llama.cpp reports as the model's type).
+func Mostly(t gguf.Type) FileType {
+	if f, ok := mostly[t]; ok {
+		return f
+	}
+	return MostlyF16
+}

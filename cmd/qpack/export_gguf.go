@@ -24,7 +24,8 @@ func exportGGUFCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output FILE.gguf (required)", Required: true},
 			&cli.StringFlag{Name: "type", Value: "f16", Usage: "ggml type of float linear weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k … q6_k (ggml's reference fitting, as llama-quantize without an imatrix)"},
-			&cli.StringFlag{Name: "embed-type", Value: "f16", Usage: "ggml type of token_embd and output (same choices)"},
+			&cli.StringFlag{Name: "embed-type", Aliases: []string{"token-embedding-type"}, Value: "f16", Usage: "ggml type of token_embd (same choices)"},
+			&cli.StringFlag{Name: "output-type", Aliases: []string{"output-tensor-type"}, Usage: "ggml type of output, the classifier (same choices; default: --embed-type)"},
 			&cli.BoolFlag{Name: "requantize", Usage: "dequantize modules whose scheme maps onto no ggml type and quantize them again to --type (lossy)"},
 			&cli.StringFlag{Name: "tokenizer-pre", Usage: "tokenizer.ggml.pre to write instead of the detected one (gpt-2, llama-bpe, qwen2, …)"},
 			&cli.StringFlag{Name: "name", Usage: "general.name (default: the source directory's name)"},
@@ -40,7 +41,7 @@ func exportGGUFCommand() *cli.Command {
 			}
 			start := time.Now()
 			entries, err := ggufexport.Export(c.Args().First(), dst, ggufexport.Options{
-				Type: c.String("type"), EmbedType: c.String("embed-type"), Requantize: c.Bool("requantize"),
+				Type: c.String("type"), EmbedType: c.String("embed-type"), OutputType: c.String("output-type"), Requantize: c.Bool("requantize"),
 				TokenizerPre: c.String("tokenizer-pre"), Name: c.String("name"),
 			})
 			if err != nil {
