@@ -178,8 +178,8 @@ func fits(t TensorDesc, c Choice, fb FallbackFunc) error {
 	if err := c.Scheme.CheckRowLength(t.Shape[1]); err != nil || fb == nil {
 		return err
 	}
-	s, why, err := fb(c.Scheme, t.Shape[0], t.Shape[1])
-	if err == nil && s != c.Scheme {
+	stored, why, err := fb(c.Scheme, t.Shape[0], t.Shape[1])
+	if err == nil && stored != c {
 		err = fmt.Errorf("%s: %s", c, why)
 	}
 	return err

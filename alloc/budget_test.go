@@ -215,14 +215,14 @@ func TestBudgetSkipsRungsATensorCannotTake(t *testing.T) {
 
 // superBlockFallback stands in for GGUF: k-quants need rows of whole 256-weight super-blocks,
 // else q4_k falls back to int5-g32-sym and the others have no substitute.
-func superBlockFallback(s quant.Scheme, n, k int) (quant.Scheme, string, error) {
+func superBlockFallback(s quant.Scheme, n, k int) (Choice, string, error) {
 	if s.Grid != quant.KQuant || k%256 == 0 {
-		return s, "", nil
+		return SchemeChoice(s), "", nil
 	}
 	if s.Bits == 4 {
-		return mustScheme("int5-g32-sym"), "rows of 384 are not whole super-blocks", nil
+		return SchemeChoice(mustScheme("int5-g32-sym")), "rows of 384 are not whole super-blocks", nil
 	}
-	return s, "", fmt.Errorf("%s has no fallback", s)
+	return Choice{}, "", fmt.Errorf("%s has no fallback", s)
 }
 
 // A format's fallbacks replace uniform and pinned choices, naming why, and the budget never

@@ -42,17 +42,17 @@ type Options struct {
 	TargetBPW   float64
 	TargetBytes int64
 	Evolved     *EvolvedRule // nil: DefaultEvolvedRule
-	// Fallback, when set, is the output format's word on a scheme for a tensor's shape: the
-	// scheme it stores instead when it cannot store s for rows of k weights (GGUF, as
-	// llama.cpp: Q5_0 for a Q4_K tensor whose rows are not whole super-blocks) and why, s itself
-	// when it can, or an error when it has no substitute. Uniform, evolved and pinned choices are
+	// Fallback, when set, is the output format's word on a scheme for a tensor's shape: what it
+	// stores instead when it cannot store s for rows of k weights (GGUF, as llama.cpp: Q5_0 for
+	// a Q4_K tensor whose rows are not whole super-blocks; keep when nothing fits) and why, s
+	// itself when it can, or an error when it has no substitute. Uniform, evolved and pinned choices are
 	// replaced; the budget strategy offers a tensor only the rungs the format stores as they are.
 	Fallback FallbackFunc `json:"-"`
 }
 
 // FallbackFunc gives the scheme an output format stores for an n×k weight planned as s, and
 // why it differs from s.
-type FallbackFunc func(s quant.Scheme, n, k int) (quant.Scheme, string, error)
+type FallbackFunc func(s quant.Scheme, n, k int) (Choice, string, error)
 
 // Planner plans one checkpoint. It caches sensitivities per (tensor, scheme), so plans for
 // several budgets or strategies measure each pair once. It is not safe for concurrent use.
@@ -269,12 +269,12 @@ func (p *Planner) applyFallbacks(fb FallbackFunc, verdicts []verdict) error {
 		if v.choice.Keep || !t.isMatrix() {
 			continue
 		}
-		s, why, err := fb(v.choice.Scheme, t.Shape[0], t.Shape[1])
+		c, why, err := fb(v.choice.Scheme, t.Shape[0], t.Shape[1])
 		if err != nil {
 			return fmt.Errorf("tensor %s: %s: %w", t.Name, v.choice, err)
 		}
-		if s != v.choice.Scheme {
-			v.choice, v.reason = SchemeChoice(s), v.reason+"; "+why
+		if c != v.choice {
+			v.choice, v.reason = c, v.reason+"; "+why
 		}
 	}
 	return nil

@@ -273,7 +273,7 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 // that a float tensor holds no NaN or ±Inf (a norm weight with one would poison every token).
 func keptUnit(ck *safetensors.Checkpoint, it Item, writes *writeTimer) unit {
 	name := it.Info.Name
-	return func(out *safetensors.CheckpointWriter) error {
+	return func(out tensorSink) error {
 		b, err := ck.Bytes(name)
 		if err != nil {
 			return err

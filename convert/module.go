@@ -88,7 +88,7 @@ type packedModule struct {
 
 // write quantizes and packs the weight (on the GPU when it can), measures its error when
 // asked, and writes its packed tensors.
-func (m *packedModule) write(out *safetensors.CheckpointWriter) error {
+func (m *packedModule) write(out tensorSink) error {
 	start := time.Now()
 	var writing time.Duration
 	name := m.item.Info.Name

@@ -209,3 +209,34 @@ func appendCodes(out []byte, five bool, codes []uint8) []byte {
 	}
 	return out
 }
+
+// fallbacks are llama.cpp's substitutes for a type whose blocks do not divide a tensor's rows
+// (llama_tensor_get_type's convert_incompatible_tensor), and the rung qpack writes for each
+// while it lacks llama.cpp's: Q5_1 (6 bpw, a grid with an F16 minimum) and IQ4_NL (4.5 bpw, a
+// lattice type).
+var fallbacks = map[gguf.Type]struct{ llama, qpack gguf.Type }{
+	gguf.Q2_K: {gguf.IQ4_NL, gguf.Q4_0},
+	gguf.Q3_K: {gguf.IQ4_NL, gguf.Q4_0},
+	gguf.Q4_K: {gguf.Q5_0, gguf.Q5_0},
+	gguf.Q5_K: {gguf.Q5_1, gguf.Q5_0},
+	gguf.Q6_K: {gguf.Q8_0, gguf.Q8_0},
+}
+
+// Fallback returns the type qpack writes for rows of k weights planned as t: t itself when
+// its blocks divide the rows, else llama.cpp's substitute (or, while qpack cannot write that,
+// the rung of the same or nearest size, said in why); ok is false when no quantized type fits
+// and the tensor must stay a float (llama.cpp then writes F16).
+func Fallback(t gguf.Type, k int) (sub gguf.Type, why string, ok bool) {
+	if Fits(t, k) == nil {
+		return t, "", true
+	}
+	fb, known := fallbacks[t]
+	if !known || Fits(fb.qpack, k) != nil {
+		return 0, fmt.Sprintf("rows of %d weights fit no %s block: kept as a float, as llama.cpp does", k, t), false
+	}
+	why = fmt.Sprintf("rows of %d weights are not whole %s blocks: %s, llama.cpp's fallback", k, t, fb.llama)
+	if fb.qpack != fb.llama {
+		why = fmt.Sprintf("rows of %d weights are not whole %s blocks: %s in place of llama.cpp's fallback %s, which qpack does not write yet", k, t, fb.qpack, fb.llama)
+	}
+	return fb.qpack, why, true
+}

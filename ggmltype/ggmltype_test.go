@@ -1,4 +1,4 @@
-package ggmltype
+package ggmltype_test
 
 import (
 	"math/rand/v2"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/ggmltype"
 	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -31,7 +32,7 @@ func TestEncodeDecodesExactly(t *testing.T) {
 	for i := range imp {
 		imp[i] = float32(r.ExpFloat64())
 	}
-	for _, rung := range Rungs() {
+	for _, rung := range ggmltype.Rungs() {
 		for _, imatrix := range []bool{false, true} {
 			opt := blockwise.Options{Imatrix: imatrix}
 			if imatrix {
@@ -41,12 +42,12 @@ func TestEncodeDecodesExactly(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", rung.Scheme, err)
 			}
-			typ, b, err := Encode(q)
+			typ, b, err := ggmltype.Encode(q)
 			if err != nil {
 				t.Fatalf("%s: %v", rung.Scheme, err)
 			}
-			if typ != rung.Type || int64(len(b)) != Bytes(typ, n, k) {
-				t.Fatalf("%s: %s, %d bytes; want %s, %d", rung.Scheme, typ, len(b), rung.Type, Bytes(rung.Type, n, k))
+			if typ != rung.Type || int64(len(b)) != ggmltype.Bytes(typ, n, k) {
+				t.Fatalf("%s: %s, %d bytes; want %s, %d", rung.Scheme, typ, len(b), rung.Type, ggmltype.Bytes(rung.Type, n, k))
 			}
 			got, err := gguf.Decode(nil, typ, b)
 			if err != nil {
@@ -64,33 +65,33 @@ func TestEncodeDecodesExactly(t *testing.T) {
 
 func TestRungsAndLookups(t *testing.T) {
 	prev := 0.0
-	for _, r := range Rungs() {
+	for _, r := range ggmltype.Rungs() {
 		bpw := 8 * float64(r.Type.TypeSize()) / float64(r.Type.BlockSize())
 		if bpw < prev {
 			t.Errorf("%s (%.4f bpw) after a rung of %.4f", r.Type, bpw, prev)
 		}
 		prev = bpw
-		if got, ok := TypeOf(r.Scheme); !ok || got != r.Type {
-			t.Errorf("TypeOf(%s) = %s", r.Scheme, got)
+		if got, ok := ggmltype.TypeOf(r.Scheme); !ok || got != r.Type {
+			t.Errorf("ggmltype.TypeOf(%s) = %s", r.Scheme, got)
 		}
-		if got, ok := SchemeOf(r.Type); !ok || got != r.Scheme {
-			t.Errorf("SchemeOf(%s) = %s", r.Type, got)
+		if got, ok := ggmltype.SchemeOf(r.Type); !ok || got != r.Scheme {
+			t.Errorf("ggmltype.SchemeOf(%s) = %s", r.Type, got)
 		}
 	}
-	if err := Supports(quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}); err == nil || !strings.Contains(err.Error(), "Q4_K") {
+	if err := ggmltype.Supports(quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}); err == nil || !strings.Contains(err.Error(), "Q4_K") {
 		t.Errorf("int4-g128-sym: %v", err)
 	}
-	if err := Fits(gguf.Q4_K, 384); err == nil {
+	if err := ggmltype.Fits(gguf.Q4_K, 384); err == nil {
 		t.Error("Q4_K took rows of 384")
 	}
-	if err := Fits(gguf.Q5_0, 384); err != nil {
+	if err := ggmltype.Fits(gguf.Q5_0, 384); err != nil {
 		t.Error(err)
 	}
 }
 
 func TestEncodeRefuses(t *testing.T) {
 	w := randomWeights(rand.New(rand.NewPCG(3, 4)), 2*64)
-	q, err := blockwise.Quantize(w, 2, 64, sym32(4), blockwise.Options{})
+	q, err := blockwise.Quantize(w, 2, 64, mustScheme("int4-g32-sym"), blockwise.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,10 +101,35 @@ func TestEncodeRefuses(t *testing.T) {
 	half := *q
 	half.Scales = append([]float32(nil), q.Scales...)
 	half.Scales[0] = 1e-7 + 1.5e-7 // not an F16 value
-	kq4, _ := blockwise.Quantize(w, 2, 64, kq(4), blockwise.Options{})
+	kq4, _ := blockwise.Quantize(w, 2, 64, mustScheme("q4_k"), blockwise.Options{})
 	for name, c := range map[string]*quant.Tensor{"act-order": &act, "scale": &half, "partial super-block": kq4} {
-		if _, _, err := Encode(c); err == nil {
+		if _, _, err := ggmltype.Encode(c); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
+}
+
+func TestFallback(t *testing.T) {
+	for _, c := range []struct {
+		typ  gguf.Type
+		k    int
+		want gguf.Type
+		ok   bool
+	}{
+		{gguf.Q4_K, 512, gguf.Q4_K, true}, {gguf.Q4_K, 384, gguf.Q5_0, true}, {gguf.Q6_K, 1024 + 32, gguf.Q8_0, true},
+		{gguf.Q3_K, 384, gguf.Q4_0, true}, {gguf.Q5_K, 384, gguf.Q5_0, true}, {gguf.Q4_K, 100, 0, false}, {gguf.Q8_0, 100, 0, false},
+	} {
+		got, why, ok := ggmltype.Fallback(c.typ, c.k)
+		if got != c.want || ok != c.ok || (got != c.typ && why == "") {
+			t.Errorf("ggmltype.Fallback(%s, %d) = %s, %q, %v; want %s, %v", c.typ, c.k, got, why, ok, c.want, c.ok)
+		}
+	}
+}
+
+func mustScheme(name string) quant.Scheme {
+	s, err := quant.ParseScheme(name)
+	if err != nil {
+		panic(err)
+	}
+	return s
 }
