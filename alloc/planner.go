@@ -138,7 +138,7 @@ func (p *Planner) measureOnce(t TensorDesc, s quant.Scheme) (float64, error) {
 // bytes is the exact stored size of t under c.
 func (p *Planner) bytes(t TensorDesc, c Choice) (int64, error) {
 	if c.Keep {
-		return t.KeepBytes(), nil
+		return t.keptBytes(), nil
 	}
 	b := p.cost(c.Scheme, t.Shape[0], t.Shape[1])
 	if b <= 0 {

@@ -119,3 +119,17 @@ func PermuteRows(b []byte, rowBytes, heads int) []byte {
 	writeByteRows(&buf, b, rowBytes, heads)
 	return buf.Bytes()
 }
+
+// TensorNames maps each Hugging Face tensor name of a model of architecture cfg to its
+// llama.cpp name ("model.layers.0.self_attn.q_proj.weight" → "blk.0.attn_q.weight").
+func TensorNames(cfg *model.Config) (map[string]string, error) {
+	arch, ok := archOf[cfg.ModelType]
+	if !ok {
+		return nil, fmt.Errorf("model_type %q has no llama.cpp names here (llama, mistral, qwen2 do)", cfg.ModelType)
+	}
+	out := map[string]string{}
+	for _, r := range roles(arch, cfg) {
+		out[r.hf] = r.gguf
+	}
+	return out, nil
+}

@@ -1,6 +1,7 @@
-package ggufexport
+package ggufexport_test
 
 import (
+	"github.com/qpack-dev/qpack/ggufexport"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,7 +13,7 @@ import (
 	"github.com/qpack-dev/qpack/tokenizer"
 )
 
-// An F32 export read back with OpenModel — its architecture from the GGUF metadata alone —
+// An F32 export read back with ggufexport.OpenModel — its architecture from the GGUF metadata alone —
 // computes the source's perplexity exactly, for llama (q/k rows permuted) and qwen2.
 func TestOpenModelIsExact(t *testing.T) {
 	for _, arch := range []string{"llama", "qwen2"} {
@@ -21,10 +22,10 @@ func TestOpenModelIsExact(t *testing.T) {
 			editConfig(t, src, func(c map[string]any) { c["model_type"], c["architectures"] = "qwen2", []string{"Qwen2ForCausalLM"} })
 		}
 		out := filepath.Join(t.TempDir(), "tiny.gguf")
-		if _, err := Export(src, out, Options{Type: "f32", EmbedType: "f32"}); err != nil {
+		if _, err := ggufexport.Export(src, out, ggufexport.Options{Type: "f32", EmbedType: "f32"}); err != nil {
 			t.Fatal(err)
 		}
-		m, err := OpenModel(out)
+		m, err := ggufexport.OpenModel(out)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +54,7 @@ func TestOpenModelIsExact(t *testing.T) {
 func TestTokenizerFromGGUF(t *testing.T) {
 	src := tinyDir(t)
 	out := filepath.Join(t.TempDir(), "tiny.gguf")
-	if _, err := Export(src, out, Options{}); err != nil {
+	if _, err := ggufexport.Export(src, out, ggufexport.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	f, err := gguf.Open(out)
@@ -61,7 +62,7 @@ func TestTokenizerFromGGUF(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	got, err := Tokenizer(f)
+	got, err := ggufexport.Tokenizer(f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,11 +91,11 @@ func firstDiff(a, b []int) int {
 	return min(len(a), len(b))
 }
 
-// ConfigOf refuses metadata it cannot turn into a model, naming what is wrong.
+// ggufexport.ConfigOf refuses metadata it cannot turn into a model, naming what is wrong.
 func TestConfigOfBadMetadata(t *testing.T) {
 	src := tinyDir(t)
 	out := filepath.Join(t.TempDir(), "tiny.gguf")
-	if _, err := Export(src, out, Options{}); err != nil {
+	if _, err := ggufexport.Export(src, out, ggufexport.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	f, err := gguf.Open(out)
@@ -128,7 +129,7 @@ func TestConfigOfBadMetadata(t *testing.T) {
 		if c.key == "llama.rope.scaling.type" {
 			f.KVs = append(f.KVs, gguf.KV{Key: c.key, Value: c.value})
 		}
-		if _, err := ConfigOf(f); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := ggufexport.ConfigOf(f); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s = %v: error %v, want one mentioning %q", c.key, c.value, err, c.want)
 		}
 	}

@@ -1,6 +1,7 @@
-package ggufexport
+package ggufexport_test
 
 import (
+	"github.com/qpack-dev/qpack/ggufexport"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -34,7 +35,7 @@ func TestSmallLlamaGGUFPerplexity(t *testing.T) {
 	for _, b := range bounds {
 		out := filepath.Join(t.TempDir(), "small-llama-"+b.typ+".gguf")
 		start := time.Now()
-		if _, err := Export(src, out, Options{Type: b.typ}); err != nil {
+		if _, err := ggufexport.Export(src, out, ggufexport.Options{Type: b.typ}); err != nil {
 			t.Fatal(err)
 		}
 		took := time.Since(start)
