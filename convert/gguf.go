@@ -207,11 +207,27 @@ func prepareGGUF(ck *safetensors.Checkpoint, opt *Options) (*ggufPlan, error) {
 	for _, c := range choices {
 		p.types[c.Name] = c.Type
 	}
+	if p.preset && !fo.Imatrix {
+		if ftype.RequiresImatrix(p.fileType) {
+			return nil, fmt.Errorf("--preset %s needs an importance matrix, as in llama-quantize: add --imatrix with --calib, --imatrix-file, or use --method gptq", p.fileType)
+		}
+		for _, c := range choices {
+			if c.Quantize && ftype.NeedsImatrix(p.fileType, c.Name, c.Type) {
+				return nil, fmt.Errorf("--preset %s: %s in %s without an importance matrix gives garbage (llama-quantize refuses it too): add --imatrix with --calib, --imatrix-file, or use --method gptq", p.fileType, c.Name, c.Type)
+			}
+		}
+	}
 	p.embed, p.output = p.types["token_embd.weight"], p.types["output.weight"]
 	for _, t := range []*gguf.Type{&p.embed, &p.output} {
-		if *t != 0 && !encodable(*t) {
+		if *t == 0 || encodable(*t) {
+			continue
+		}
+		sub, ok := standIns[*t]
+		if !ok {
 			return nil, fmt.Errorf("%s gives token_embd/output %s, which qpack does not write yet: choose --embed-type and --output-type", p.fileType, *t)
 		}
+		p.warnings = append(p.warnings, fmt.Sprintf("%s gives token_embd/output %s; qpack writes %s", p.fileType, *t, sub))
+		*t = sub
 	}
 	if p.preset {
 		err = p.presetOverrides(ck, opt)
@@ -296,8 +312,11 @@ func (p *ggufPlan) presetOverrides(ck *safetensors.Checkpoint, opt *Options) err
 	return opt.checkCandidates(packing.GGUF{}) // the method must produce every preset type
 }
 
-// standIns are the rungs written for preset types qpack lacks: same code width, no F16 minimum.
-var standIns = map[gguf.Type]gguf.Type{gguf.Q4_1: gguf.Q4_0, gguf.Q5_1: gguf.Q5_0}
+// standIns are the types written for llama.cpp's choices qpack lacks: Q4_1 and Q5_1 (for
+// decoder linears: qpack fits no grid with an F16 minimum) by the same code width without one,
+// and IQ4_NL, llama.cpp's fallback for 2- and 3-bit types on rows that are not whole
+// super-blocks, by Q4_0 of the same size, until the lattice types land.
+var standIns = map[gguf.Type]gguf.Type{gguf.Q4_1: gguf.Q4_0, gguf.Q5_1: gguf.Q5_0, gguf.IQ4_NL: gguf.Q4_0}
 
 // storedBytes sets what the GGUF file stores each kept tensor in: norms and biases F32,
 // token_embd and output their types, other weights F16.

@@ -230,6 +230,7 @@ func TestConvertGGUFRefusals(t *testing.T) {
 		{"embeddings by the plan", func(o *Options) {
 			o.Alloc = alloc.Options{Strategy: alloc.StrategyUniform, Ladder: []alloc.Choice{q4k}, QuantizeEmbeddings: true}
 		}, "--embed-type"},
+		{"Q2_K_S without an imatrix", func(o *Options) { o.GGUF.Preset = "Q2_K_S" }, "importance matrix"},
 		{"gguf options elsewhere", func(o *Options) { o.Format, o.GGUF.Preset = "qpack", "Q4_K_M" }, "--format gguf"},
 	}
 	for _, c := range cases {

@@ -145,3 +145,7 @@ func Mostly(t gguf.Type) FileType {
 	}
 	return MostlyF16
 }
+
+// RequiresImatrix reports whether llama-quantize refuses file type f without an importance
+// matrix at all (examples/quantize/quantize.cpp): the 1- and 2-bit lattice types and Q2_K_S.
+func RequiresImatrix(f FileType) bool { return f.is(IQ2_XS, IQ2_XXS, IQ2_S, MostlyQ2_KS, IQ1_S, IQ1_M) }

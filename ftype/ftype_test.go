@@ -217,4 +217,7 @@ func TestOverridesAndErrors(t *testing.T) {
 	if !NeedsImatrix(IQ2_XS, "blk.0.ffn_up.weight", gguf.IQ2_XS) || NeedsImatrix(MostlyQ2_K, "blk.0.ffn_up.weight", gguf.Q2_K) || NeedsImatrix(MostlyQ2_KS, "token_embd.weight", gguf.Q2_K) {
 		t.Error("NeedsImatrix disagrees with llama-quantize")
 	}
+	if !RequiresImatrix(MostlyQ2_KS) || !RequiresImatrix(IQ2_XS) || RequiresImatrix(IQ3_XXS) || RequiresImatrix(MostlyQ2_K) {
+		t.Error("RequiresImatrix disagrees with llama-quantize")
+	}
 }
