@@ -1,16 +1,13 @@
 package convert
 
 import (
-	"encoding/binary"
 	"fmt"
 	"io"
-	"math"
 	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/qpack-dev/qpack/alloc"
-	"github.com/qpack-dev/qpack/fp"
 	"github.com/qpack-dev/qpack/ftype"
 	"github.com/qpack-dev/qpack/ggmltype"
 	"github.com/qpack-dev/qpack/gguf"
@@ -404,40 +401,16 @@ func (s *ggufSink) Write(name string, data []byte) error {
 	if s.packed[name] {
 		return s.w.WriteTensor(r.GGUF, ggufexport.PermuteRows(data, s.rowSize[name], r.Heads))
 	}
-	v, err := decodeFloats(data, s.dtypes[name])
-	if err != nil {
+	shape := s.shapes[name]
+	v := make([]float32, numel(shape))
+	if err := safetensors.DecodeFloat32(s.dtypes[name], v, data); err != nil {
 		return fmt.Errorf("tensor %s: %w", name, err)
 	}
-	shape := s.shapes[name]
 	tw, err := s.w.Tensor(r.GGUF)
 	if err != nil {
 		return err
 	}
 	return ggufexport.EncodeFloat(tw, s.plan.typeOf(r, shape), v, shape, r.Heads)
-}
-
-// decodeFloats reads little-endian F32, F16 or BF16 values.
-func decodeFloats(b []byte, dt safetensors.DType) ([]float32, error) {
-	switch dt {
-	case safetensors.F32:
-		v := make([]float32, len(b)/4)
-		for i := range v {
-			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-		}
-		return v, nil
-	case safetensors.F16, safetensors.BF16:
-		v := make([]float32, len(b)/2)
-		for i := range v {
-			h := binary.LittleEndian.Uint16(b[2*i:])
-			if dt == safetensors.F16 {
-				v[i] = fp.F16ToF32(h)
-			} else {
-				v[i] = fp.BF16ToF32(h)
-			}
-		}
-		return v, nil
-	}
-	return nil, fmt.Errorf("dtype %s cannot be written to GGUF (F32, F16 and BF16 can)", dt)
 }
 
 // ggufTensors lists the file's tensors in llama.cpp's order with their types, and makes the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/safetensors"
 	"github.com/qpack-dev/qpack/tokenizer"
 )
 
@@ -132,5 +133,44 @@ func TestConfigOfBadMetadata(t *testing.T) {
 		if _, err := ggufexport.ConfigOf(f); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s = %v: error %v, want one mentioning %q", c.key, c.value, err, c.want)
 		}
+	}
+}
+
+// Dequantize writes a checkpoint that qpack loads as the same model as the GGUF file (F32:
+// exactly the decoded weights), with a config.json and a tokenizer.json that reproduce it.
+func TestDequantizeGGUF(t *testing.T) {
+	src := tinyDir(t)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "q8.gguf")
+	if _, err := ggufexport.Export(src, out, ggufexport.Options{Type: "q8_0", EmbedType: "q8_0"}); err != nil {
+		t.Fatal(err)
+	}
+	plain := filepath.Join(dir, "plain")
+	if err := ggufexport.Dequantize(out, plain, safetensors.F32, false, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ggufexport.Dequantize(out, plain, safetensors.F32, false, 0); err == nil {
+		t.Error("dequantized over an existing directory")
+	}
+	g, err := ggufexport.OpenModel(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	a, err := model.Perplexity(g, heldout(t, src), 512, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := sourcePerplexity(t, plain, src, 1); a.Perplexity != b {
+		t.Errorf("dequantized checkpoint: perplexity %v, the GGUF file %v", b, a.Perplexity)
+	}
+	tok, err := tokenizer.Load(filepath.Join(plain, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := tokenizer.Load(filepath.Join(src, "tokenizer.json"))
+	text := "def f(x):\n    return x ** 2  # <|endoftext|>"
+	if !reflect.DeepEqual(tok.Encode(text), want.Encode(text)) {
+		t.Error("the rebuilt tokenizer.json encodes differently")
 	}
 }

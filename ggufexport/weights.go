@@ -31,10 +31,8 @@ func OpenWeights(path string, cfg *model.Config) (*Weights, error) {
 }
 
 func newWeights(f *gguf.File, cfg *model.Config) *Weights {
-	v, _ := f.Get("general.architecture")
-	arch, _ := v.(string)
 	w := &Weights{f: f, roles: map[string]role{}}
-	for _, r := range roles(arch, cfg) {
+	for _, r := range roles(w.arch(), cfg) {
 		w.roles[r.hf] = r
 	}
 	return w
@@ -42,6 +40,13 @@ func newWeights(f *gguf.File, cfg *model.Config) *Weights {
 
 // Close closes the file.
 func (w *Weights) Close() error { return w.f.Close() }
+
+// arch is the file's llama.cpp architecture name.
+func (w *Weights) arch() string {
+	v, _ := w.f.Get("general.architecture")
+	s, _ := v.(string)
+	return s
+}
 
 func (w *Weights) info(name string) (role, gguf.TensorInfo, bool) {
 	r, ok := w.roles[name]

@@ -1,18 +1,14 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"reflect"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/ggufexport"
 )
 
@@ -72,57 +68,4 @@ func summarizeExport(w io.Writer, entries []ggufexport.Entry) {
 	for _, k := range keys {
 		fmt.Fprintf(w, "%4d %s\n", count[k], k)
 	}
-}
-
-// inspectGGUF lists a GGUF file's metadata (arrays by type and length) and tensors.
-func inspectGGUF(w io.Writer, path string, asJSON bool) error {
-	g, err := gguf.Open(path)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
-	type tensor struct {
-		Name  string   `json:"name"`
-		Type  string   `json:"type"`
-		Dims  []uint64 `json:"dims"`
-		Bytes int64    `json:"bytes"`
-	}
-	var tensors []tensor
-	var total int64
-	for _, t := range g.Tensors {
-		tensors = append(tensors, tensor{t.Name, t.Type.String(), t.Dims, t.Size})
-		total += t.Size
-	}
-	meta := map[string]any{}
-	for _, kv := range g.KVs {
-		meta[kv.Key] = summarizeValue(kv.Value)
-	}
-	if asJSON {
-		e := json.NewEncoder(w)
-		e.SetIndent("", "  ")
-		return e.Encode(map[string]any{"path": path, "version": g.Version, "metadata": meta, "tensors": tensors, "tensor_bytes": total})
-	}
-	fmt.Fprintf(w, "%s: GGUF v%d, %d KVs, %d tensors, %.1f MB of tensor data (data at byte %d, alignment %d)\n",
-		path, g.Version, len(g.KVs), len(g.Tensors), float64(total)/1e6, g.DataOffset, g.Alignment)
-	for _, kv := range g.KVs {
-		fmt.Fprintf(w, "  %-45s %v\n", kv.Key, summarizeValue(kv.Value))
-	}
-	for _, t := range tensors {
-		fmt.Fprintf(w, "  %-32s %-5s %-18s %d bytes\n", t.Name, t.Type, strings.Trim(fmt.Sprint(t.Dims), "[]"), t.Bytes)
-	}
-	return nil
-}
-
-// summarizeValue shortens arrays (a vocabulary has 100k entries) to their type, length and
-// first few elements.
-func summarizeValue(v any) any {
-	rv := reflect.ValueOf(v)
-	if rv.Kind() != reflect.Slice {
-		return v
-	}
-	text := []rune(fmt.Sprint(v))
-	if len(text) > 80 {
-		text = append(text[:77], []rune("...")...)
-	}
-	return fmt.Sprintf("%T len %d %s", v, rv.Len(), string(text))
 }
