@@ -184,6 +184,15 @@ func prepareGGUF(ck *safetensors.Checkpoint, opt *Options) (*ggufPlan, error) {
 	if err := p.checkNames(ck); err != nil {
 		return nil, err
 	}
+	if opt.Plan != nil {
+		descs, err := describe(ck)
+		if err == nil {
+			err = checkReplayed(opt.Plan, descs)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 	if p.fileType, p.preset, err = fileTypeFor(opt); err != nil {
 		return nil, err
 	}

@@ -71,9 +71,6 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 		if err := opt.Plan.Validate(descs, f.Supports); err != nil {
 			return nil, err
 		}
-		if opt.gguf != nil {
-			return opt.Plan, checkReplayed(opt.Plan, descs)
-		}
 		return opt.Plan, nil
 	}
 	if err := checkUniformScheme(descs, opt.Alloc, f); err != nil {
