@@ -188,26 +188,10 @@ func encodeInt(out []byte, t *quant.Tensor, typ gguf.Type) ([]byte, error) {
 					return nil, fmt.Errorf("row %d group %d: zero point %d, %s needs %d", r, g, zero, typ, want)
 				}
 			}
-			out = appendCodes(out, typ == gguf.Q5_0, codes)
+			out = gguf.AppendCodes32(out, typ == gguf.Q5_0, codes)
 		}
 	}
 	return out, nil
-}
-
-// appendCodes stores 32 codes as ggml does: (Q5_0) qh with bit j = code j's bit 4, then 16
-// bytes whose low nibble is code j and high nibble code j+16.
-func appendCodes(out []byte, five bool, codes []uint8) []byte {
-	if five {
-		var qh uint32
-		for j, c := range codes {
-			qh |= uint32(c>>4&1) << j
-		}
-		out = binary.LittleEndian.AppendUint32(out, qh)
-	}
-	for j := range 16 {
-		out = append(out, codes[j]&15|(codes[j+16]&15)<<4)
-	}
-	return out
 }
 
 // fallbacks are llama.cpp's substitutes for a type whose blocks do not divide a tensor's rows

@@ -54,14 +54,7 @@ func TestOpenModelIsExact(t *testing.T) {
 // the checkpoint's tokenizer.json does.
 func TestTokenizerFromGGUF(t *testing.T) {
 	src := tinyDir(t)
-	out := filepath.Join(t.TempDir(), "tiny.gguf")
-	if _, err := ggufexport.Export(src, out, ggufexport.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := exportTiny(t)
 	defer f.Close()
 	got, err := ggufexport.Tokenizer(f)
 	if err != nil {
@@ -83,6 +76,20 @@ func TestTokenizerFromGGUF(t *testing.T) {
 	}
 }
 
+// exportTiny exports tiny in F16 and opens the file.
+func exportTiny(t *testing.T) *gguf.File {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "tiny.gguf")
+	if _, err := ggufexport.Export(tinyDir(t), out, ggufexport.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 func firstDiff(a, b []int) int {
 	for i := range min(len(a), len(b)) {
 		if a[i] != b[i] {
@@ -94,15 +101,7 @@ func firstDiff(a, b []int) int {
 
 // ggufexport.ConfigOf refuses metadata it cannot turn into a model, naming what is wrong.
 func TestConfigOfBadMetadata(t *testing.T) {
-	src := tinyDir(t)
-	out := filepath.Join(t.TempDir(), "tiny.gguf")
-	if _, err := ggufexport.Export(src, out, ggufexport.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := exportTiny(t)
 	defer f.Close()
 	good := f.KVs
 	for _, c := range []struct {
