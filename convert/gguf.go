@@ -355,17 +355,38 @@ func (p *ggufPlan) tensorBytes(r ggufexport.Role, shape []int) int64 {
 	return n
 }
 
-// planReasons names the preset in its plan's reasons and adds its warnings.
-func (p *ggufPlan) annotate(plan *alloc.Plan) {
+// annotate names the preset in its plan's reasons, says which ggml type each kept tensor is
+// written in, and adds the warnings.
+func (p *ggufPlan) annotate(plan *alloc.Plan, descs []alloc.TensorDesc) {
 	plan.Warnings = append(plan.Warnings, p.warnings...)
-	if !p.preset {
-		return
+	shapes := map[string][]int{}
+	for _, d := range descs {
+		shapes[d.Name] = d.Shape
 	}
 	for i, e := range plan.Entries {
-		if e.Pinned {
+		r, ok := p.roleOf[e.Name]
+		switch {
+		case !ok:
+		case e.Scheme == alloc.KeepName:
+			plan.Entries[i].Reason = p.keptReason(r, shapes[e.Name], e.Reason)
+		case p.preset && e.Pinned:
 			plan.Entries[i].Reason = "preset " + p.fileType.String() + ": llama-quantize's type" + strings.TrimPrefix(e.Reason, strings.SplitN(e.Reason, ";", 2)[0])
 		}
 	}
+}
+
+// keptReason says what type a tensor the plan keeps is written in, and why.
+func (p *ggufPlan) keptReason(r ggufexport.Role, shape []int, why string) string {
+	t := p.typeOf(r, shape)
+	switch {
+	case r.GGUF == "token_embd.weight":
+		return fmt.Sprintf("%s: --embed-type, or llama.cpp's default under %s", t, p.fileType)
+	case r.GGUF == "output.weight":
+		return fmt.Sprintf("%s: --output-type, or llama.cpp's default under %s", t, p.fileType)
+	case len(shape) < 2:
+		return "F32: norms and biases"
+	}
+	return fmt.Sprintf("%s (%s)", t, why)
 }
 
 // checkReplayed refuses a replayed plan's entries whose rows are not whole blocks of their

@@ -126,7 +126,7 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	}
 	plan, err := planner.Plan(opt.Alloc)
 	if err == nil && opt.gguf != nil {
-		opt.gguf.annotate(plan)
+		opt.gguf.annotate(plan, descs)
 	}
 	return plan, err
 }

@@ -173,13 +173,16 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	if err != nil {
 		return opt, err
 	}
+	if opt.Format == "gguf" && !anySet(c, "scheme", "bits", "group-size", "sym", "asym") {
+		s, _ = quant.ParseScheme("q4_k") // the integer default is no ggml type
+	}
 	strategy, err := strategyFromFlags(c)
 	if err != nil {
 		return opt, err
 	}
 	a := alloc.Options{Strategy: strategy, QuantizeEmbeddings: c.Bool("quantize-embeddings"),
 		QuantizeHead: c.Bool("quantize-head"), TargetBPW: c.Float64("target-bpw")}
-	if a.Ladder, err = ladderFromFlags(c, a.Strategy, s); err != nil {
+	if a.Ladder, err = ladderFromFlags(c, a.Strategy, s, opt.Format); err != nil {
 		return opt, err
 	}
 	if a.Overrides, err = alloc.ParseOverrides(c.StringSlice("override")); err != nil {
@@ -229,9 +232,9 @@ func strategyFromFlags(c *cli.Context) (string, error) {
 }
 
 // ladderFromFlags: --ladder when given; otherwise uniform uses the scheme and evolved the scheme
-// and its 8-bit version; a budget plan leaves the ladder to convert (the format's and the
-// method's default).
-func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.Choice, error) {
+// and its 8-bit version (Q8_0 in GGUF); a budget plan leaves the ladder to convert (the format's
+// and the method's default).
+func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme, format string) ([]alloc.Choice, error) {
 	if l := c.String("ladder"); l != "" {
 		return alloc.ParseLadder(l)
 	}
@@ -241,6 +244,9 @@ func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.C
 	case alloc.StrategyEvolved:
 		high := s
 		high.Bits, high.Grid = 8, quant.Integer
+		if format == "gguf" {
+			high = quant.Scheme{Bits: 8, GroupSize: 32, Sym: true} // Q8_0
+		}
 		return []alloc.Choice{alloc.SchemeChoice(s), alloc.SchemeChoice(high)}, nil
 	case alloc.StrategyBudget:
 		return nil, nil
