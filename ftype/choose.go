@@ -166,13 +166,12 @@ func containsAny(s string, subs ...string) bool {
 // state holds llama-quantize's counters (quantize_state_impl), which advance as tensors are
 // visited in loader order.
 type state struct {
-	f                  FileType
-	m                  Model
-	o                  Options
-	hasOutput          bool
-	nAttnV, iAttnV     int
-	iFFNDown, iFFNGate int
-	iFFNUp             int
+	f                          FileType
+	m                          Model
+	o                          Options
+	hasOutput                  bool
+	nAttnV, iAttnV             int
+	iFFNDown, iFFNGate, iFFNUp int
 }
 
 // choose is the type of one quantized tensor: the base type, the per-tensor rules unless
