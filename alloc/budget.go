@@ -70,7 +70,7 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 		items[f] = item{name: t.Name}
 		var unfit []error
 		for r, c := range rungs {
-			if err := fits(t, c); err != nil {
+			if err := fits(t, c, opts.Fallback); err != nil {
 				unfit = append(unfit, err)
 				continue
 			}
@@ -169,12 +169,20 @@ func (p *Planner) measureItems(items []item, rungs []Choice, free []int) error {
 }
 
 // fits says whether tensor t can take choice c: k-quant rungs need rows of whole sub-blocks, so
-// a ladder can hold them even when some tensors' rows are too short or odd.
-func fits(t TensorDesc, c Choice) error {
+// a ladder can hold them even when some tensors' rows are too short or odd, and the output
+// format must store c as it is (fb).
+func fits(t TensorDesc, c Choice, fb FallbackFunc) error {
 	if c.Keep {
 		return nil
 	}
-	return c.Scheme.CheckRowLength(t.Shape[1])
+	if err := c.Scheme.CheckRowLength(t.Shape[1]); err != nil || fb == nil {
+		return err
+	}
+	stored, why, err := fb(c.Scheme, t.Shape[0], t.Shape[1])
+	if err == nil && stored != c {
+		err = fmt.Errorf("%s: %s", c, why)
+	}
+	return err
 }
 
 // topOf names the ladder's most precise rung, for messages.

@@ -212,3 +212,58 @@ func TestBudgetSkipsRungsATensorCannotTake(t *testing.T) {
 		t.Errorf("a tensor no rung fits: %v", err)
 	}
 }
+
+// superBlockFallback stands in for GGUF: k-quants need rows of whole 256-weight super-blocks,
+// else q4_k falls back to int5-g32-sym and the others have no substitute.
+func superBlockFallback(s quant.Scheme, n, k int) (Choice, string, error) {
+	if s.Grid != quant.KQuant || k%256 == 0 {
+		return SchemeChoice(s), "", nil
+	}
+	if s.Bits == 4 {
+		return SchemeChoice(mustScheme("int5-g32-sym")), "rows of 384 are not whole super-blocks", nil
+	}
+	return Choice{}, "", fmt.Errorf("%s has no fallback", s)
+}
+
+// A format's fallbacks replace uniform and pinned choices, naming why, and the budget never
+// picks a rung the format would not store as it is.
+func TestFallback(t *testing.T) {
+	descs := mustDescribe(llamaInfos(2, 384, 128, 1024, 512)) // down_proj rows are 1024: whole super-blocks
+	p := newTestPlanner(t, descs, synthMeasure)
+	q4k := mustScheme("q4_k")
+	plan, err := p.Plan(Options{Strategy: StrategyUniform, Ladder: []Choice{SchemeChoice(q4k)}, Fallback: superBlockFallback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range plan.Entries {
+		switch {
+		case strings.HasSuffix(e.Name, "down_proj.weight") && e.Scheme != "q4_k":
+			t.Errorf("%s: %s, want q4_k", e.Name, e.Scheme)
+		case strings.HasSuffix(e.Name, "q_proj.weight") && (e.Scheme != "int5-g32-sym" || !strings.Contains(e.Reason, "super-blocks")):
+			t.Errorf("%s: %s (%s), want the fallback", e.Name, e.Scheme, e.Reason)
+		}
+	}
+	if _, err := p.Plan(Options{Strategy: StrategyUniform, Ladder: []Choice{SchemeChoice(mustScheme("q3_k"))}, Fallback: superBlockFallback}); err == nil || !strings.Contains(err.Error(), "no fallback") {
+		t.Errorf("q3_k without a fallback: %v", err)
+	}
+	ladder := []Choice{SchemeChoice(mustScheme("q2_k")), SchemeChoice(mustScheme("int4-g32-sym")), SchemeChoice(mustScheme("q5_k")), SchemeChoice(mustScheme("int8-g32-sym"))}
+	unstorable := func(fb FallbackFunc) int {
+		plan, err := p.Plan(Options{Strategy: StrategyBudget, Ladder: ladder, TargetBPW: 5, Fallback: fb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range plan.Entries {
+			if strings.HasSuffix(e.Name, "proj.weight") && !strings.HasSuffix(e.Name, "down_proj.weight") && strings.HasSuffix(e.Scheme, "_k") {
+				n++
+			}
+		}
+		return n
+	}
+	if n := unstorable(nil); n == 0 {
+		t.Fatal("without the format's word the budget picks no k-quant for 384-wide rows: the test shows nothing")
+	}
+	if n := unstorable(superBlockFallback); n != 0 {
+		t.Errorf("the budget gave %d tensors a k-quant the format cannot store", n)
+	}
+}

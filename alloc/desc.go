@@ -20,6 +20,9 @@ type TensorDesc struct {
 	Shape     []int
 	DType     string // safetensors dtype name: F32, F16, BF16, F8_E4M3, ...
 	Params    int64
+	// StoredBytes is what the output stores the tensor in when it is kept, when that is not its
+	// input dtype (a GGUF file keeps norms in F32 and embeddings in a ggml type); 0: KeepBytes.
+	StoredBytes int64
 }
 
 // TensorInfo is what a checkpoint header says about a tensor.
@@ -74,6 +77,14 @@ func (t TensorDesc) isMatrix() bool {
 // embedding or classifier weight. Norms, routers, biases and everything else never are.
 func (t TensorDesc) quantizable() bool {
 	return t.isMatrix() && (t.Role.IsLinear() || t.Role == model.RoleEmbedding || t.Role == model.RoleClassifier)
+}
+
+// keptBytes is the tensor's size in the output when it is kept.
+func (t TensorDesc) keptBytes() int64 {
+	if t.StoredBytes > 0 {
+		return t.StoredBytes
+	}
+	return t.KeepBytes()
 }
 
 // KeepBytes is the tensor's size in its input dtype.

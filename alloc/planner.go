@@ -42,7 +42,17 @@ type Options struct {
 	TargetBPW   float64
 	TargetBytes int64
 	Evolved     *EvolvedRule // nil: DefaultEvolvedRule
+	// Fallback, when set, is the output format's word on a scheme for a tensor's shape: what it
+	// stores instead when it cannot store s for rows of k weights (GGUF, as llama.cpp: Q5_0 for
+	// a Q4_K tensor whose rows are not whole super-blocks; keep when nothing fits) and why, s
+	// itself when it can, or an error when it has no substitute. Uniform, evolved and pinned choices are
+	// replaced; the budget strategy offers a tensor only the rungs the format stores as they are.
+	Fallback FallbackFunc `json:"-"`
 }
+
+// FallbackFunc gives the scheme an output format stores for an n×k weight planned as s, and
+// why it differs from s.
+type FallbackFunc func(s quant.Scheme, n, k int) (Choice, string, error)
 
 // Planner plans one checkpoint. It caches sensitivities per (tensor, scheme), so plans for
 // several budgets or strategies measure each pair once. It is not safe for concurrent use.
@@ -128,7 +138,7 @@ func (p *Planner) measureOnce(t TensorDesc, s quant.Scheme) (float64, error) {
 // bytes is the exact stored size of t under c.
 func (p *Planner) bytes(t TensorDesc, c Choice) (int64, error) {
 	if c.Keep {
-		return t.KeepBytes(), nil
+		return t.keptBytes(), nil
 	}
 	b := p.cost(c.Scheme, t.Shape[0], t.Shape[1])
 	if b <= 0 {
@@ -207,6 +217,9 @@ func (p *Planner) Plan(opts Options) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := p.applyFallbacks(opts.Fallback, verdicts); err != nil {
+		return nil, err
+	}
 	if err := p.fillEntries(plan, verdicts); err != nil {
 		return nil, err
 	}
@@ -242,6 +255,27 @@ func (p *Planner) uniform(ladder []Choice, free []int, verdicts []verdict) error
 	}
 	for _, i := range free {
 		verdicts[i].choice, verdicts[i].reason = c, "uniform: "+c.String()
+	}
+	return nil
+}
+
+// applyFallbacks replaces the choices the output format stores otherwise.
+func (p *Planner) applyFallbacks(fb FallbackFunc, verdicts []verdict) error {
+	if fb == nil {
+		return nil
+	}
+	for i, t := range p.tensors {
+		v := &verdicts[i]
+		if v.choice.Keep || !t.isMatrix() {
+			continue
+		}
+		c, why, err := fb(v.choice.Scheme, t.Shape[0], t.Shape[1])
+		if err != nil {
+			return fmt.Errorf("tensor %s: %s: %w", t.Name, v.choice, err)
+		}
+		if c != v.choice {
+			v.choice, v.reason = c, v.reason+"; "+why
+		}
 	}
 	return nil
 }

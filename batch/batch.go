@@ -17,7 +17,6 @@ import (
 
 	"github.com/qpack-dev/qpack/convert"
 	"github.com/qpack-dev/qpack/evaluate"
-	"github.com/qpack-dev/qpack/safetensors"
 )
 
 // Job is one conversion of a batch: a source, an output and the options `qpack convert`
@@ -349,17 +348,16 @@ func runJob(ctx context.Context, j Job, bo Options, calibs *convert.CalibrationC
 }
 
 // hasProvenance reports whether dir is a checkpoint with qpack's provenance.
-func hasProvenance(dir string) bool {
-	ck, err := safetensors.Open(dir)
-	if err != nil {
-		return false
-	}
-	defer ck.Close()
-	return ck.Metadata()[convert.ProvenanceKey] != ""
+func hasProvenance(path string) bool {
+	_, err := convert.ReadProvenance(path)
+	return err == nil
 }
 
-// dirBytes is the size of the files in the output directory.
+// dirBytes is the size of the files in the output directory (or of the output file, GGUF).
 func dirBytes(dir string) (int64, error) {
+	if st, err := os.Stat(dir); err == nil && st.Mode().IsRegular() {
+		return st.Size(), nil
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return 0, err
@@ -380,13 +378,11 @@ func outputSize(dir string, r *JobResult) error {
 	if r.Bytes, err = dirBytes(dir); err != nil {
 		return err
 	}
-	ck, err := safetensors.Open(dir)
+	prov, err := convert.ReadProvenance(dir)
 	if err != nil {
 		return err
 	}
-	defer ck.Close()
-	var prov convert.Provenance
-	if err := json.Unmarshal([]byte(ck.Metadata()[convert.ProvenanceKey]), &prov); err == nil && prov.Plan != nil {
+	if prov.Plan != nil {
 		r.BPW = prov.Plan.Totals.CandidateBPW
 	}
 	return nil

@@ -228,3 +228,25 @@ func TestBatchCancelled(t *testing.T) {
 		t.Errorf("after the interruption the output directory holds %v, want only good", names)
 	}
 }
+
+// A GGUF job writes one file, its gate evaluates it, and a second run finds it up to date.
+func TestBatchGGUF(t *testing.T) {
+	tiny := testenv.Testdata(t, "models/tiny")
+	out := filepath.Join(t.TempDir(), "tiny.gguf")
+	opt := convert.DefaultOptions()
+	opt.Device, opt.Version, opt.Format, opt.GGUF.Preset = convert.DeviceCPU, "test", "gguf", "Q4_K_M"
+	job := Job{Name: "gguf", Source: tiny, Output: out, Options: opt,
+		Verify: &Verify{Eval: evaluate.Options{Data: filepath.Join(tiny, "heldout_ids.npy"), SeqLen: 64, MaxSeqs: 2, Device: "cpu"},
+			Thresholds: evaluate.Thresholds{MaxPerplexity: 1000}}}
+	for i, want := range []string{StatusPassed, StatusSkipped} {
+		var log bytes.Buffer
+		s, err := Run([]Job{job}, Options{Log: &log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := s.Jobs[0]
+		if r.Status != want || r.Bytes <= 0 || r.BPW <= 4 {
+			t.Fatalf("run %d: %+v, want %s\n%s", i+1, r, want, log.String())
+		}
+	}
+}

@@ -401,7 +401,7 @@ func (s *awqScaler) deliverKept(b *model.Block) {
 
 // changedUnit writes a kept tensor with the values the calibration run delivers, in its dtype.
 func changedUnit(r *blockRunner, it Item, writes *writeTimer) unit {
-	return func(out *safetensors.CheckpointWriter) error {
+	return func(out tensorSink) error {
 		v, err := r.value(it.Info.Name)
 		if err != nil {
 			return err

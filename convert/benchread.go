@@ -46,7 +46,7 @@ func ReadTensors(src string, workers int) (ReadResult, error) {
 	for _, h := range ck.Headers() {
 		for _, info := range h.Tensors {
 			total += info.Size
-			units = append(units, func(*safetensors.CheckpointWriter) error {
+			units = append(units, func(tensorSink) error {
 				buf := <-buffers
 				if int64(cap(buf)) < info.Size {
 					buf = make([]byte, info.Size)

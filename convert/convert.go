@@ -76,6 +76,14 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := opt.loadImatrixFile(ck); err != nil {
+		return nil, err
+	}
+	if isGGUF(f) {
+		if opt.gguf, err = prepareGGUF(ck, &opt); err != nil {
+			return nil, err
+		}
+	}
 	calib, err := opt.calibration(ck.Dir)
 	if err != nil {
 		return nil, err
@@ -128,26 +136,31 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	defer runner.start(ck.Dir, calib, opt.GPTQ.TrueSequential)()
-	err = staged.Dir(dst, opt.Overwrite, opt.Log, func(dir string) error {
-		out, err := safetensors.NewCheckpointWriter(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)
-		if err != nil {
-			return err
-		}
-		defer out.Abort()
-		out.SetSync(opt.Sync)
-		if err := runUnits(out, units, g.workers()); err != nil {
-			return err
-		}
-		if err := commitOutput(out, hashes, report, func(inputs []InputFile) (map[string]string, error) {
-			return outputMetadata(items, plan, calib, inputs, f, opt)
-		}); err != nil {
-			return err
-		}
-		if err := writeModelConfigs(dir, cfg, f, items); err != nil {
-			return err
-		}
-		return copyAuxFiles(ck.Dir, dir, opt.Log)
-	})
+	metadata := func(inputs []InputFile) (map[string]string, error) {
+		return outputMetadata(items, plan, calib, inputs, f, opt)
+	}
+	if opt.gguf != nil {
+		err = opt.gguf.write(dst, items, units, g.workers(), meta, hashes, report, metadata, opt.Log)
+	} else {
+		err = staged.Dir(dst, opt.Overwrite, opt.Log, func(dir string) error {
+			out, err := safetensors.NewCheckpointWriter(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)
+			if err != nil {
+				return err
+			}
+			defer out.Abort()
+			out.SetSync(opt.Sync)
+			if err := runUnits(out, units, g.workers()); err != nil {
+				return err
+			}
+			if err := commitOutput(out, hashes, report, metadata); err != nil {
+				return err
+			}
+			if err := writeModelConfigs(dir, cfg, f, items); err != nil {
+				return err
+			}
+			return copyAuxFiles(ck.Dir, dir, opt.Log)
+		})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +286,7 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 // that a float tensor holds no NaN or ±Inf (a norm weight with one would poison every token).
 func keptUnit(ck *safetensors.Checkpoint, it Item, writes *writeTimer) unit {
 	name := it.Info.Name
-	return func(out *safetensors.CheckpointWriter) error {
+	return func(out tensorSink) error {
 		b, err := ck.Bytes(name)
 		if err != nil {
 			return err

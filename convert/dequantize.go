@@ -1,24 +1,25 @@
 package convert
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 
-	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/ggufexport"
 	"github.com/qpack-dev/qpack/internal/staged"
 	"github.com/qpack-dev/qpack/quantized"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
-// Dequantize writes a plain checkpoint from a quantized one: every quantized module becomes
+// Dequantize writes a plain checkpoint from a quantized one (a GGUF file: ggufexport.Dequantize): every quantized module becomes
 // "<module>.weight" in dtype (F16, BF16 or F32), the other tensors are copied as stored, and
 // config.json loses its quantization_config, so any tool can load and evaluate the result.
 func Dequantize(src, dst string, dtype safetensors.DType, overwrite bool) error {
+	if ggufexport.IsGGUF(src) {
+		return ggufexport.Dequantize(src, dst, dtype, overwrite, 0)
+	}
 	if dtype != safetensors.F16 && dtype != safetensors.BF16 && dtype != safetensors.F32 {
 		return fmt.Errorf("dequantize: dtype %s is not one of F16, BF16, F32", dtype)
 	}
@@ -100,19 +101,7 @@ func mappedTensor(ck *safetensors.Checkpoint, info safetensors.TensorInfo) safet
 
 // encodeFloats stores float32 values as little-endian F16, BF16 or F32 (rounding to nearest even).
 func encodeFloats(v []float32, dtype safetensors.DType) []byte {
-	size := dtype.Bits() / 8
-	out := make([]byte, size*len(v))
-	for i, x := range v {
-		switch dtype {
-		case safetensors.F16:
-			binary.LittleEndian.PutUint16(out[2*i:], fp.F32ToF16(x))
-		case safetensors.BF16:
-			binary.LittleEndian.PutUint16(out[2*i:], fp.F32ToBF16(x))
-		default:
-			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(x))
-		}
-	}
-	return out
+	return safetensors.EncodeFloat32(dtype, v)
 }
 
 // writePlainConfig copies config.json without its quantization_config.

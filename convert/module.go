@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/ggmltype"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/safetensors"
@@ -91,7 +92,7 @@ type packedModule struct {
 
 // write quantizes and packs the weight (on the GPU when it can), measures its error when
 // asked, and writes its packed tensors.
-func (m *packedModule) write(out *safetensors.CheckpointWriter) error {
+func (m *packedModule) write(out tensorSink) error {
 	start := time.Now()
 	var writing time.Duration
 	name := m.item.Info.Name
@@ -150,6 +151,8 @@ func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error
 	switch {
 	case m.gptq != nil:
 		return m.packTensor(m.gptq.deviceFor(s), func() (*quant.Tensor, error) { return m.gptq.result(m.item.Module) }, use)
+	case isGGUF(m.format) && ggmltype.IsLegacy(s):
+		return m.packTensor(DeviceCPU, m.quantizeLegacy, use)
 	case m.gpu.supports(s, m.format, m.opt):
 		name := m.item.Info.Name
 		fill := func(dst []byte) error { return m.ck.ReadInto(name, dst) }
@@ -180,6 +183,16 @@ func (m *packedModule) packTensor(device string, quantize func() (*quant.Tensor,
 		return "", err
 	}
 	return device, use(raws, t)
+}
+
+// quantizeLegacy fits a GGUF Q8_0, Q5_0 or Q4_0 tensor by round-to-nearest as llama-quantize
+// does (with the importance under --imatrix).
+func (m *packedModule) quantizeLegacy() (*quant.Tensor, error) {
+	w, err := m.ck.Float32(m.item.Info.Name)
+	if err != nil {
+		return nil, err
+	}
+	return ggmltype.QuantizeLegacy(w, m.item.N(), m.item.K(), *m.item.Scheme, m.opt.blockwise(m.item.Module).Importance)
 }
 
 // quantizeSearchedOnGPU runs the --imatrix search of every group on the GPU and encodes the

@@ -14,6 +14,7 @@ import (
 	"github.com/qpack-dev/qpack/gptq"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
+	"github.com/qpack-dev/qpack/safetensors"
 )
 
 // Options say how to convert. Start from DefaultOptions.
@@ -31,6 +32,9 @@ type Options struct {
 	// importance is each module's E[x²] per input channel when Imatrix is used with RTN;
 	// Convert measures it unless it is set (tests give two conversions the same one).
 	importance map[string][]float32
+	// ImatrixFile, when set, is llama.cpp's importance matrix (llama-imatrix's output) to use
+	// as importance instead of measuring one; it implies Imatrix.
+	ImatrixFile string
 	// GPTQ tunes --method gptq, which needs Calib.
 	GPTQ GPTQOptions
 	// AWQ tunes --method awq and awq+gptq, which need Calib.
@@ -79,6 +83,10 @@ type Options struct {
 	Version string
 	// Calibrations, when set, shares loaded calibration data with other conversions.
 	Calibrations *CalibrationCache
+	// GGUF says how --format gguf writes its file (preset, token_embd's and output's types).
+	GGUF GGUFOptions
+	// gguf is the GGUF layout and per-tensor types once the checkpoint is open.
+	gguf *ggufPlan
 }
 
 // DefaultScheme is the interoperable default: 4-bit, group 128, symmetric (docs/reference/formats.md §7).
@@ -102,14 +110,20 @@ func (o *Options) check() (packing.Format, error) {
 	if _, err := ParseMethod(string(o.Method)); err != nil {
 		return nil, err
 	}
+	if o.ImatrixFile != "" {
+		o.Imatrix = true
+	}
 	switch {
 	case o.Method.Calibrates() && o.Calib.File == "":
 		return nil, fmt.Errorf("--method %s needs calibration data (--calib FILE)", o.Method)
-	case o.Imatrix && !o.Method.Calibrates() && o.Calib.File == "" && o.importance == nil:
+	case o.Imatrix && !o.Method.Calibrates() && o.Calib.File == "" && o.importance == nil && o.ImatrixFile == "":
 		return nil, fmt.Errorf("--imatrix needs calibration data (--calib FILE) for the importance E[x²]")
 	}
-	f, err := packing.Lookup(o.Format)
+	f, err := lookupFormat(o.Format)
 	if err != nil {
+		return nil, err
+	}
+	if err := o.checkGGUF(f); err != nil {
 		return nil, err
 	}
 	if o.InputHash == "" {
@@ -131,6 +145,9 @@ func (o *Options) check() (packing.Format, error) {
 // schemes chooses among alloc.QPackLadder's rungs that the method can produce with these
 // options; otherwise the allocator's default for the strategy.
 func (o *Options) defaultLadder(f packing.Format) []alloc.Choice {
+	if isGGUF(f) {
+		return o.ggufLadder()
+	}
 	if o.Alloc.Strategy != alloc.StrategyBudget || !f.MixedSchemes() {
 		return alloc.DefaultLadder(o.Alloc.Strategy)
 	}
@@ -195,6 +212,22 @@ func (o *Options) checkCandidates(f packing.Format) error {
 			strings.Join(names, ", "), f.Name())
 	}
 	return nil
+}
+
+// loadImatrixFile reads ImatrixFile, when given, as the importance of ck's linears.
+func (o *Options) loadImatrixFile(ck *safetensors.Checkpoint) error {
+	if o.ImatrixFile == "" {
+		return nil
+	}
+	inputs := map[string]int{}
+	for _, name := range ck.Names() {
+		if info, _ := ck.Info(name); len(info.Shape) == 2 {
+			inputs[strings.TrimSuffix(name, ".weight")] = info.Shape[1]
+		}
+	}
+	var err error
+	o.importance, err = readImatrixFile(o.ImatrixFile, ck.Dir, inputs)
+	return err
 }
 
 // gptq is the GPTQ solver's options for these settings.

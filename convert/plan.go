@@ -40,6 +40,14 @@ func Plan(src string, opt Options) (*alloc.Plan, error) {
 		return nil, err
 	}
 	defer ck.Close()
+	if err := opt.loadImatrixFile(ck); err != nil {
+		return nil, err
+	}
+	if isGGUF(f) {
+		if opt.gguf, err = prepareGGUF(ck, &opt); err != nil {
+			return nil, err
+		}
+	}
 	calib, err := opt.calibration(ck.Dir)
 	if err != nil {
 		return nil, err
@@ -55,6 +63,9 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	descs, err := describe(ck)
 	if err != nil {
 		return nil, err
+	}
+	if opt.gguf != nil {
+		opt.gguf.storedBytes(descs)
 	}
 	if opt.Plan != nil {
 		if err := opt.Plan.Validate(descs, f.Supports); err != nil {
@@ -113,7 +124,11 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	if err != nil {
 		return nil, err
 	}
-	return planner.Plan(opt.Alloc)
+	plan, err := planner.Plan(opt.Alloc)
+	if err == nil && opt.gguf != nil {
+		opt.gguf.annotate(plan, descs)
+	}
+	return plan, err
 }
 
 // checkUniformScheme names the tensors a uniform scheme the format cannot hold would apply to,
@@ -318,7 +333,7 @@ func checkQuantizes(items []Item, plan *alloc.Plan) error {
 // checkMixed refuses a plan with several schemes for a format whose config holds only one.
 func checkMixed(items []Item, f packing.Format) error {
 	main, mixed, _ := mainScheme(items)
-	if !mixed || f.Name() == "qpack" {
+	if !mixed || f.MixedSchemes() {
 		return nil
 	}
 	for _, it := range items {

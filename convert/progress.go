@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"github.com/qpack-dev/qpack/alloc"
-	"github.com/qpack-dev/qpack/safetensors"
 )
 
 // ProgressFunc receives how many of the output's tensors are written and the input bytes they
@@ -25,7 +24,7 @@ func tracked(units []unit, bytes []int64, opt Options) []unit {
 	done, doneBytes := 0, int64(0)
 	out := make([]unit, len(units))
 	for i, u := range units {
-		out[i] = func(w *safetensors.CheckpointWriter) error {
+		out[i] = func(w tensorSink) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/qpack-dev/qpack/gguf"
+	"github.com/qpack-dev/qpack/ggufexport"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
@@ -20,16 +22,11 @@ func UpToDate(src, dst string, opt Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out, err := safetensors.Open(dst)
+	p, err := ReadProvenance(dst)
 	if err != nil {
-		return "", nil // no output (or none complete): convert
+		return "", nil // no output (or none complete, or not qpack's): convert
 	}
-	raw := out.Metadata()[ProvenanceKey]
-	out.Close()
-	var prov Provenance
-	if raw == "" || json.Unmarshal([]byte(raw), &prov) != nil {
-		return "", nil
-	}
+	prov := *p
 	if prov.Version != opt.Version || prov.Method != opt.Method.String() || prov.Format != f.Name() || prov.Options["clip"] != opt.Clip {
 		return "", nil
 	}
@@ -53,6 +50,14 @@ func UpToDate(src, dst string, opt Options) (string, error) {
 	if !slices.Equal(inputs, prov.Inputs) {
 		return "", nil
 	}
+	if err := opt.loadImatrixFile(ck); err != nil {
+		return "", err
+	}
+	if isGGUF(f) {
+		if opt.gguf, err = prepareGGUF(ck, &opt); err != nil {
+			return "", err
+		}
+	}
 	calib, err := opt.calibration(ck.Dir)
 	if err != nil {
 		return "", err
@@ -73,6 +78,36 @@ func UpToDate(src, dst string, opt Options) (string, error) {
 		return "", nil
 	}
 	return fmt.Sprintf("qpack %s, %s, %s, same %s of the inputs, same plan", prov.Version, prov.Method, prov.Format, algo), nil
+}
+
+// ReadProvenance reads the provenance qpack recorded in an output: a checkpoint directory's
+// safetensors metadata, or a GGUF file's qpack.provenance.
+func ReadProvenance(path string) (*Provenance, error) {
+	var raw string
+	if ggufexport.IsGGUF(path) {
+		f, err := gguf.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		v, _ := f.Get(ProvenanceKey)
+		f.Close()
+		raw, _ = v.(string)
+	} else {
+		out, err := safetensors.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		raw = out.Metadata()[ProvenanceKey]
+		out.Close()
+	}
+	var prov Provenance
+	if raw == "" {
+		return nil, fmt.Errorf("%s: no qpack provenance", path)
+	}
+	if err := json.Unmarshal([]byte(raw), &prov); err != nil {
+		return nil, fmt.Errorf("%s: provenance: %w", path, err)
+	}
+	return &prov, nil
 }
 
 // hashOf says which digest the recorded inputs carry.

@@ -6,19 +6,23 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/qpack-dev/qpack/safetensors"
 )
+
+// tensorSink takes the output's tensors by name, each whole, in any order and from several
+// goroutines: a safetensors checkpoint writer, or a GGUF file's (ggufSink).
+type tensorSink interface {
+	Write(name string, data []byte) error
+}
 
 // unit is one step of writing the output: copying a kept tensor, or quantizing, packing and
 // writing one module. Each writes its tensors at their places in the output files, which the
 // header fixed before any data, so units finish in any order.
-type unit func(out *safetensors.CheckpointWriter) error
+type unit func(out tensorSink) error
 
 // runUnits runs units in order, at most workers at once, so that at most that many modules'
 // inputs and results are in memory while reading, quantizing and writing overlap. It returns
 // the error of the first failed unit, after which no unit starts.
-func runUnits(out *safetensors.CheckpointWriter, units []unit, workers int) error {
+func runUnits(out tensorSink, units []unit, workers int) error {
 	var next atomic.Int64
 	var failed atomic.Bool
 	errs := make([]error, len(units))
@@ -85,7 +89,7 @@ func interleaveShards(units []unit, shard []int, bytes []int64) []unit {
 type writeTimer struct{ nanos atomic.Int64 }
 
 // write writes one output tensor and counts the time.
-func (w *writeTimer) write(out *safetensors.CheckpointWriter, name string, data []byte) error {
+func (w *writeTimer) write(out tensorSink, name string, data []byte) error {
 	start := time.Now()
 	err := out.Write(name, data)
 	w.nanos.Add(int64(time.Since(start)))

@@ -29,7 +29,7 @@ func TestRunUnitsConcurrencyAndOrder(t *testing.T) {
 	arrived := make(chan struct{}, workers)
 	units := make([]unit, count)
 	for i := range units {
-		units[i] = func(*safetensors.CheckpointWriter) error {
+		units[i] = func(tensorSink) error {
 			mu.Lock()
 			order = append(order, i)
 			mu.Unlock()
@@ -73,7 +73,7 @@ func TestRunUnitsConcurrencyAndOrder(t *testing.T) {
 	var ran atomic.Int64
 	few := make([]unit, 5)
 	for i := range few {
-		few[i] = func(*safetensors.CheckpointWriter) error { ran.Add(1); return nil }
+		few[i] = func(tensorSink) error { ran.Add(1); return nil }
 	}
 	if err := runUnits(nil, few, 8); err != nil || ran.Load() != 5 {
 		t.Errorf("more workers than units: %v, %d of 5 ran", err, ran.Load())
@@ -196,7 +196,7 @@ func TestInterleaveShards(t *testing.T) {
 	var got []int
 	var units []unit
 	for i := range 7 {
-		units = append(units, func(*safetensors.CheckpointWriter) error { got = append(got, i); return nil })
+		units = append(units, func(tensorSink) error { got = append(got, i); return nil })
 	}
 	// shard 0: units 0,1,2,3 of 10 bytes each; shard 1: units 4,5 (20 each); shard 2: unit 6
 	shard := []int{0, 0, 0, 0, 1, 1, 2}

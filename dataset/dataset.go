@@ -15,6 +15,14 @@ import (
 // LoadIDs reads token ids: an .npy array of integers as they are, anything else as UTF-8 text
 // tokenized with the tokenizer.json of modelDir (no special tokens added).
 func LoadIDs(path, modelDir string) ([]int, error) {
+	return LoadIDsWith(path, func() (*tokenizer.Tokenizer, error) {
+		return tokenizer.Load(filepath.Join(modelDir, "tokenizer.json"))
+	})
+}
+
+// LoadIDsWith is LoadIDs with the tokenizer of text data given by tok, which is called only
+// for text.
+func LoadIDsWith(path string, tok func() (*tokenizer.Tokenizer, error)) ([]int, error) {
 	if path == "" {
 		return nil, fmt.Errorf("no data file given (--data)")
 	}
@@ -33,9 +41,9 @@ func LoadIDs(path, modelDir string) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	tok, err := tokenizer.Load(filepath.Join(modelDir, "tokenizer.json"))
+	t, err := tok()
 	if err != nil {
 		return nil, fmt.Errorf("tokenizing %s: %w", path, err)
 	}
-	return tok.Encode(string(text)), nil
+	return t.Encode(string(text)), nil
 }

@@ -10,7 +10,10 @@ import (
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/dataset"
+	"github.com/qpack-dev/qpack/gguf"
+	"github.com/qpack-dev/qpack/ggufexport"
 	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/tokenizer"
 )
 
 // Options say what to evaluate on.
@@ -79,15 +82,15 @@ func Run(dir string, opt Options) (*Report, error) {
 	if opt.SeqLen == 0 {
 		opt.SeqLen = 512
 	}
-	ids, err := dataset.LoadIDs(opt.Data, dir)
-	if err != nil {
-		return nil, err
-	}
-	m, err := model.Open(dir)
+	m, err := Open(dir)
 	if err != nil {
 		return nil, err
 	}
 	defer m.Close()
+	ids, err := loadIDs(opt.Data, dir)
+	if err != nil {
+		return nil, err
+	}
 	ev, err := newEvaluator(m.Config, opt)
 	if err != nil {
 		return nil, err
@@ -101,7 +104,7 @@ func Run(dir string, opt Options) (*Report, error) {
 		}
 		r.setResult(res)
 	} else {
-		ref, err := model.Open(opt.Reference)
+		ref, err := Open(opt.Reference)
 		if err != nil {
 			return nil, err
 		}
@@ -119,6 +122,30 @@ func Run(dir string, opt Options) (*Report, error) {
 	}
 	r.Seconds = time.Since(start).Seconds()
 	return r, nil
+}
+
+// Open opens a model to evaluate: a checkpoint directory (plain or quantized), or a GGUF file.
+func Open(path string) (*model.Model, error) {
+	if ggufexport.IsGGUF(path) {
+		return ggufexport.OpenModel(path)
+	}
+	return model.Open(path)
+}
+
+// loadIDs reads the evaluation data; text is tokenized with the model's tokenizer (a GGUF
+// file's own, or the checkpoint's tokenizer.json).
+func loadIDs(data, path string) ([]int, error) {
+	if !ggufexport.IsGGUF(path) {
+		return dataset.LoadIDs(data, path)
+	}
+	return dataset.LoadIDsWith(data, func() (*tokenizer.Tokenizer, error) {
+		f, err := gguf.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		return ggufexport.Tokenizer(f)
+	})
 }
 
 func (r *Report) setResult(res model.Result) {

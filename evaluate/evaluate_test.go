@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/ggufexport"
 	"github.com/qpack-dev/qpack/internal/testenv"
 )
 
@@ -66,5 +67,37 @@ func TestBadData(t *testing.T) {
 	}
 	if _, err := Run(tiny, Options{Data: filepath.Join(tiny, "probe_logits.npy")}); err == nil {
 		t.Errorf("float .npy as ids should fail")
+	}
+}
+
+// A GGUF file evaluates like its source: an F32 export gives the source's perplexity with ids
+// and with text (tokenized by the tokenizer in the file's metadata), and a Q8_0 export compared
+// with the source checkpoint shows a small, non-zero divergence.
+func TestEvalGGUF(t *testing.T) {
+	tiny := testenv.Testdata(t, "models/tiny")
+	dir := t.TempDir()
+	f32, q8 := filepath.Join(dir, "f32.gguf"), filepath.Join(dir, "q8.gguf")
+	for path, typ := range map[string]string{f32: "f32", q8: "q8_0"} {
+		if _, err := ggufexport.Export(tiny, path, ggufexport.Options{Type: typ, EmbedType: "f32"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, err := Run(tiny, Options{Data: filepath.Join(tiny, "heldout_ids.npy"), MaxSeqs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := Run(f32, Options{Data: filepath.Join(tiny, "heldout.txt"), MaxSeqs: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text.Perplexity != src.Perplexity {
+		t.Errorf("F32 GGUF on text: perplexity %v, source %v", text.Perplexity, src.Perplexity)
+	}
+	q, err := Run(q8, Options{Data: filepath.Join(tiny, "heldout_ids.npy"), MaxSeqs: 2, Reference: tiny})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.MeanKL <= 0 || q.MeanKL > 1e-3 || q.Top1Agreement < 0.95 {
+		t.Errorf("Q8_0 GGUF against the source: KL %v, top-1 %v", q.MeanKL, q.Top1Agreement)
 	}
 }

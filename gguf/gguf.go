@@ -48,21 +48,20 @@ const (
 // Type is a ggml tensor type (enum ggml_type).
 type Type uint32
 
-// The ggml types qpack writes or reads.
+// The ggml types a GGUF file of weights may hold (enum ggml_type).
 const (
-	F32  Type = 0
-	F16  Type = 1
-	Q4_0 Type = 2
-	Q4_1 Type = 3
-	Q5_0 Type = 6
-	Q5_1 Type = 7
-	Q8_0 Type = 8
-	Q2_K Type = 10
-	Q3_K Type = 11
-	Q4_K Type = 12
-	Q5_K Type = 13
-	Q6_K Type = 14
-	// llama.cpp's IQ types (package iquant holds their layouts and quantizers).
+	F32     Type = 0
+	F16     Type = 1
+	Q4_0    Type = 2
+	Q4_1    Type = 3
+	Q5_0    Type = 6
+	Q5_1    Type = 7
+	Q8_0    Type = 8
+	Q2_K    Type = 10
+	Q3_K    Type = 11
+	Q4_K    Type = 12
+	Q5_K    Type = 13
+	Q6_K    Type = 14
 	IQ2_XXS Type = 16
 	IQ2_XS  Type = 17
 	IQ3_XXS Type = 18
@@ -73,6 +72,8 @@ const (
 	IQ4_XS  Type = 23
 	IQ1_M   Type = 29
 	BF16    Type = 30
+	TQ1_0   Type = 34
+	TQ2_0   Type = 35
 )
 
 // typeInfo is a type's name, elements per block and bytes per block (ggml's type_traits).
@@ -96,16 +97,19 @@ var types = map[Type]typeInfo{
 	Q4_K: {"Q4_K", 256, 144},
 	Q5_K: {"Q5_K", 256, 176},
 	Q6_K: {"Q6_K", 256, 210},
-
-	IQ2_XXS: {"IQ2_XXS", 256, 66},
-	IQ2_XS:  {"IQ2_XS", 256, 74},
-	IQ3_XXS: {"IQ3_XXS", 256, 98},
-	IQ1_S:   {"IQ1_S", 256, 50},
-	IQ4_NL:  {"IQ4_NL", 32, 18},
-	IQ3_S:   {"IQ3_S", 256, 110},
-	IQ2_S:   {"IQ2_S", 256, 82},
-	IQ4_XS:  {"IQ4_XS", 256, 136},
-	IQ1_M:   {"IQ1_M", 256, 56},
+	// The lattice and ternary types (ggml-common.h's block_iq*, block_tq*); their sizes let
+	// files that hold them be read and planned, whether or not qpack decodes them.
+	IQ2_XXS: {"IQ2_XXS", 256, 66}, // f16 d; u16 qs[32]
+	IQ2_XS:  {"IQ2_XS", 256, 74},  // f16 d; u16 qs[32]; u8 scales[8]
+	IQ2_S:   {"IQ2_S", 256, 82},   // f16 d; u8 qs[64]; u8 qh[8]; u8 scales[8]
+	IQ3_XXS: {"IQ3_XXS", 256, 98}, // f16 d; u8 qs[96]
+	IQ3_S:   {"IQ3_S", 256, 110},  // f16 d; u8 qs[64]; u8 qh[8]; u8 signs[32]; u8 scales[4]
+	IQ1_S:   {"IQ1_S", 256, 50},   // f16 d; u8 qs[32]; u16 qh[8]
+	IQ1_M:   {"IQ1_M", 256, 56},   // u8 qs[32]; u8 qh[16]; u8 scales[8]
+	IQ4_NL:  {"IQ4_NL", 32, 18},   // f16 d; u8 qs[16]
+	IQ4_XS:  {"IQ4_XS", 256, 136}, // f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]
+	TQ1_0:   {"TQ1_0", 256, 54},   // u8 qs[48]; u8 qh[4]; f16 d
+	TQ2_0:   {"TQ2_0", 256, 66},   // u8 qs[64]; f16 d
 }
 
 // Known reports whether qpack knows the type's block layout.

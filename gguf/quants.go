@@ -116,7 +116,7 @@ func encodeSym(dst []byte, t Type, x []float32) []byte {
 	for j, v := range x {
 		q[j] = uint8(min(2*half-1, float32(int8(float32(v*id)+(half+0.5)))))
 	}
-	return appendNibbles(dst, t == Q5_0, &q)
+	return AppendCodes32(dst, t == Q5_0, q[:])
 }
 
 // encodeQ4_0 is encodeSym for Q4_0 on whole blocks through the AVX2 kernel: the same bytes
@@ -156,12 +156,13 @@ func encodeMin(dst []byte, t Type, x []float32) []byte {
 	for j, v := range x {
 		q[j] = uint8(min(top, float32(int8(float32((v-lo)*id)+0.5))))
 	}
-	return appendNibbles(dst, t == Q5_1, &q)
+	return AppendCodes32(dst, t == Q5_1, q[:])
 }
 
-// appendNibbles stores 32 codes: (Q5 only) qh with bit j = code j's bit 4, then 16 bytes
-// whose low nibble is code j and high nibble code j+16.
-func appendNibbles(dst []byte, five bool, q *[32]uint8) []byte {
+// AppendCodes32 stores the 32 codes of a Q4_0/Q4_1/Q5_0/Q5_1 block as ggml does: (Q5 only)
+// qh with bit j = code j's bit 4, then 16 bytes whose low nibble is code j and high nibble
+// code j+16.
+func AppendCodes32(dst []byte, five bool, q []uint8) []byte {
 	if five {
 		var qh uint32
 		for j, c := range q {

@@ -2,11 +2,13 @@ package gguf
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"math"
 	"os"
+	"sync/atomic"
 
 	"github.com/qpack-dev/qpack/internal/staged"
 )
@@ -33,6 +35,30 @@ type Tensor struct {
 // alignment is general.alignment when a KV sets it (a uint32 power of two), else 32. The
 // file is written under a temporary name and renamed when complete; on error nothing is left.
 func Write(path string, kvs []KV, tensors []Tensor) error {
+	return Stream(path, kvs, tensors, nil, func(w *Writer) error {
+		for _, t := range tensors {
+			tw, err := w.Tensor(t.Name)
+			if err != nil {
+				return err
+			}
+			bw := bufio.NewWriterSize(tw, 1<<20)
+			if err := t.WriteTo(bw); err != nil {
+				return fmt.Errorf("%s: tensor %s: %w", path, t.Name, err)
+			}
+			if err := bw.Flush(); err != nil {
+				return fmt.Errorf("%s: tensor %s: %w", path, t.Name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Stream writes a GGUF v3 file at path whose header holds kvs and the tensors' infos (their
+// WriteTo is not used) and whose tensor data fill writes through w, in any order and from
+// several goroutines at once: the header fixes every tensor's place before any data. When
+// fill returns, every tensor must be complete. The file is written under a temporary name
+// (leftovers of dead runs are removed, each reported to log) and renamed when complete.
+func Stream(path string, kvs []KV, tensors []Tensor, log io.Writer, fill func(w *Writer) error) error {
 	align, err := alignment(kvs)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
@@ -41,26 +67,139 @@ func Write(path string, kvs []KV, tensors []Tensor) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	return staged.File(path, nil, func(f *os.File) error {
-		bw := bufio.NewWriterSize(f, 1<<20)
-		cw := &countWriter{w: bw}
-		if err := writeHeader(cw, kvs, tensors, sizes, align); err != nil {
+	return staged.File(path, log, func(f *os.File) error {
+		w, err := newWriter(f, kvs, tensors, sizes, align)
+		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
-		for i, t := range tensors {
-			start := cw.n
-			if err := t.WriteTo(cw); err != nil {
-				return fmt.Errorf("%s: tensor %s: %w", path, t.Name, err)
-			}
-			if got := cw.n - start; got != sizes[i] {
-				return fmt.Errorf("%s: tensor %s: wrote %d bytes, its type and dims need %d", path, t.Name, got, sizes[i])
-			}
-			if err := cw.zeros(pad(cw.n, align) - cw.n); err != nil {
-				return err
-			}
+		if err := fill(w); err != nil {
+			return err
 		}
-		return bw.Flush()
+		return w.check(path)
 	})
+}
+
+// Writer places tensor data in a GGUF file whose header is written.
+type Writer struct {
+	f         *os.File
+	header    []byte
+	tensors   []Tensor
+	dataStart int64
+	slots     map[string]*slot
+}
+
+// slot is one tensor's place in the file and how much of it has been written.
+type slot struct {
+	offset, size int64 // absolute offset in the file
+	written      atomic.Int64
+}
+
+func newWriter(f *os.File, kvs []KV, tensors []Tensor, sizes []int64, align int64) (*Writer, error) {
+	header, err := encodeHeader(kvs, tensors, sizes, align)
+	if err != nil {
+		return nil, err
+	}
+	w := &Writer{f: f, header: header, tensors: tensors, dataStart: int64(len(header)), slots: map[string]*slot{}}
+	off := w.dataStart
+	for i, t := range tensors {
+		w.slots[t.Name] = &slot{offset: off, size: sizes[i]}
+		off += pad(sizes[i], align)
+	}
+	// The file has its final size from the start; the padding between tensors stays zero.
+	if err := f.Truncate(off); err != nil {
+		return nil, err
+	}
+	if _, err := f.WriteAt(header, 0); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func encodeHeader(kvs []KV, tensors []Tensor, sizes []int64, align int64) ([]byte, error) {
+	var buf bytes.Buffer
+	cw := &countWriter{w: &buf}
+	if err := writeHeader(cw, kvs, tensors, sizes, align); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// WriteTensor writes a whole tensor's data. Different tensors may be written concurrently.
+func (w *Writer) WriteTensor(name string, data []byte) error {
+	s, ok := w.slots[name]
+	if !ok {
+		return fmt.Errorf("tensor %s is not in the file's header", name)
+	}
+	if int64(len(data)) != s.size {
+		return fmt.Errorf("tensor %s: %d bytes, its type and dims need %d", name, len(data), s.size)
+	}
+	if _, err := w.f.WriteAt(data, s.offset); err != nil {
+		return err
+	}
+	s.written.Store(s.size)
+	return nil
+}
+
+// Tensor returns a writer that streams one tensor's data from its start: writing more than
+// the tensor's size is an error.
+func (w *Writer) Tensor(name string) (io.Writer, error) {
+	s, ok := w.slots[name]
+	if !ok {
+		return nil, fmt.Errorf("tensor %s is not in the file's header", name)
+	}
+	return &tensorStream{f: w.f, s: s, name: name}, nil
+}
+
+type tensorStream struct {
+	f    *os.File
+	s    *slot
+	name string
+}
+
+func (t *tensorStream) Write(p []byte) (int, error) {
+	at := t.s.written.Load()
+	if at+int64(len(p)) > t.s.size {
+		return 0, fmt.Errorf("tensor %s: more than its %d bytes written", t.name, t.s.size)
+	}
+	n, err := t.f.WriteAt(p, t.s.offset+at)
+	t.s.written.Add(int64(n))
+	return n, err
+}
+
+// SetKVs rewrites the header with new KVs that encode to the same number of bytes (final
+// values of fields that were sized with placeholders, such as digests).
+func (w *Writer) SetKVs(kvs []KV) error {
+	sizes := make([]int64, len(w.tensors))
+	for i, t := range w.tensors {
+		sizes[i] = w.slots[t.Name].size
+	}
+	align, err := alignment(kvs)
+	if err != nil {
+		return err
+	}
+	header, err := encodeHeader(kvs, w.tensors, sizes, align)
+	if err != nil {
+		return err
+	}
+	if len(header) != len(w.header) {
+		return fmt.Errorf("the new header is %d bytes, the written one %d", len(header), len(w.header))
+	}
+	if _, err := w.f.WriteAt(header, 0); err != nil {
+		return err
+	}
+	w.header = header
+	return nil
+}
+
+// check says whether every tensor was written whole.
+func (w *Writer) check(path string) error {
+	for _, t := range w.tensors {
+		s := w.slots[t.Name]
+		if got := s.written.Load(); got != s.size {
+			return fmt.Errorf("%s: tensor %s: wrote %d bytes, its type and dims need %d", path, t.Name, got, s.size)
+		}
+	}
+	return nil
 }
 
 func alignment(kvs []KV) (int64, error) {

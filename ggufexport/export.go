@@ -6,14 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 
+	"github.com/qpack-dev/qpack/ftype"
 	"github.com/qpack-dev/qpack/gguf"
-	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quantized"
 )
 
@@ -21,8 +20,10 @@ import (
 type Options struct {
 	// Type is the ggml type of linear weights stored as floats in the source ("" = F16).
 	Type string
-	// EmbedType is the type of token_embd and output ("" = F16).
+	// EmbedType is the type of token_embd ("" = F16).
 	EmbedType string
+	// OutputType is the type of output, the classifier ("" = EmbedType).
+	OutputType string
 	// Requantize allows quantized modules whose scheme maps onto no ggml type to be
 	// dequantized and quantized again to Type (lossy, and reported as such).
 	Requantize bool
@@ -42,23 +43,7 @@ type Entry struct {
 // Export writes the checkpoint at src as a GGUF v3 file at dst and returns what it did per
 // tensor. Nothing is written at dst unless the whole file is.
 func Export(src, dst string, o Options) ([]Entry, error) {
-	cfg, err := model.LoadConfig(src)
-	if err != nil {
-		return nil, err
-	}
-	arch, ok := archOf[cfg.ModelType]
-	if !ok {
-		return nil, fmt.Errorf("%s: model_type %q has no GGUF export (llama, mistral, qwen2 do)", src, cfg.ModelType)
-	}
-	extra, err := readExtraConfig(src)
-	if err != nil {
-		return nil, err
-	}
-	kvs, err := hyperparameters(arch, cfg, extra)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", src, err)
-	}
-	tokKVs, err := tokenizerKVs(src, cfg.Vocab, extra, o.TokenizerPre)
+	l, err := NewLayout(src, o.TokenizerPre)
 	if err != nil {
 		return nil, err
 	}
@@ -74,22 +59,17 @@ func Export(src, dst string, o Options) ([]Entry, error) {
 	if p.embed, err = parseType(o.EmbedType, "--embed-type"); err != nil {
 		return nil, err
 	}
-	tensors, entries, err := p.tensors(arch, cfg)
+	p.output = p.embed
+	if o.OutputType != "" {
+		if p.output, err = parseType(o.OutputType, "--output-type"); err != nil {
+			return nil, err
+		}
+	}
+	tensors, entries, err := p.tensors(l)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", src, err)
 	}
-	name := o.Name
-	if name == "" {
-		name = filepath.Base(filepath.Clean(src))
-	}
-	head := []gguf.KV{
-		{Key: "general.architecture", Value: arch},
-		{Key: "general.name", Value: name},
-		{Key: "general.file_type", Value: fileType(entries)},
-		{Key: "general.quantization_version", Value: uint32(2)},
-	}
-	kvs = append(append(head, kvs...), tokKVs...)
-	if err := gguf.Write(dst, kvs, tensors); err != nil {
+	if err := gguf.Write(dst, l.KVs(o.Name, fileType(entries)), tensors); err != nil {
 		return nil, err
 	}
 	return entries, nil
@@ -112,23 +92,31 @@ func parseType(s, flag string) (gguf.Type, error) {
 	return 0, fmt.Errorf("%s %s: qpack quantizes float weights to %v, Q2_K … Q6_K and the IQ types that need no importance matrix (IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_S, IQ1_M)", flag, t, gguf.Encoders)
 }
 
-// fileType is general.file_type (llama.h LLAMA_FTYPE_*) of the type most linear weights use.
-func fileType(entries []Entry) uint32 {
-	ftype := map[gguf.Type]uint32{gguf.F32: 0, gguf.F16: 1, gguf.Q4_0: 2, gguf.Q4_1: 3, gguf.Q8_0: 7,
-		gguf.Q5_0: 8, gguf.Q5_1: 9, gguf.Q2_K: 10, gguf.Q3_K: 12, gguf.Q4_K: 15, gguf.Q5_K: 17, gguf.Q6_K: 18, gguf.BF16: 32,
-		gguf.IQ2_XXS: 19, gguf.IQ2_XS: 20, gguf.IQ3_XXS: 23, gguf.IQ1_S: 24, gguf.IQ4_NL: 25, gguf.IQ3_S: 26, gguf.IQ2_S: 28,
-		gguf.IQ4_XS: 30, gguf.IQ1_M: 31}
+// fileType is general.file_type of the type most linear weights use.
+func fileType(entries []Entry) ftype.FileType {
+	var types []gguf.Type
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name, "blk.") && strings.HasSuffix(e.Name, ".weight") {
+			types = append(types, e.Type)
+		}
+	}
+	return FileTypeOf(types)
+}
+
+// FileTypeOf is general.file_type for a file whose block weights have the given types: the
+// file type named after the most common one other than F32 (norms).
+func FileTypeOf(types []gguf.Type) ftype.FileType {
 	count := map[gguf.Type]int{}
 	best := gguf.F32
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name, "blk.") && strings.HasSuffix(e.Name, ".weight") && e.Type != gguf.F32 {
-			count[e.Type]++
-			if count[e.Type] > count[best] {
-				best = e.Type
+	for _, t := range types {
+		if t != gguf.F32 {
+			count[t]++
+			if count[t] > count[best] || (count[t] == count[best] && t < best) {
+				best = t
 			}
 		}
 	}
-	return ftype[best]
+	return ftype.Mostly(best)
 }
 
 // planner decides each tensor's type and source and builds its writer.
@@ -136,20 +124,20 @@ type planner struct {
 	c             *quantized.Checkpoint
 	opts          Options
 	linear, embed gguf.Type
+	output        gguf.Type
 }
 
-func (p *planner) tensors(arch string, cfg *model.Config) ([]gguf.Tensor, []Entry, error) {
+func (p *planner) tensors(l *Layout) ([]gguf.Tensor, []Entry, error) {
 	var out []gguf.Tensor
 	var entries []Entry
 	add := func(t gguf.Tensor, how string) {
 		out = append(out, t)
 		entries = append(entries, Entry{t.Name, t.Type, how})
 	}
-	if cfg.Rope.Type == "llama3" {
-		f := ropeFactors(cfg)
-		add(floatTensor("rope_freqs.weight", gguf.F32, f, []int{len(f)}), "computed (llama3 rope)")
+	if t, ok := l.RopeFreqs(); ok {
+		add(t, "computed (llama3 rope)")
 	}
-	for _, r := range roles(arch, cfg) {
+	for _, r := range l.roles {
 		t, how, err := p.tensor(r)
 		if err != nil {
 			return nil, nil, err
@@ -180,6 +168,8 @@ func (p *planner) tensor(r role) (gguf.Tensor, string, error) {
 	switch {
 	case r.linear:
 		typ = p.linear
+	case r.gguf == "output.weight":
+		typ = p.output
 	case len(shape) == 2:
 		typ = p.embed
 	}

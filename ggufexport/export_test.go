@@ -1,4 +1,4 @@
-package ggufexport
+package ggufexport_test
 
 import (
 	"encoding/binary"
@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/qpack-dev/qpack/ggufexport"
 
 	parser "github.com/gpustack/gguf-parser-go"
 
@@ -52,13 +54,13 @@ func ggufPerplexity(t *testing.T, path, src, idsDir string, seqs int) float64 {
 }
 
 // openWeights opens an exported file with the config of the checkpoint src.
-func openWeights(t *testing.T, path, src string) (*model.Config, *Weights) {
+func openWeights(t *testing.T, path, src string) (*model.Config, *ggufexport.Weights) {
 	t.Helper()
 	cfg, err := model.LoadConfig(src)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := OpenWeights(path, cfg)
+	w, err := ggufexport.OpenWeights(path, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +86,7 @@ func sourcePerplexity(t *testing.T, dir, idsDir string, seqs int) float64 {
 func TestExportTinyF32IsExact(t *testing.T) {
 	src := tinyDir(t)
 	out := filepath.Join(t.TempDir(), "tiny.gguf")
-	entries, err := Export(src, out, Options{Type: "f32", EmbedType: "f32"})
+	entries, err := ggufexport.Export(src, out, ggufexport.Options{Type: "f32", EmbedType: "f32"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +124,7 @@ func TestExportTinyF32IsExact(t *testing.T) {
 func TestExportPermutesLlamaQK(t *testing.T) {
 	src := tinyDir(t)
 	out := filepath.Join(t.TempDir(), "tiny.gguf")
-	if _, err := Export(src, out, Options{Type: "f32", EmbedType: "f16"}); err != nil {
+	if _, err := ggufexport.Export(src, out, ggufexport.Options{Type: "f32", EmbedType: "f16"}); err != nil {
 		t.Fatal(err)
 	}
 	in, _ := safetensors.Open(src)
@@ -172,7 +174,7 @@ func TestExportLosslessRepack(t *testing.T) {
 			t.Fatal(err)
 		}
 		out := filepath.Join(dir, "q.gguf")
-		entries, err := Export(filepath.Join(dir, "q"), out, Options{EmbedType: "f32"}) // tiny keeps F32 embeddings
+		entries, err := ggufexport.Export(filepath.Join(dir, "q"), out, ggufexport.Options{EmbedType: "f32"}) // tiny keeps F32 embeddings
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -207,14 +209,14 @@ func TestExportRefusesUnmappableScheme(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "q.gguf")
-	_, err := Export(filepath.Join(dir, "q"), out, Options{})
+	_, err := ggufexport.Export(filepath.Join(dir, "q"), out, ggufexport.Options{})
 	if err == nil || !strings.Contains(err.Error(), "int4-g128-sym maps onto no ggml type") || !strings.Contains(err.Error(), "model.layers.0.") {
 		t.Fatalf("want a refusal naming the module and scheme, got %v", err)
 	}
 	if _, err := os.Stat(out); !os.IsNotExist(err) {
 		t.Fatal("a refused export left a file")
 	}
-	entries, err := Export(filepath.Join(dir, "q"), out, Options{Requantize: true, Type: "q8_0"})
+	entries, err := ggufexport.Export(filepath.Join(dir, "q"), out, ggufexport.Options{Requantize: true, Type: "q8_0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,20 +252,20 @@ func TestExportBadInput(t *testing.T) {
 	cases := []struct {
 		want  string
 		setup func(dir string)
-		opts  Options
+		opts  ggufexport.Options
 	}{
 		{"model_type \"qwen3\" has no GGUF export", func(d string) {
 			editConfig(t, d, func(c map[string]any) { c["model_type"], c["architectures"] = "qwen3", []string{"Qwen3ForCausalLM"} })
-		}, Options{}},
-		{"no tokenizer.json", func(d string) { os.Remove(filepath.Join(d, "tokenizer.json")) }, Options{}},
-		{"unknown ggml type \"q9\"", func(string) {}, Options{Type: "q9"}},
-		{"pre-tokenizer", func(d string) { editTokenizer(t, d) }, Options{}},
+		}, ggufexport.Options{}},
+		{"no tokenizer.json", func(d string) { os.Remove(filepath.Join(d, "tokenizer.json")) }, ggufexport.Options{}},
+		{"unknown ggml type \"q9\"", func(string) {}, ggufexport.Options{Type: "q9"}},
+		{"pre-tokenizer", func(d string) { editTokenizer(t, d) }, ggufexport.Options{}},
 	}
 	for _, c := range cases {
 		dir := copyModel(t, src)
 		c.setup(dir)
 		out := filepath.Join(dir, "m.gguf")
-		_, err := Export(dir, out, c.opts)
+		_, err := ggufexport.Export(dir, out, c.opts)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("want an error containing %q, got %v", c.want, err)
 		}
@@ -291,7 +293,7 @@ func TestExportQwen2(t *testing.T) {
 		c["model_type"], c["architectures"] = "qwen2", []string{"Qwen2ForCausalLM"}
 	})
 	out := filepath.Join(t.TempDir(), "q.gguf")
-	if _, err := Export(dir, out, Options{Type: "f32", EmbedType: "f32"}); err != nil {
+	if _, err := ggufexport.Export(dir, out, ggufexport.Options{Type: "f32", EmbedType: "f32"}); err != nil {
 		t.Fatal(err)
 	}
 	g, _ := gguf.Open(out)

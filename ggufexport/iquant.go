@@ -3,27 +3,20 @@ package ggufexport
 import (
 	"fmt"
 
+	"github.com/qpack-dev/qpack/ggmltype"
 	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// iquantTypes maps the IQ types onto ggml's.
-var iquantTypes = map[quant.IQType]gguf.Type{
-	quant.IQ4NL: gguf.IQ4_NL, quant.IQ4XS: gguf.IQ4_XS, quant.IQ3S: gguf.IQ3_S, quant.IQ3XXS: gguf.IQ3_XXS,
-	quant.IQ2S: gguf.IQ2_S, quant.IQ2XS: gguf.IQ2_XS, quant.IQ2XXS: gguf.IQ2_XXS, quant.IQ1M: gguf.IQ1_M, quant.IQ1S: gguf.IQ1_S,
-}
-
 // iquantFor returns the IQ type that holds ggml type typ, if typ is one.
 func iquantFor(typ gguf.Type) (*iquant.Type, bool) {
-	for it, t := range iquantTypes {
-		if t == typ {
-			s, _ := quant.IQuantScheme(it)
-			qt, err := iquant.TypeOf(s)
-			return qt, err == nil
-		}
+	s, ok := ggmltype.SchemeOf(typ)
+	if !ok || s.Grid != quant.IQuant {
+		return nil, false
 	}
-	return nil, false
+	qt, err := iquant.TypeOf(s)
+	return qt, err == nil
 }
 
 // encodeIQRow appends one row of float weights x as ggml blocks of IQ type qt, fitted without

@@ -1,44 +1,24 @@
 package ggufexport
 
 import (
-	"encoding/binary"
 	"fmt"
 	"io"
 
-	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/ggmltype"
 	"github.com/qpack-dev/qpack/gguf"
-	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// lossless names the integer schemes whose codes and scales are ggml blocks as they are:
-// x = scale·(q − z) with F16 scales, one group of 32 along K.
-//
-//	int8-g32-sym  → Q8_0: d = scale, qs = q − 128
-//	int4-g32-sym  → Q4_0: d = scale, nibble = q (ggml subtracts 8, qpack's z)
-//	int4-g32-asym → Q4_1: d = scale, m = −z·scale, when every m is exact in F16
-//
-// and the k-quants q2_k … q6_k → Q2_K … Q6_K: the same d, dmin, sub-block scales, mins and
-// codes in ggml's block layout (kquant.Type.AppendRow), when K is a multiple of 256; and the IQ
-// types iq1_s … iq4_xs → IQ1_S … IQ4_XS, whose tensors are ggml's block fields (iquant.AppendRows).
-const lossless = "int8-g32-sym → Q8_0, int4-g32-sym → Q4_0, int4-g32-asym → Q4_1 (when −z·scale is exact in F16), q2_k … q6_k → Q2_K … Q6_K, iq1_s … iq4_xs → IQ1_S … IQ4_XS"
+// lossless names the schemes whose codes and scales are ggml blocks as they are
+// (ggmltype.Encode): the k-quants, integer groups of 32 with F16 scales, and int4-g32-asym as
+// Q4_1 when every −z·scale is exact in F16.
+const lossless = "q2_k … q6_k → Q2_K … Q6_K, int8-g32-sym → Q8_0, int5-g32-sym → Q5_0, int4-g32-sym → Q4_0, int4-g32-asym → Q4_1 (when −z·scale is exact in F16)"
 
 func repackType(s quant.Scheme) (gguf.Type, bool) {
-	if s.Grid == quant.KQuant {
-		return kquantTypes[s.Bits], true
+	if t, ok := ggmltype.TypeOf(s); ok {
+		return t, true
 	}
-	if s.Grid == quant.IQuant {
-		return iquantTypes[s.IQ], true
-	}
-	if s.Grid != quant.Integer || s.GroupSize != 32 {
-		return 0, false
-	}
-	switch {
-	case s.Bits == 8 && s.Sym:
-		return gguf.Q8_0, true
-	case s.Bits == 4 && s.Sym:
-		return gguf.Q4_0, true
-	case s.Bits == 4:
+	if s == (quant.Scheme{Bits: 4, GroupSize: 32}) {
 		return gguf.Q4_1, true
 	}
 	return 0, false
@@ -64,7 +44,7 @@ func (p *planner) module(r role, prefix string) (gguf.Tensor, string, error) {
 			if err != nil {
 				return err
 			}
-			b, err := repack(qt, typ)
+			b, err := repack(qt)
 			if err != nil {
 				return fmt.Errorf("module %s: %w", prefix, err)
 			}
@@ -83,53 +63,8 @@ func (p *planner) module(r role, prefix string) (gguf.Tensor, string, error) {
 }
 
 // repack writes a quantized tensor's codes and scales as ggml blocks, refusing anything that
-// would not decode to exactly the same weights (act-order column groups, a scale or offset
-// that F16 cannot hold).
-func repack(t *quant.Tensor, typ gguf.Type) ([]byte, error) {
-	if t.Scheme.Grid == quant.KQuant {
-		return repackKQuant(t)
-	}
-	if t.Scheme.Grid == quant.IQuant {
-		return iquant.AppendRows(make([]byte, 0, t.N*typ.RowBytes(t.K)), t)
-	}
-	for k, g := range t.GIdx {
-		if int(g) != k/32 {
-			return nil, fmt.Errorf("act-order group index (column %d in group %d) has no ggml block equivalent", k, g)
-		}
-	}
-	ng := t.K / 32
-	out := make([]byte, 0, t.N*typ.RowBytes(t.K))
-	for r := range t.N {
-		for g := range ng {
-			i := r*ng + g
-			scale, zero := t.Scales[i], t.Zeros[i]
-			d := fp.F32ToF16(scale)
-			if fp.F16ToF32(d) != scale {
-				return nil, fmt.Errorf("row %d group %d: scale %g is not exact in F16", r, g, scale)
-			}
-			out = binary.LittleEndian.AppendUint16(out, d)
-			codes := t.Codes[r*t.K+32*g : r*t.K+32*g+32]
-			switch typ {
-			case gguf.Q8_0:
-				for _, q := range codes {
-					out = append(out, byte(int8(int(q)-int(zero))))
-				}
-				continue
-			case gguf.Q4_0:
-				if zero != 8 {
-					return nil, fmt.Errorf("row %d group %d: zero point %d, Q4_0 needs 8", r, g, zero)
-				}
-			case gguf.Q4_1:
-				m := -float32(zero) * scale
-				if fp.F16ToF32(fp.F32ToF16(m)) != m {
-					return nil, fmt.Errorf("row %d group %d: offset −z·scale = %g is not exact in F16, so Q4_1 would change the weights (--requantize)", r, g, m)
-				}
-				out = binary.LittleEndian.AppendUint16(out, fp.F32ToF16(m))
-			}
-			for j := range 16 {
-				out = append(out, codes[j]&15|codes[j+16]<<4)
-			}
-		}
-	}
-	return out, nil
+// would not decode to exactly the same weights.
+func repack(t *quant.Tensor) ([]byte, error) {
+	_, b, err := ggmltype.Encode(t)
+	return b, err
 }

@@ -1,4 +1,4 @@
-package ggufexport
+package ggufexport_test
 
 import (
 	"os"
@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/qpack-dev/qpack/ggufexport"
 
 	"github.com/qpack-dev/qpack/internal/testenv"
 )
@@ -34,7 +36,7 @@ func TestSmallLlamaGGUFPerplexity(t *testing.T) {
 	for _, b := range bounds {
 		out := filepath.Join(t.TempDir(), "small-llama-"+b.typ+".gguf")
 		start := time.Now()
-		if _, err := Export(src, out, Options{Type: b.typ}); err != nil {
+		if _, err := ggufexport.Export(src, out, ggufexport.Options{Type: b.typ}); err != nil {
 			t.Fatal(err)
 		}
 		took := time.Since(start)

@@ -27,15 +27,26 @@ func OpenWeights(path string, cfg *model.Config) (*Weights, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s: architecture %q, the config says %q", path, arch, want)
 	}
+	return newWeights(f, cfg), nil
+}
+
+func newWeights(f *gguf.File, cfg *model.Config) *Weights {
 	w := &Weights{f: f, roles: map[string]role{}}
-	for _, r := range roles(arch, cfg) {
+	for _, r := range roles(w.arch(), cfg) {
 		w.roles[r.hf] = r
 	}
-	return w, nil
+	return w
 }
 
 // Close closes the file.
 func (w *Weights) Close() error { return w.f.Close() }
+
+// arch is the file's llama.cpp architecture name.
+func (w *Weights) arch() string {
+	v, _ := w.f.Get("general.architecture")
+	s, _ := v.(string)
+	return s
+}
 
 func (w *Weights) info(name string) (role, gguf.TensorInfo, bool) {
 	r, ok := w.roles[name]

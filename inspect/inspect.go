@@ -68,15 +68,21 @@ type Quantization struct {
 	BPW         float64  `json:"quantized_bpw"` // average over the quantized weights
 	ModelParams int64    `json:"model_params"`  // logical parameters: quantized weights plus the rest
 	ModelBPW    float64  `json:"model_bpw"`     // all stored bytes over all logical parameters
+	// BlockBPW is a GGUF file's bits per weight over the decoder blocks' 2-D weights, the
+	// figure llama.cpp's file types are compared by (0 for other checkpoints).
+	BlockBPW float64 `json:"block_bpw,omitempty"`
 	// InputBytes is the size of the checkpoint it was made from (from qpack's provenance), and
 	// Compression = InputBytes / stored bytes; both are zero when unknown.
 	InputBytes  int64   `json:"input_bytes,omitempty"`
 	Compression float64 `json:"compression,omitempty"`
 }
 
-// Inspect reads the headers of the checkpoint at path (a file or a directory); no tensor data
-// is read.
+// Inspect reads the headers of the checkpoint at path (a file or a directory, or a GGUF
+// file); no tensor data is read.
 func Inspect(path string) (*Report, error) {
+	if isGGUF(path) {
+		return inspectGGUF(path)
+	}
 	ck, err := quantized.Open(path)
 	if err != nil {
 		return nil, err
@@ -223,6 +229,9 @@ func (r *Report) WriteText(w io.Writer) error {
 		tw.Flush()
 		fmt.Fprintf(w, "%d quantized modules: %s weights in %s bytes, %.3f bits/weight (scales, zeros and g_idx included)\n",
 			len(q.Modules), thousands(q.Params), thousands(q.Bytes), q.BPW)
+		if q.BlockBPW > 0 {
+			fmt.Fprintf(w, "decoder blocks' weights: %.3f bits/weight\n", q.BlockBPW)
+		}
 		fmt.Fprintf(w, "whole checkpoint: %s logical parameters, %.3f bits/weight", thousands(q.ModelParams), q.ModelBPW)
 		if q.Compression > 0 {
 			fmt.Fprintf(w, ", %.2f× smaller than its %s-byte input", q.Compression, thousands(q.InputBytes))

@@ -317,3 +317,9 @@ func squaredError(x, qw []float32, scale float32, l func(i int) float32) float32
 	}
 	return sum
 }
+
+// FitSymmetric is ggml's make_qx_quants with rmse_type 1 (fitSymmetric), for ggml's other
+// types that use it (Q4_0 and Q5_0 with an importance matrix): codes in L, the scale returned.
+func FitSymmetric(nmax int32, x []float32, L []uint8, qw []float32) float32 {
+	return fitSymmetric(nmax, x, L, qw)
+}

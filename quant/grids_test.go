@@ -133,3 +133,12 @@ func TestFP8ScaleAndCode(t *testing.T) {
 		t.Errorf("DequantizeFP8(e4m3(1.5), 4) = %v, want 6", v)
 	}
 }
+
+func TestParseSchemeGGMLAliases(t *testing.T) {
+	for alias, want := range map[string]string{"q8_0": "int8-g32-sym", "Q5_0": "int5-g32-sym", " q4_0": "int4-g32-sym"} {
+		s, err := ParseScheme(alias)
+		if err != nil || s.String() != want {
+			t.Errorf("ParseScheme(%q) = %v, %v; want %s", alias, s, err, want)
+		}
+	}
+}

@@ -120,10 +120,18 @@ func (s Scheme) String() string {
 	return b.String()
 }
 
+// ggmlAliases name the integer schemes whose groups are llama.cpp's Q8_0, Q5_0 and Q4_0
+// blocks (32 weights, an F16 scale, a fixed zero point).
+var ggmlAliases = map[string]string{"q8_0": "int8-g32-sym", "q5_0": "int5-g32-sym", "q4_0": "int4-g32-sym"}
+
 // ParseScheme reads a scheme name as written by Scheme.String. The group part defaults to 128
 // and symmetry to asymmetric when left out ("int4" = "int4-g128-asym"); a k-quant ("q4_k") or
-// IQ type ("iq3_s") has neither.
+// IQ type ("iq3_s") has neither. llama.cpp's q8_0, q5_0 and q4_0 name int8-g32-sym, int5-g32-sym and
+// int4-g32-sym.
 func ParseScheme(name string) (Scheme, error) {
+	if alias, ok := ggmlAliases[strings.ToLower(strings.TrimSpace(name))]; ok {
+		name = alias
+	}
 	parts := strings.Split(strings.ToLower(strings.TrimSpace(name)), "-")
 	s := Scheme{GroupSize: 128}
 	head := parts[0]

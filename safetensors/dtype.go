@@ -112,6 +112,25 @@ func DecodeFloat32(d DType, dst []float32, src []byte) error {
 	return nil
 }
 
+// EncodeFloat32 stores float32 values as little-endian F16, BF16 (rounding to nearest even)
+// or F32; it panics on another dtype, which callers rule out first.
+func EncodeFloat32(d DType, v []float32) []byte {
+	out := make([]byte, d.Bits()/8*len(v))
+	for i, x := range v {
+		switch d {
+		case F16:
+			binary.LittleEndian.PutUint16(out[2*i:], fp.F32ToF16(x))
+		case BF16:
+			binary.LittleEndian.PutUint16(out[2*i:], fp.F32ToBF16(x))
+		case F32:
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(x))
+		default:
+			panic("safetensors: EncodeFloat32 to " + string(d))
+		}
+	}
+	return out
+}
+
 // byteSize is the stored size of n elements: ceil(n·bits/8).
 func byteSize(d DType, n int64) int64 { return (n*int64(d.Bits()) + 7) / 8 }
 

@@ -32,9 +32,14 @@ func planFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "sym", Usage: "symmetric grid (the default)"},
 		&cli.BoolFlag{Name: "asym", Usage: "asymmetric grid with a zero point per group"},
 		&cli.StringFlag{Name: "scheme", Usage: "full scheme name instead of --bits/--group-size/--sym, e.g. int4-g128-asym, nf4-g64, fp8, bin-g128-sym"},
-		&cli.StringFlag{Name: "format", Value: "gptq", Usage: "output layout: " + strings.Join(packing.Names(), ", ")},
+		&cli.StringFlag{Name: "format", Value: "gptq", Usage: "output layout: " + strings.Join(packing.Names(), ", ") + ", or gguf (one file for llama.cpp and ollama: -o FILE.gguf; docs/gguf.md)"},
+		&cli.StringFlag{Name: "preset", Usage: "--format gguf: a llama.cpp file type (Q4_K_M, Q3_K_M, Q5_K_M, Q2_K, Q3_K_S, Q4_K_S, Q5_K_S, Q6_K, Q8_0, …): every tensor gets the type llama-quantize gives it; the default under --format gguf when no scheme, strategy or budget is given is Q4_K_M"},
+		&cli.StringFlag{Name: "embed-type", Aliases: []string{"token-embedding-type"}, Usage: "--format gguf: ggml type of token_embd (f16, q8_0, q6_k, …; default: llama.cpp's for the file type)"},
+		&cli.StringFlag{Name: "output-type", Aliases: []string{"output-tensor-type"}, Usage: "--format gguf: ggml type of output, the classifier (default: llama.cpp's for the file type, Q6_K for the k-quants)"},
+		&cli.StringFlag{Name: "tokenizer-pre", Usage: "--format gguf: tokenizer.ggml.pre to write instead of the detected one (gpt-2, llama-bpe, qwen2, …)"},
 		&cli.BoolFlag{Name: "clip", Usage: "search an MSE-optimal clipping range per group"},
 		&cli.BoolFlag{Name: "imatrix", Usage: "importance-weighted scale search per group: least Σ E[x²]·(w−ŵ)² (RTN: E[x²] from --calib; GPTQ: diag H); on by default under --method awq+gptq (--imatrix=false turns it off)"},
+		&cli.StringFlag{Name: "imatrix-file", Usage: "llama.cpp's importance matrix (llama-imatrix's output, or `qpack imatrix`'s) as the importance E[x²] instead of measuring one; implies --imatrix"},
 		&cli.StringFlag{Name: "strategy", Value: "uniform", Usage: "precision per tensor: uniform (the scheme everywhere), evolved (protect edges, measure the middle) or budget (least error under --target-bpw/--target-size)"},
 		&cli.StringFlag{Name: "ladder", Usage: "candidate schemes, lowest precision first, comma-separated (keep = input dtype); default: evolved uses the scheme and its 8-bit version, budget int2..int8 g128 sym and keep"},
 		&cli.StringSliceFlag{Name: "override", Usage: "'REGEX=SCHEME' pins matching tensors (first match wins; SCHEME may be keep); repeatable"},
@@ -135,6 +140,7 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	if c.IsSet("imatrix") {
 		opt.Imatrix = c.Bool("imatrix")
 	}
+	opt.ImatrixFile = c.String("imatrix-file")
 	opt.GPTQ = convert.GPTQOptions{Damp: c.Float64("damp"), ActOrder: c.Bool("act-order"), StaticGroups: c.Bool("static-groups"),
 		TrueSequential: !c.Bool("no-true-sequential")}
 	opt.AWQ = convert.AWQOptions{SearchTokens: c.Int("awq-search-tokens"), NoClip: c.Bool("awq-no-clip"), Duo: c.Bool("awq-duo")}
@@ -142,6 +148,18 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	opt.Calib = convert.CalibOptions{File: c.String("calib"), Samples: c.Int("calib-samples"), SeqLen: c.Int("calib-seqlen")}
 	if opt.Calib.File != "" { // calibration runs forward passes
 		noteSlowPath(c.App.ErrWriter)
+	}
+	opt.GGUF = convert.GGUFOptions{Preset: c.String("preset"), EmbedType: c.String("embed-type"), OutputType: c.String("output-type"),
+		TokenizerPre: c.String("tokenizer-pre")}
+	planning := []string{"plan", "scheme", "bits", "group-size", "sym", "asym", "strategy", "ladder", "override", "target-bpw", "target-size"}
+	switch {
+	case opt.GGUF.Preset != "" && anySet(c, planning...):
+		return opt, fmt.Errorf("--preset chooses every tensor's type as llama-quantize does; drop --%s", firstSet(c, planning...))
+	case opt.Format == "gguf" && opt.GGUF.Preset == "" && !anySet(c, planning...):
+		opt.GGUF.Preset = "Q4_K_M"
+	}
+	if opt.GGUF.Preset != "" {
+		return opt, nil // the preset says what each tensor becomes
 	}
 	if p := c.String("plan"); p != "" {
 		f, err := os.Open(p)
@@ -158,13 +176,16 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	if err != nil {
 		return opt, err
 	}
+	if opt.Format == "gguf" && !anySet(c, "scheme", "bits", "group-size", "sym", "asym") {
+		s, _ = quant.ParseScheme("q4_k") // the integer default is no ggml type
+	}
 	strategy, err := strategyFromFlags(c)
 	if err != nil {
 		return opt, err
 	}
 	a := alloc.Options{Strategy: strategy, QuantizeEmbeddings: c.Bool("quantize-embeddings"),
 		QuantizeHead: c.Bool("quantize-head"), TargetBPW: c.Float64("target-bpw")}
-	if a.Ladder, err = ladderFromFlags(c, a.Strategy, s); err != nil {
+	if a.Ladder, err = ladderFromFlags(c, a.Strategy, s, opt.Format); err != nil {
 		return opt, err
 	}
 	if a.Overrides, err = alloc.ParseOverrides(c.StringSlice("override")); err != nil {
@@ -177,6 +198,19 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	}
 	opt.Alloc = a
 	return opt, nil
+}
+
+// anySet says whether any of the flags was given.
+func anySet(c *cli.Context, flags ...string) bool { return firstSet(c, flags...) != "" }
+
+// firstSet is the first of the flags that was given, or "".
+func firstSet(c *cli.Context, flags ...string) string {
+	for _, f := range flags {
+		if c.IsSet(f) {
+			return f
+		}
+	}
+	return ""
 }
 
 // strategyFromFlags reads --strategy; a budget (--target-bpw or --target-size) implies the
@@ -201,9 +235,9 @@ func strategyFromFlags(c *cli.Context) (string, error) {
 }
 
 // ladderFromFlags: --ladder when given; otherwise uniform uses the scheme and evolved the scheme
-// and its 8-bit version; a budget plan leaves the ladder to convert (the format's and the
-// method's default).
-func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.Choice, error) {
+// and its 8-bit version (Q8_0 in GGUF); a budget plan leaves the ladder to convert (the format's
+// and the method's default).
+func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme, format string) ([]alloc.Choice, error) {
 	if l := c.String("ladder"); l != "" {
 		return alloc.ParseLadder(l)
 	}
@@ -213,6 +247,9 @@ func ladderFromFlags(c *cli.Context, strategy string, s quant.Scheme) ([]alloc.C
 	case alloc.StrategyEvolved:
 		high := s
 		high.Bits, high.Grid = 8, quant.Integer
+		if format == "gguf" {
+			high = quant.Scheme{Bits: 8, GroupSize: 32, Sym: true} // Q8_0
+		}
 		return []alloc.Choice{alloc.SchemeChoice(s), alloc.SchemeChoice(high)}, nil
 	case alloc.StrategyBudget:
 		return nil, nil

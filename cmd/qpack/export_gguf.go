@@ -1,18 +1,14 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"reflect"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/ggufexport"
 )
 
@@ -24,7 +20,8 @@ func exportGGUFCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output FILE.gguf (required)", Required: true},
 			&cli.StringFlag{Name: "type", Value: "f16", Usage: "ggml type of float linear weights: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k … q6_k, iq4_nl, iq4_xs, iq3_s, iq3_xxs, iq2_s, iq1_m (ggml's fitting without an imatrix, as llama-quantize's)"},
-			&cli.StringFlag{Name: "embed-type", Value: "f16", Usage: "ggml type of token_embd and output (same choices)"},
+			&cli.StringFlag{Name: "embed-type", Aliases: []string{"token-embedding-type"}, Value: "f16", Usage: "ggml type of token_embd (same choices)"},
+			&cli.StringFlag{Name: "output-type", Aliases: []string{"output-tensor-type"}, Usage: "ggml type of output, the classifier (same choices; default: --embed-type)"},
 			&cli.BoolFlag{Name: "requantize", Usage: "dequantize modules whose scheme maps onto no ggml type and quantize them again to --type (lossy)"},
 			&cli.StringFlag{Name: "tokenizer-pre", Usage: "tokenizer.ggml.pre to write instead of the detected one (gpt-2, llama-bpe, qwen2, …)"},
 			&cli.StringFlag{Name: "name", Usage: "general.name (default: the source directory's name)"},
@@ -40,7 +37,7 @@ func exportGGUFCommand() *cli.Command {
 			}
 			start := time.Now()
 			entries, err := ggufexport.Export(c.Args().First(), dst, ggufexport.Options{
-				Type: c.String("type"), EmbedType: c.String("embed-type"), Requantize: c.Bool("requantize"),
+				Type: c.String("type"), EmbedType: c.String("embed-type"), OutputType: c.String("output-type"), Requantize: c.Bool("requantize"),
 				TokenizerPre: c.String("tokenizer-pre"), Name: c.String("name"),
 			})
 			if err != nil {
@@ -71,57 +68,4 @@ func summarizeExport(w io.Writer, entries []ggufexport.Entry) {
 	for _, k := range keys {
 		fmt.Fprintf(w, "%4d %s\n", count[k], k)
 	}
-}
-
-// inspectGGUF lists a GGUF file's metadata (arrays by type and length) and tensors.
-func inspectGGUF(w io.Writer, path string, asJSON bool) error {
-	g, err := gguf.Open(path)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
-	type tensor struct {
-		Name  string   `json:"name"`
-		Type  string   `json:"type"`
-		Dims  []uint64 `json:"dims"`
-		Bytes int64    `json:"bytes"`
-	}
-	var tensors []tensor
-	var total int64
-	for _, t := range g.Tensors {
-		tensors = append(tensors, tensor{t.Name, t.Type.String(), t.Dims, t.Size})
-		total += t.Size
-	}
-	meta := map[string]any{}
-	for _, kv := range g.KVs {
-		meta[kv.Key] = summarizeValue(kv.Value)
-	}
-	if asJSON {
-		e := json.NewEncoder(w)
-		e.SetIndent("", "  ")
-		return e.Encode(map[string]any{"path": path, "version": g.Version, "metadata": meta, "tensors": tensors, "tensor_bytes": total})
-	}
-	fmt.Fprintf(w, "%s: GGUF v%d, %d KVs, %d tensors, %.1f MB of tensor data (data at byte %d, alignment %d)\n",
-		path, g.Version, len(g.KVs), len(g.Tensors), float64(total)/1e6, g.DataOffset, g.Alignment)
-	for _, kv := range g.KVs {
-		fmt.Fprintf(w, "  %-45s %v\n", kv.Key, summarizeValue(kv.Value))
-	}
-	for _, t := range tensors {
-		fmt.Fprintf(w, "  %-32s %-5s %-18s %d bytes\n", t.Name, t.Type, strings.Trim(fmt.Sprint(t.Dims), "[]"), t.Bytes)
-	}
-	return nil
-}
-
-// summarizeValue shortens arrays (a vocabulary has 100k entries) to their type, length and
-// first few elements.
-func summarizeValue(v any) any {
-	rv := reflect.ValueOf(v)
-	if rv.Kind() != reflect.Slice {
-		return v
-	}
-	text := []rune(fmt.Sprint(v))
-	if len(text) > 80 {
-		text = append(text[:77], []rune("...")...)
-	}
-	return fmt.Sprintf("%T len %d %s", v, rv.Len(), string(text))
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -12,7 +11,7 @@ import (
 func inspectCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "inspect",
-		Usage:     "describe a checkpoint's tensors, dtypes, shapes, sizes and metadata (headers only)",
+		Usage:     "describe a checkpoint's or GGUF file's tensors, types, shapes, sizes, bits per weight and metadata (headers only)",
 		ArgsUsage: "FILE|DIR",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print the report as JSON"},
@@ -20,9 +19,6 @@ func inspectCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return fmt.Errorf("inspect needs exactly one FILE or DIR argument")
-			}
-			if strings.HasSuffix(c.Args().First(), ".gguf") {
-				return inspectGGUF(c.App.Writer, c.Args().First(), c.Bool("json"))
 			}
 			r, err := inspect.Inspect(c.Args().First())
 			if err != nil {

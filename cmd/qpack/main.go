@@ -28,7 +28,7 @@ func commit() string {
 func newApp() *cli.App {
 	return &cli.App{
 		Name:    "qpack",
-		Usage:   "quantize and bit-pack Hugging Face checkpoints (GPTQ, AWQ, compressed-tensors, qpack)",
+		Usage:   "quantize and bit-pack Hugging Face checkpoints (GPTQ, AWQ, compressed-tensors, qpack, GGUF)",
 		Version: fmt.Sprintf("%s (commit %s)", version, commit()),
 		Commands: []*cli.Command{
 			batchCommand(),
@@ -38,6 +38,7 @@ func newApp() *cli.App {
 			doctorCommand(),
 			evalCommand(),
 			exportCommand(),
+			imatrixCommand(),
 			inspectCommand(),
 			planCommand(),
 			synthCommand(),
