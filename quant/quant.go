@@ -43,8 +43,8 @@ const PerChannel = 0
 // Scheme says how one weight tensor is quantized. The zero value is not valid; use a
 // constructor-literal such as Scheme{Bits: 4, GroupSize: 128}.
 type Scheme struct {
-	Bits      int  // code width: 1 (binary), 2 … 8 (integer), 4 (NF4), 8 (FP8) or 2 … 6 (k-quant)
-	GroupSize int  // input channels (K) per scale; PerChannel for one group per row; k-quant: the sub-block
+	Bits      int  // code width: 1 (binary), 2 … 8 (integer), 4 (NF4, FP4), 8 (FP8) or 2 … 6 (k-quant)
+	GroupSize int  // input channels (K) per scale; PerChannel for one group per row; k-quant: the sub-block; FP8Block: the block's edge
 	Sym       bool // symmetric: fixed zero point 2^(bits−1) (integer), no offset (binary), no mins (k-quant)
 	Grid      Grid
 }
@@ -70,6 +70,8 @@ func (s Scheme) Validate() error {
 		}
 	case KQuant:
 		return s.validateKQuant()
+	case NVFP4, MXFP4, FP8Block:
+		return s.validateMicroscaled()
 	default:
 		return fmt.Errorf("unknown grid %d", int(s.Grid))
 	}
@@ -80,10 +82,13 @@ func (s Scheme) Validate() error {
 }
 
 // String gives the canonical name, e.g. "int4-g128-asym", "int8-pc-sym", "nf4-g64", "fp8", "bin-g128-asym",
-// "q4_k". ParseScheme reads it back.
+// "q4_k", "nvfp4", "mxfp4", "fp8-b128". ParseScheme reads it back.
 func (s Scheme) String() string {
 	if s.Grid == KQuant {
 		return fmt.Sprintf("q%d_k", s.Bits)
+	}
+	if s.Grid.isMicroscaled() {
+		return s.microscaledName()
 	}
 	var b strings.Builder
 	b.WriteString(s.Grid.String())
@@ -113,6 +118,9 @@ func (s Scheme) String() string {
 // neither.
 func ParseScheme(name string) (Scheme, error) {
 	parts := strings.Split(strings.ToLower(strings.TrimSpace(name)), "-")
+	if s, ok, err := parseMicroscaled(name, parts); ok {
+		return s, err
+	}
 	s := Scheme{GroupSize: 128}
 	head := parts[0]
 	switch {
@@ -196,6 +204,10 @@ type Tensor struct {
 	SubScales []int8
 	// SubMins holds N×K/G sub-block mins: q2_k 0…15, q4_k/q5_k 0…63 (min types only).
 	SubMins []uint8
+
+	// GlobalScale is an NVFP4 tensor's global scale G, a divisor of its E4M3 block scales
+	// (microscaled.go); 0 for every other grid.
+	GlobalScale float32
 }
 
 // Group returns the group index of input column k.
