@@ -50,6 +50,10 @@ type Options struct {
 	// Params, when set, are every group's parameters, found beforehand (GPUImatrix runs the
 	// imatrix search on a GPU); the groups are then only encoded with them. Integer grids.
 	Params *FittedGroups
+	// GlobalScale is the global scale of an NVFP4 tensor (quant.Tensor.GlobalScale), e.g. one
+	// shared by q, k and v as vLLM wants it; 0 computes it from W's largest |w|
+	// (quant.NVFP4GlobalScale). Other grids take none.
+	GlobalScale float32
 }
 
 // FittedGroups are the scale and zero point of every group of an integer-grid tensor, row by
@@ -113,10 +117,21 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 	if err := checkArgs(n, k, s, opt); err != nil {
 		return err
 	}
-	if s.Grid == quant.KQuant && sink != nil {
+	if (s.Grid == quant.KQuant || s.Grid == quant.FP8Block) && sink != nil {
 		return fmt.Errorf("blockwise: %s codes are not packed in the GPTQ layout", s)
 	}
+	if s.Grid == quant.FP8Block {
+		return quantizeFP8Blocks(dst, src, n, k, s)
+	}
+	if s.Grid == quant.NVFP4 && opt.GlobalScale == 0 {
+		amax, err := tensorAbsMax(src, n, k)
+		if err != nil {
+			return err
+		}
+		opt.GlobalScale = quant.NVFP4GlobalScale(amax)
+	}
 	resize(dst, n, k, s, sink == nil)
+	dst.GlobalScale = opt.GlobalScale
 	quantize, bufLen := rowQuantizerFor(s, k, opt)
 	blocks := (n + rowBlock - 1) / rowBlock
 	workers := min(runtime.GOMAXPROCS(0), blocks, max(1, n*k/(1<<16)))
@@ -181,6 +196,9 @@ func checkArgs(n, k int, s quant.Scheme, opt Options) error {
 		return fmt.Errorf("blockwise: %w", err)
 	}
 	if err := checkKQuant(k, s, opt); err != nil {
+		return err
+	}
+	if err := checkMicroscaled(k, s, opt); err != nil {
 		return err
 	}
 	if p := opt.Params; p != nil {
@@ -294,6 +312,9 @@ func rowError(src rowSource, row, from, k int, buf []float32, err error) error {
 
 func fitGroup(q groupQuantizer, w []float32, r span, imp []float32, codes []uint8, opt Options) params {
 	if opt.Imatrix {
+		if se, ok := q.(scaleEnumerator); ok {
+			return scaleSearch(q, se, w, r, imp, codes)
+		}
 		return weightedSearch(q, w, r, imp, codes)
 	}
 	if opt.Clip {

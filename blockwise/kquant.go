@@ -17,7 +17,7 @@ func rowQuantizerFor(s quant.Scheme, k int, opt Options) (rowQuantizer, int) {
 	if kt, err := kquant.TypeOf(s); err == nil {
 		return kquantRow(kt, opt.Importance), k
 	}
-	q := quantizerFor(s)
+	q := quantizerFor(s, opt.GlobalScale)
 	return func(dst *quant.Tensor, src rowSource, row int, codes []uint8, buf []float32) error {
 		return quantizeRow(dst, q, src, row, codes, buf, opt)
 	}, groupLen(s, k)
