@@ -41,37 +41,37 @@ func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 }
 
 // CheckScheme says whether Quantize can quantize rows of k weights to scheme s with opt, before
-// any Hessian is gathered: Takes, and k-quant rows of whole sub-blocks.
+// any Hessian is gathered: Takes, and k-quant rows of whole sub-blocks, FP4 rows of whole blocks.
 func CheckScheme(s quant.Scheme, k int, opt Options) error {
 	if err := Takes(s, opt); err != nil {
 		return err
 	}
-	if _, ok := s.KQuant(); ok {
-		if err := s.CheckRowLength(k); err != nil {
-			return fmt.Errorf("gptq: %w", err)
-		}
+	if err := s.CheckRowLength(k); err != nil {
+		return fmt.Errorf("gptq: %w", err)
 	}
 	return nil
 }
 
-// Takes says whether GPTQ with opt quantizes to scheme s at all, whatever the tensor: the grid,
-// and what k-quants cannot do — act-order with super-blocks fitted on the fly (they would
-// follow the quantization order, and k-quants have no g_idx to record it) and the clipping
-// search (ggml's fit chooses each sub-block's range itself).
+// Takes says whether GPTQ with opt quantizes to scheme s at all, whatever the tensor: the grid;
+// what k-quants cannot do — act-order with super-blocks fitted on the fly (they would follow the
+// quantization order, and k-quants have no g_idx to record it) and the clipping search (ggml's
+// fit chooses each sub-block's range itself); what FP4 cannot do — act-order with blocks fitted
+// on the fly (FP4 layouts have no g_idx); and a global scale other than NVFP4's.
 func Takes(s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("gptq: %w", err)
 	}
-	if s.Grid != quant.Integer && s.Grid != quant.NF4 && s.Grid != quant.KQuant {
-		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer, NF4 and k-quant grids, not %s (use blockwise)", s, s.Grid)
+	if s.Grid != quant.Integer && s.Grid != quant.NF4 && s.Grid != quant.KQuant && !s.IsFP4() {
+		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer, NF4, FP4 and k-quant grids, not %s (use blockwise)", s, s.Grid)
 	}
-	if _, ok := s.KQuant(); !ok {
-		return nil
+	if g := opt.GlobalScale; g != 0 && (s.Grid != quant.NVFP4 || !(g > 0) || math.IsInf(float64(g), 0)) {
+		return fmt.Errorf("gptq: global scale %g given for %s (NVFP4 takes a finite positive one, other grids none)", g, s)
 	}
+	_, kq := s.KQuant()
 	switch {
-	case opt.ActOrder && !opt.StaticGroups:
+	case (kq || s.IsFP4()) && opt.ActOrder && !opt.StaticGroups:
 		return fmt.Errorf("gptq: %s has no act-order group index (g_idx); use act-order with static groups (--static-groups)", s)
-	case opt.Clip && !opt.Imatrix:
+	case kq && opt.Clip && !opt.Imatrix:
 		return fmt.Errorf("gptq: %s has no clipping search (--clip); ggml's fit searches each sub-block's range", s)
 	}
 	return nil

@@ -34,5 +34,7 @@
 // (package kquant; with Options.Imatrix its imatrix variant, importance diag H) when the column
 // loop reaches it, or before any update with static groups; every weight is then coded with
 // those fixed parameters. K-quants have no g_idx, so act-order needs static groups with them.
-// Other grids are refused.
+// The FP4 grids NVFP4 and MXFP4 are fitted block by block like groups (their E4M3 or E8M0
+// block scale; NVFP4's global scale is fixed beforehand, from W or Options.GlobalScale), each
+// weight coded to the nearest E2M1 value; they have no g_idx either. Other grids are refused.
 package gptq
