@@ -134,7 +134,7 @@ func (t *Tensor) Validate() error {
 	if s.Grid == KQuant {
 		return t.validateKQuant()
 	}
-	if s.Grid.isMicroscaled() {
+	if s.Grid.IsMicroscaled() {
 		return t.validateMicroscaled()
 	}
 	if len(t.Mins)+len(t.SubScales)+len(t.SubMins) > 0 {

@@ -57,8 +57,8 @@ var FP4Values = func() (v [16]float32) {
 // FP4Max is the largest E2M1 magnitude.
 const FP4Max = 6
 
-// isMicroscaled reports whether g is one of the grids of this file.
-func (g Grid) isMicroscaled() bool { return g == NVFP4 || g == MXFP4 || g == FP8Block }
+// IsMicroscaled reports whether g is one of the grids of this file.
+func (g Grid) IsMicroscaled() bool { return g == NVFP4 || g == MXFP4 || g == FP8Block }
 
 // IsFP4 reports whether s codes E2M1 values (NVFP4 or MXFP4).
 func (s Scheme) IsFP4() bool { return s.Grid == NVFP4 || s.Grid == MXFP4 }

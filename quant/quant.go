@@ -87,7 +87,7 @@ func (s Scheme) String() string {
 	if s.Grid == KQuant {
 		return fmt.Sprintf("q%d_k", s.Bits)
 	}
-	if s.Grid.isMicroscaled() {
+	if s.Grid.IsMicroscaled() {
 		return s.microscaledName()
 	}
 	var b strings.Builder
