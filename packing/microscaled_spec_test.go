@@ -77,7 +77,9 @@ func specFP4Rows(codes, scales []byte, global float32, s quant.Scheme, n, k int)
 	return out
 }
 
-func f32At(r Raw, i int) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(r.Data[4*i:])) }
+func f32At(r Raw, i int) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(r.Data[4*i:]))
+}
 
 func TestMicroscaledLayoutsDecodeBySpec(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 32))
