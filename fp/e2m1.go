@@ -12,8 +12,9 @@ var e2m1Ties = [7]struct {
 
 // F32ToE2M1 encodes f as a 4-bit E2M1 value (OCP FP4: sign bit 3, two exponent bits with bias
 // 1, one mantissa bit; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6), rounding to nearest with ties
-// to even and saturating at ±6. The sign bit is f's, so a small negative value becomes −0
-// (code 8). NaN gives code 0. The code is in the low nibble.
+// to even and saturating at ±6. A value that rounds to zero gives +0 (code 0) whatever its
+// sign, so that every decoder agrees on its bits (ggml reads code 8 as +0, others as −0). NaN
+// gives code 0. The code is in the low nibble.
 func F32ToE2M1(f float32) uint8 {
 	a := float32(math.Abs(float64(f)))
 	var mag uint8
@@ -21,6 +22,9 @@ func F32ToE2M1(f float32) uint8 {
 		if a > t.at || (t.up && a == t.at) {
 			mag++
 		}
+	}
+	if mag == 0 {
+		return 0
 	}
 	return uint8(math.Float32bits(f)>>31)<<3 | mag
 }

@@ -164,6 +164,9 @@ func bruteE2M1(f float32) uint8 {
 			best, bestD = i, d
 		}
 	}
+	if best == 0 {
+		return 0 // zero is +0, whatever the sign
+	}
 	return uint8(math.Float32bits(f)>>31)<<3 | uint8(best)
 }
 
@@ -188,7 +191,7 @@ func TestF32ToE2M1(t *testing.T) {
 		}
 	}
 	// Ties to even, as compressed-tensors' cast_to_fp4 rounds them.
-	for x, want := range map[float32]uint8{0.25: 0, 0.75: 2, 1.25: 2, 1.75: 4, 2.5: 4, 3.5: 6, 5: 6, -0.75: 10, 7: 7, float32(math.Inf(-1)): 15} {
+	for x, want := range map[float32]uint8{0.25: 0, 0.75: 2, 1.25: 2, 1.75: 4, 2.5: 4, 3.5: 6, 5: 6, -0.75: 10, -0.25: 0, 7: 7, float32(math.Inf(-1)): 15} {
 		if got := F32ToE2M1(x); got != want {
 			t.Errorf("F32ToE2M1(%v) = %d, want %d", x, got, want)
 		}

@@ -109,7 +109,8 @@ func parseType(s, flag string) (gguf.Type, error) {
 // fileType is general.file_type (llama.h LLAMA_FTYPE_*) of the type most linear weights use.
 func fileType(entries []Entry) uint32 {
 	ftype := map[gguf.Type]uint32{gguf.F32: 0, gguf.F16: 1, gguf.Q4_0: 2, gguf.Q4_1: 3, gguf.Q8_0: 7,
-		gguf.Q5_0: 8, gguf.Q5_1: 9, gguf.Q2_K: 10, gguf.Q3_K: 12, gguf.Q4_K: 15, gguf.Q5_K: 17, gguf.Q6_K: 18, gguf.BF16: 32}
+		gguf.Q5_0: 8, gguf.Q5_1: 9, gguf.Q2_K: 10, gguf.Q3_K: 12, gguf.Q4_K: 15, gguf.Q5_K: 17, gguf.Q6_K: 18, gguf.BF16: 32,
+		gguf.MXFP4: 38} // LLAMA_FTYPE_MOSTLY_MXFP4_MOE
 	count := map[gguf.Type]int{}
 	best := gguf.F32
 	for _, e := range entries {

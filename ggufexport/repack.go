@@ -17,13 +17,17 @@ import (
 //	int4-g32-sym  → Q4_0: d = scale, nibble = q (ggml subtracts 8, qpack's z)
 //	int4-g32-asym → Q4_1: d = scale, m = −z·scale, when every m is exact in F16
 //
-// and the k-quants q2_k … q6_k → Q2_K … Q6_K: the same d, dmin, sub-block scales, mins and
-// codes in ggml's block layout (kquant.Type.AppendRow), when K is a multiple of 256.
-const lossless = "int8-g32-sym → Q8_0, int4-g32-sym → Q4_0, int4-g32-asym → Q4_1 (when −z·scale is exact in F16), q2_k … q6_k → Q2_K … Q6_K"
+// the k-quants q2_k … q6_k → Q2_K … Q6_K: the same d, dmin, sub-block scales, mins and
+// codes in ggml's block layout (kquant.Type.AppendRow), when K is a multiple of 256; and
+// mxfp4 → MXFP4: each block's E8M0 byte and E2M1 codes (repackMXFP4).
+const lossless = "int8-g32-sym → Q8_0, int4-g32-sym → Q4_0, int4-g32-asym → Q4_1 (when −z·scale is exact in F16), q2_k … q6_k → Q2_K … Q6_K, mxfp4 → MXFP4"
 
 func repackType(s quant.Scheme) (gguf.Type, bool) {
 	if s.Grid == quant.KQuant {
 		return kquantTypes[s.Bits], true
+	}
+	if s.Grid == quant.MXFP4 {
+		return gguf.MXFP4, true
 	}
 	if s.Grid != quant.Integer || s.GroupSize != 32 {
 		return 0, false
@@ -84,6 +88,9 @@ func repack(t *quant.Tensor, typ gguf.Type) ([]byte, error) {
 	if t.Scheme.Grid == quant.KQuant {
 		return repackKQuant(t)
 	}
+	if t.Scheme.Grid == quant.MXFP4 {
+		return repackMXFP4(t)
+	}
 	for k, g := range t.GIdx {
 		if int(g) != k/32 {
 			return nil, fmt.Errorf("act-order group index (column %d in group %d) has no ggml block equivalent", k, g)
@@ -121,6 +128,28 @@ func repack(t *quant.Tensor, typ gguf.Type) ([]byte, error) {
 			for j := range 16 {
 				out = append(out, codes[j]&15|codes[j+16]<<4)
 			}
+		}
+	}
+	return out, nil
+}
+
+// repackMXFP4 writes an MXFP4 tensor as ggml's block_mxfp4 (ggml-common.h): per block of 32,
+// the E8M0 byte e of its scale 2^(e−127), then qs[j] = code j | code j+16 << 4. ggml's E2M1
+// codes are qpack's (sign in bit 3; kvalues_mxfp4 holds the values doubled, and ggml halves
+// the scale, GGML_E8M0_TO_FP32_HALF), so the blocks decode to the same weights.
+func repackMXFP4(t *quant.Tensor) ([]byte, error) {
+	const qk = 32
+	blocks := t.K / qk
+	out := make([]byte, 0, t.N*blocks*(1+qk/2))
+	for i, scale := range t.Scales {
+		e, ok := quant.E8M0Byte(scale)
+		if !ok {
+			return nil, fmt.Errorf("row %d block %d: scale %g is not an E8M0 power of two", i/blocks, i%blocks, scale)
+		}
+		out = append(out, e)
+		codes := t.Codes[i*qk : (i+1)*qk] // block i of the row-major tensor
+		for j := range qk / 2 {
+			out = append(out, codes[j]&15|codes[j+16]<<4)
 		}
 	}
 	return out, nil
