@@ -12,7 +12,7 @@ import (
 
 // On the FP4 grids GPTQ fits each block when the column loop reaches it (its E4M3 or E8M0
 // scale, NVFP4's global scale fixed beforehand from W) and codes each weight to the nearest
-// E2M1 value. Its proxy loss must lie well below round-to-nearest's, plain, with the weighted
+// E2M1 value. Its proxy loss must lie well below round-to-nearest's, plain, with the imatrix
 // fit and with static blocks under act-order, and Stats.Loss must be the direct loss.
 func TestFP4BeatsRTN(t *testing.T) {
 	const n, k = 40, 256
@@ -32,7 +32,7 @@ func TestFP4BeatsRTN(t *testing.T) {
 				if err := gt.Validate(); err != nil {
 					t.Fatal(err)
 				}
-				bopt := blockwise.Options{Weighted: o.Imatrix}
+				bopt := blockwise.Options{Imatrix: o.Imatrix}
 				if o.Imatrix {
 					bopt.Importance = diag
 				}
