@@ -195,10 +195,7 @@ func checkArgs(n, k int, s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("blockwise: %w", err)
 	}
-	if err := checkKQuant(k, s, opt); err != nil {
-		return err
-	}
-	if err := checkMicroscaled(k, s, opt); err != nil {
+	if err := checkRows(k, s, opt); err != nil {
 		return err
 	}
 	if p := opt.Params; p != nil {

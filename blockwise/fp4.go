@@ -88,24 +88,6 @@ func scaleSearch(q groupQuantizer, se scaleEnumerator, w []float32, r span, imp 
 	return best
 }
 
-// checkMicroscaled refuses what the microscaled grids cannot do: FP4 rows of partial blocks, a
-// global scale that is not a finite positive float or is given for a grid other than NVFP4,
-// and any search on block FP8 (its scales are each block's absmax/448).
-func checkMicroscaled(k int, s quant.Scheme, opt Options) error {
-	if g := opt.GlobalScale; g != 0 && (s.Grid != quant.NVFP4 || !(g > 0) || math.IsInf(float64(g), 0)) {
-		return fmt.Errorf("blockwise: global scale %g given for %s (NVFP4 takes a finite positive one, other grids none)", g, s)
-	}
-	if s.IsFP4() {
-		if err := s.CheckRowLength(k); err != nil {
-			return fmt.Errorf("blockwise: %w", err)
-		}
-	}
-	if s.Grid == quant.FP8Block && (opt.Clip || opt.Imatrix || opt.Params != nil) {
-		return fmt.Errorf("blockwise: %s scales each block by its absmax/448; it has no clipping or weighted search (--clip, --imatrix)", s)
-	}
-	return nil
-}
-
 // tensorAbsMax returns the largest |w| of W[n, k], scanning rows on GOMAXPROCS goroutines; a
 // NaN or infinite weight is an error naming the first one.
 func tensorAbsMax(src rowSource, n, k int) (float32, error) {

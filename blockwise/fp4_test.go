@@ -144,8 +144,8 @@ func TestMicroscaledRefusals(t *testing.T) {
 		{"global scale on int4", 64, quant.Scheme{Bits: 4, GroupSize: 32}, Options{GlobalScale: 2}, "global scale"},
 		{"global scale on mxfp4", 64, quant.MXFP4Scheme, Options{GlobalScale: 2}, "global scale"},
 		{"negative global scale", 64, quant.NVFP4Scheme, Options{GlobalScale: -1}, "global scale"},
-		{"fp8 block imatrix", 64, quant.FP8BlockScheme(32), Options{Imatrix: true}, "no clipping or weighted search"},
-		{"fp8 block clip", 64, quant.FP8BlockScheme(32), Options{Clip: true}, "no clipping or weighted search"},
+		{"fp8 block imatrix", 64, quant.FP8BlockScheme(32), Options{Imatrix: true}, "no clipping or imatrix search"},
+		{"fp8 block clip", 64, quant.FP8BlockScheme(32), Options{Clip: true}, "no clipping or imatrix search"},
 	} {
 		if _, err := Quantize(w[:4*c.k], 4, c.k, c.s, c.opt); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error with %q", c.name, err, c.want)

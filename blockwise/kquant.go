@@ -2,6 +2,7 @@ package blockwise
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/quant"
@@ -40,7 +41,9 @@ func kquantRow(kt *kquant.Type, imp []float32) rowQuantizer {
 }
 
 // Takes says whether round-to-nearest with opt quantizes to scheme s at all, whatever the
-// tensor: k-quants have no clipping search (their fit chooses each sub-block's range itself).
+// tensor: k-quants have no clipping search (their fit chooses each sub-block's range itself),
+// block FP8 no search at all (each block's scale is its absmax/448), and only NVFP4 takes a
+// global scale (a finite positive one).
 func Takes(s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("blockwise: %w", err)
@@ -48,18 +51,23 @@ func Takes(s quant.Scheme, opt Options) error {
 	if _, ok := s.KQuant(); ok && opt.Clip {
 		return fmt.Errorf("blockwise: %s has no clipping search (--clip); its fit searches each sub-block's scale and min, with importance under --imatrix", s)
 	}
+	if s.Grid == quant.FP8Block && (opt.Clip || opt.Imatrix || opt.Params != nil) {
+		return fmt.Errorf("blockwise: %s scales each block by its absmax/448; it has no clipping or imatrix search (--clip, --imatrix)", s)
+	}
+	if g := opt.GlobalScale; g != 0 && (s.Grid != quant.NVFP4 || !(g > 0) || math.IsInf(float64(g), 0)) {
+		return fmt.Errorf("blockwise: global scale %g given for %s (NVFP4 takes a finite positive one, other grids none)", g, s)
+	}
 	return nil
 }
 
-// checkKQuant is Takes for rows of k weights: k-quants also need rows of whole sub-blocks.
-func checkKQuant(k int, s quant.Scheme, opt Options) error {
+// checkRows is Takes for rows of k weights: k-quants also need rows of whole sub-blocks, FP4
+// rows of whole blocks.
+func checkRows(k int, s quant.Scheme, opt Options) error {
 	if err := Takes(s, opt); err != nil {
 		return err
 	}
-	if _, ok := s.KQuant(); ok {
-		if err := s.CheckRowLength(k); err != nil {
-			return fmt.Errorf("blockwise: %w", err)
-		}
+	if err := s.CheckRowLength(k); err != nil {
+		return fmt.Errorf("blockwise: %w", err)
 	}
 	return nil
 }

@@ -93,7 +93,7 @@ func TestGPTQRefusals(t *testing.T) {
 	}
 	opt = gptqOptions(t, quant.Scheme{Grid: quant.FP8E4M3, Bits: 8, GroupSize: quant.PerChannel, Sym: true})
 	opt.Format = "qpack"
-	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "GPTQ quantizes to integer, NF4 and k-quant grids, not fp8") {
+	if _, err := Convert(tiny, dst, opt); err == nil || !strings.Contains(err.Error(), "GPTQ quantizes to integer, NF4, FP4 and k-quant grids, not fp8") {
 		t.Errorf("gptq with fp8: %v", err)
 	}
 	opt = gptqOptions(t, quant.Scheme{Grid: quant.NF4, Bits: 4, GroupSize: 64, Sym: true})

@@ -31,6 +31,9 @@ type Options struct {
 	// importance is each module's E[x²] per input channel when Imatrix is used with RTN;
 	// Convert measures it unless it is set (tests give two conversions the same one).
 	importance map[string][]float32
+	// globals is the global scale of each NVFP4 module that shares one with the linears fused
+	// with it (sharedGlobalScales); a module not in it computes its own.
+	globals map[string]float32
 	// GPTQ tunes --method gptq, which needs Calib.
 	GPTQ GPTQOptions
 	// AWQ tunes --method awq and awq+gptq, which need Calib.
@@ -205,7 +208,7 @@ func (o *Options) gptq() gptq.Options {
 
 // blockwise returns the RTN options for module (its importance when Imatrix).
 func (o *Options) blockwise(module string) blockwise.Options {
-	b := blockwise.Options{Clip: o.Clip, Imatrix: o.Imatrix}
+	b := blockwise.Options{Clip: o.Clip, Imatrix: o.Imatrix, GlobalScale: o.globals[module]}
 	if o.Imatrix {
 		b.Importance = o.importance[module]
 	}

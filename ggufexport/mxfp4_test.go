@@ -41,11 +41,11 @@ func specMXFP4Block(blk []byte) [32]float64 {
 // for bit, and the model scores the same perplexity from both.
 func TestExportMXFP4IsLossless(t *testing.T) {
 	src := syntheticLlama(t)
-	for _, method := range []string{"rtn"} {
+	for _, method := range []convert.Method{convert.RTN, convert.GPTQ} {
 		dir := t.TempDir()
 		opt := convert.DefaultOptions()
 		opt.Alloc, opt.Format, opt.Method = convert.Uniform(quant.MXFP4Scheme), "qpack", method
-		if method == "gptq" {
+		if method == convert.GPTQ {
 			opt.Calib = convert.CalibOptions{File: filepath.Join(tinyDir(t), "heldout.txt"), Samples: 2, SeqLen: 64}
 		}
 		q := filepath.Join(dir, "q")
@@ -99,8 +99,8 @@ func TestExportMXFP4IsLossless(t *testing.T) {
 		}
 		g.Close()
 		ck.Close()
-		if method == "rtn" {
-			got, ref := ggufPerplexity(t, out, src, 1), sourcePerplexity(t, q, src, 1)
+		if method == convert.RTN {
+			got, ref := ggufPerplexity(t, out, q, src, 1), sourcePerplexity(t, q, src, 1)
 			if got != ref {
 				t.Errorf("perplexity of the GGUF file %v, of the checkpoint %v", got, ref)
 			}

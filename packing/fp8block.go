@@ -20,6 +20,8 @@ type FP8Block struct{}
 
 func (FP8Block) Name() string { return "fp8" }
 
+func (FP8Block) MixedSchemes() bool { return false }
+
 func (FP8Block) Supports(s quant.Scheme) error {
 	if err := s.Validate(); err != nil {
 		return err

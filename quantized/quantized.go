@@ -142,12 +142,8 @@ func (c *Checkpoint) Owner(stored string) (string, bool) {
 
 // raw gives the layouts a stored tensor as a zero-copy view; its bytes are only read if used.
 func (c *Checkpoint) raw(name string) (packing.Raw, bool) {
-	info, ok := c.Checkpoint.Info(name)
+	info, b, ok := c.Checkpoint.Stored(name)
 	if !ok {
-		return packing.Raw{}, false
-	}
-	b, err := c.Checkpoint.Bytes(name)
-	if err != nil {
 		return packing.Raw{}, false
 	}
 	return packing.Raw{Name: name, DType: string(info.DType), Shape: info.Shape, Data: b}, true
@@ -180,7 +176,7 @@ func (c *Checkpoint) Module(prefix string) (ModuleInfo, error) {
 	}
 	m := ModuleInfo{Prefix: prefix, Scheme: s, N: n, K: k}
 	for _, name := range c.Format.TensorNames(prefix) {
-		if info, ok := c.Checkpoint.Info(name); ok {
+		if info, _, ok := c.Checkpoint.Stored(name); ok {
 			m.Stored = append(m.Stored, name)
 			m.Bytes += info.Size
 		}

@@ -168,3 +168,43 @@ func TestFP8BlockCheckpointBadScales(t *testing.T) {
 		t.Errorf("mis-shaped scale: %v", err)
 	}
 }
+
+// OpenSource reads a block FP8 release as F32 weights (what convert quantizes), its scales out
+// of the names; mis-shaped scales are refused when it opens, naming the tensor.
+func TestOpenSourceFP8(t *testing.T) {
+	dir, mods := writeFP8Checkpoint(t, "", nil)
+	ck, err := OpenSource(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	if want := []string{"lm_head.weight", "model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight"}; !slices.Equal(ck.Names(), want) {
+		t.Errorf("names %v, want %v", ck.Names(), want)
+	}
+	for prefix, q := range mods {
+		info, _ := ck.Info(prefix + ".weight")
+		if info.DType != safetensors.F32 || info.Size != int64(4*q.N*q.K) {
+			t.Errorf("%s: info %+v", prefix, info)
+		}
+		w, err := ck.Float32(prefix + ".weight")
+		if err != nil || !slices.Equal(w, q.Dequantize(nil)) {
+			t.Errorf("%s: %v, or the weights differ from the dequantization", prefix, err)
+		}
+	}
+	bad := packing.Raw{Name: "model.layers.0.mlp.up_proj.weight_scale_inv", DType: "F32", Shape: []int{3, 1}, Data: make([]byte, 12)}
+	dir, _ = writeFP8Checkpoint(t, "", &bad)
+	if ck, err := OpenSource(dir); err == nil || !strings.Contains(err.Error(), bad.Name) || !strings.Contains(err.Error(), "F32[3 2]") {
+		if ck != nil {
+			ck.Close()
+		}
+		t.Errorf("mis-shaped scale: %v", err)
+	}
+	plain, err := OpenSource(testenv.Testdata(t, "models/tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if info, _ := plain.Info("model.layers.0.mlp.up_proj.weight"); info.DType != safetensors.F32 || len(plain.Names()) != 39 {
+		t.Errorf("a plain checkpoint reads differently: %+v, %d names", info, len(plain.Names()))
+	}
+}

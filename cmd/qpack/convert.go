@@ -31,7 +31,7 @@ func planFlags() []cli.Flag {
 		&cli.IntFlag{Name: "group-size", Value: 128, Usage: "input channels per scale; -1 or 0 for one group per output channel"},
 		&cli.BoolFlag{Name: "sym", Usage: "symmetric grid (the default)"},
 		&cli.BoolFlag{Name: "asym", Usage: "asymmetric grid with a zero point per group"},
-		&cli.StringFlag{Name: "scheme", Usage: "full scheme name instead of --bits/--group-size/--sym, e.g. int4-g128-asym, nf4-g64, fp8, bin-g128-sym"},
+		&cli.StringFlag{Name: "scheme", Usage: "full scheme name instead of --bits/--group-size/--sym, e.g. int4-g128-asym, nf4-g64, fp8, bin-g128-sym, q4_k, nvfp4, mxfp4, fp8-b128"},
 		&cli.StringFlag{Name: "format", Value: "gptq", Usage: "output layout: " + strings.Join(packing.Names(), ", ")},
 		&cli.BoolFlag{Name: "clip", Usage: "search an MSE-optimal clipping range per group"},
 		&cli.BoolFlag{Name: "imatrix", Usage: "importance-weighted scale search per group: least Σ E[x²]·(w−ŵ)² (RTN: E[x²] from --calib; GPTQ: diag H); on by default under --method awq+gptq (--imatrix=false turns it off)"},
