@@ -134,22 +134,28 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 	dst.GlobalScale = opt.GlobalScale
 	quantize, bufLen := rowQuantizerFor(s, k, opt)
 	blocks := (n + rowBlock - 1) / rowBlock
-	workers := min(runtime.GOMAXPROCS(0), blocks, max(1, n*k/(1<<16)))
+	return inRuns(blocks, min(runtime.GOMAXPROCS(0), blocks, max(1, n*k/(1<<16))), func(lo, hi int) error {
+		buf := make([]float32, bufLen)
+		var block []uint8
+		if sink != nil {
+			block = make([]uint8, rowBlock*k)
+		}
+		for b := lo; b < hi; b++ {
+			if err := quantizeBlock(dst, quantize, src, b*rowBlock, min((b+1)*rowBlock, n), block, buf, sink); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// inRuns splits [0, n) into workers contiguous runs and calls run on each from its own
+// goroutine; it returns the error of the lowest failing run.
+func inRuns(n, workers int, run func(lo, hi int) error) error {
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
-		wg.Go(func() {
-			buf := make([]float32, bufLen)
-			var block []uint8
-			if sink != nil {
-				block = make([]uint8, rowBlock*k)
-			}
-			for b := w * blocks / workers; b < (w+1)*blocks/workers; b++ {
-				if errs[w] = quantizeBlock(dst, quantize, src, b*rowBlock, min((b+1)*rowBlock, n), block, buf, sink); errs[w] != nil {
-					return
-				}
-			}
-		})
+		wg.Go(func() { errs[w] = run(w*n/workers, (w+1)*n/workers) })
 	}
 	wg.Wait()
 	for _, err := range errs {

@@ -91,30 +91,22 @@ func scaleSearch(q groupQuantizer, se scaleEnumerator, w []float32, r span, imp 
 // tensorAbsMax returns the largest |w| of W[n, k], scanning rows on GOMAXPROCS goroutines; a
 // NaN or infinite weight is an error naming the first one.
 func tensorAbsMax(src rowSource, n, k int) (float32, error) {
-	workers := min(runtime.GOMAXPROCS(0), n, max(1, n*k/(1<<16)))
-	amax := make([]float32, workers)
-	bad := make([]int, workers) // the first row with a non-finite weight, or n
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			buf := make([]float32, k)
-			bad[w] = n
-			for row := w * n / workers; row < (w+1)*n/workers; row++ {
-				_, r := src.spanned(row, 0, k, buf)
-				if !r.finite() {
-					bad[w] = row
-					return
-				}
-				amax[w] = max(amax[w], r.absMax())
+	var mu sync.Mutex
+	var amax float32
+	err := inRuns(n, min(runtime.GOMAXPROCS(0), n, max(1, n*k/(1<<16))), func(lo, hi int) error {
+		buf := make([]float32, k)
+		var m float32
+		for row := lo; row < hi; row++ {
+			_, r := src.spanned(row, 0, k, buf)
+			if !r.finite() {
+				return rowError(src, row, 0, k, buf, fmt.Errorf("row %d is not finite", row))
 			}
-		})
-	}
-	wg.Wait()
-	for w, row := range bad {
-		if row < n {
-			return 0, rowError(src, row, 0, k, make([]float32, k), fmt.Errorf("row %d is not finite", row))
+			m = max(m, r.absMax())
 		}
-		amax[0] = max(amax[0], amax[w])
-	}
-	return amax[0], nil
+		mu.Lock()
+		defer mu.Unlock()
+		amax = max(amax, m)
+		return nil
+	})
+	return amax, err
 }

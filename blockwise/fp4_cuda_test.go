@@ -104,6 +104,20 @@ func cpuFP4(w []float32, n, k int, s quant.Scheme, format string, global float32
 	return f.Pack("m", t)
 }
 
+// gpuFP4 quantizes and packs raw on the GPU with global scale g, copying the results out.
+func gpuFP4(q *GPUQuantizer, raw []byte, dtype string, n, k int, s quant.Scheme, format string, g float32) ([]packing.Raw, error) {
+	var got []packing.Raw
+	err := q.QuantizePackScaled(func(dst []byte) error { copy(dst, raw); return nil }, dtype, n, k, s, format, "m", g,
+		func(raws []packing.Raw) error {
+			for _, r := range raws {
+				r.Data = append([]byte(nil), r.Data...)
+				got = append(got, r)
+			}
+			return nil
+		})
+	return got, err
+}
+
 // TestGPUFP4MatchesCPU: every dtype, both grids and layouts, computed and given global scales,
 // shapes with partial warps and several warps a row, on fresh random weights: the GPU's packed
 // tensors equal the CPU reference byte for byte.
@@ -127,15 +141,7 @@ func TestGPUFP4MatchesCPU(t *testing.T) {
 						if err != nil {
 							t.Fatalf("%s: CPU: %v", what, err)
 						}
-						var got []packing.Raw
-						err = q.QuantizePackScaled(func(dst []byte) error { copy(dst, raw); return nil }, dtype, n, k, s, format, "m", g,
-							func(raws []packing.Raw) error {
-								for _, rr := range raws {
-									rr.Data = append([]byte(nil), rr.Data...)
-									got = append(got, rr)
-								}
-								return nil
-							})
+						got, err := gpuFP4(q, raw, dtype, n, k, s, format, g)
 						if err != nil {
 							t.Fatalf("%s: GPU: %v", what, err)
 						}
@@ -162,15 +168,7 @@ func TestGPUNVFP4NearTies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []packing.Raw
-	err = q.QuantizePackScaled(func(dst []byte) error { copy(dst, raw); return nil }, "F32", n, k, quant.NVFP4Scheme, "qpack", "m", g,
-		func(raws []packing.Raw) error {
-			for _, rr := range raws {
-				rr.Data = append([]byte(nil), rr.Data...)
-				got = append(got, rr)
-			}
-			return nil
-		})
+	got, err := gpuFP4(q, raw, "F32", n, k, quant.NVFP4Scheme, "qpack", g)
 	if err != nil {
 		t.Fatal(err)
 	}

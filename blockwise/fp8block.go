@@ -3,41 +3,28 @@ package blockwise
 import (
 	"fmt"
 	"runtime"
-	"sync"
 
 	"github.com/qpack-dev/qpack/quant"
 )
 
 // quantizeFP8Blocks quantizes W[n, k] to block FP8 (quant.FP8Block, B×B blocks): each block's
 // scale is its absmax/448 (quant.FP8Scale: 1 for an all-zero block), each code E4M3(w/scale),
-// saturating. Bands of B rows run on GOMAXPROCS goroutines; each reads its band twice, for the
-// block maxima and then to encode. A non-finite weight is reported at the lowest row.
+// saturating. Runs of bands of B rows go to GOMAXPROCS goroutines; each band is read twice, for
+// the block maxima and then to encode. A non-finite weight is reported at the lowest row.
 func quantizeFP8Blocks(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme) error {
 	b, groups := s.GroupSize, s.Groups(k)
 	resize(dst, n, k, s, true)
 	dst.GlobalScale = 0
 	bands := (n + b - 1) / b
-	workers := min(runtime.GOMAXPROCS(0), bands)
-	errs := make([]error, bands)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			buf := make([]float32, k)
-			amax := make([]float32, groups)
-			for band := w; band < bands; band += workers {
-				if errs[band] = quantizeFP8Band(dst, src, band*b, min((band+1)*b, n), buf, amax); errs[band] != nil {
-					return
-				}
+	return inRuns(bands, min(runtime.GOMAXPROCS(0), bands), func(lo, hi int) error {
+		buf, amax := make([]float32, k), make([]float32, groups)
+		for band := lo; band < hi; band++ {
+			if err := quantizeFP8Band(dst, src, band*b, min((band+1)*b, n), buf, amax); err != nil {
+				return err
 			}
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // quantizeFP8Band quantizes rows r0 … r1−1, one band of blocks; buf (len K) and amax (one per
