@@ -94,7 +94,7 @@ func TestFP4CompressedTensors(t *testing.T) {
 
 // A block FP8 checkpoint written by qpack (format fp8) reads back as its dequantized weights:
 // converting it to int4 gives exactly what RTN gives those weights, and its scales are not
-// copied as tensors of their own. Searches on block FP8 are refused before any work.
+// copied as tensors of their own.
 func TestFP8BlockRoundTrip(t *testing.T) {
 	tiny := testenv.Testdata(t, "models/tiny")
 	fp8 := filepath.Join(t.TempDir(), "fp8")
@@ -143,35 +143,14 @@ func TestFP8BlockRoundTrip(t *testing.T) {
 	if !slices.Equal(got.Codes, want.Codes) || !slices.Equal(got.Scales, want.Scales) {
 		t.Error("int4 from the FP8 checkpoint differs from RTN of its dequantized weights")
 	}
-	opt.Format, opt.Alloc, opt.Imatrix = "fp8", Uniform(quant.FP8BlockScheme(128)), true
-	opt.Calib = CalibOptions{File: filepath.Join(t.TempDir(), "no-such-calib.txt")}
-	if _, err := Convert(tiny, filepath.Join(t.TempDir(), "x"), opt); err == nil || !strings.Contains(err.Error(), "no clipping or imatrix search") {
-		t.Errorf("block FP8 with --imatrix: %v", err)
-	}
 }
 
-// The FP4 grids' refusals come before any work: AWQ cannot make them, GPTQ's act-order needs
-// static groups with them, the gptq format cannot hold them.
-func TestFP4RefusedBeforeAnyWork(t *testing.T) {
-	tiny := testenv.Testdata(t, "models/tiny")
-	missing := filepath.Join(t.TempDir(), "no-such-calib.txt")
-	for _, c := range []struct {
-		name string
-		edit func(o *Options)
-		want string
-	}{
-		{"nvfp4 under awq", func(o *Options) { o.Method, o.Format, o.Alloc = AWQ, "qpack", Uniform(quant.NVFP4Scheme) }, "awq quantizes to integer grids"},
-		{"mxfp4 under act-order", func(o *Options) {
-			o.Method, o.Format, o.Alloc, o.GPTQ.ActOrder = GPTQ, "qpack", Uniform(quant.MXFP4Scheme), true
-		}, "--static-groups"},
-		{"nvfp4 in the gptq format", func(o *Options) { o.Alloc, o.Calib = Uniform(quant.NVFP4Scheme), CalibOptions{} }, "format qpack"},
-	} {
-		opt := DefaultOptions()
-		opt.Calib = CalibOptions{File: missing}
-		c.edit(&opt)
-		_, err := Convert(tiny, filepath.Join(t.TempDir(), "out"), opt)
-		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "no-such-calib") {
-			t.Errorf("%s: got %v, want %q before the calibration data is read", c.name, err, c.want)
-		}
+// Format gptq cannot hold the FP4 grids; the refusal names the format that can.
+func TestFP4RefusedByFormat(t *testing.T) {
+	opt := DefaultOptions()
+	opt.Alloc = Uniform(quant.NVFP4Scheme)
+	_, err := Convert(testenv.Testdata(t, "models/tiny"), filepath.Join(t.TempDir(), "out"), opt)
+	if err == nil || !strings.Contains(err.Error(), "format qpack") {
+		t.Errorf("nvfp4 in format gptq: %v", err)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -25,33 +24,7 @@ func TestFP4BeatsRTN(t *testing.T) {
 	for _, s := range []quant.Scheme{quant.NVFP4Scheme, quant.MXFP4Scheme} {
 		for _, o := range []Options{{}, {Imatrix: true}, {ActOrder: true, StaticGroups: true, Imatrix: true}} {
 			t.Run(fmt.Sprintf("%s/imatrix=%v,act=%v", s, o.Imatrix, o.ActOrder), func(t *testing.T) {
-				gt, st, err := Quantize(w, n, k, h, s, o)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := gt.Validate(); err != nil {
-					t.Fatal(err)
-				}
-				bopt := blockwise.Options{Imatrix: o.Imatrix}
-				if o.Imatrix {
-					bopt.Importance = diag
-				}
-				rt, err := blockwise.Quantize(w, n, k, s, bopt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if gt.GlobalScale != rt.GlobalScale {
-					t.Errorf("global scale %v, RTN's %v (both from W)", gt.GlobalScale, rt.GlobalScale)
-				}
-				gLoss := proxyLoss(w, gt.Dequantize(nil), n, k, h)
-				rLoss := proxyLoss(w, rt.Dequantize(nil), n, k, h)
-				if gLoss >= 0.8*rLoss {
-					t.Errorf("GPTQ proxy loss %.4g not 20%% below RTN's %.4g", gLoss, rLoss)
-				}
-				if d := relDiff(st.Loss, gLoss); d > 1e-3 {
-					t.Errorf("Stats.Loss %g, direct tr(ΔW H ΔWᵀ) %g (rel. diff %g)", st.Loss, gLoss, d)
-				}
-				t.Logf("GPTQ/RTN proxy loss %.3f", gLoss/rLoss)
+				checkBeatsRTN(t, w, n, k, h, diag, s, o, 0.8)
 			})
 		}
 	}

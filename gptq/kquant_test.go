@@ -27,37 +27,49 @@ func TestKQuantBeatsRTN(t *testing.T) {
 		for _, s := range quant.KQuantSchemes() {
 			for _, o := range []Options{{}, {Imatrix: true}, {ActOrder: true, StaticGroups: true, Imatrix: true}} {
 				t.Run(fmt.Sprintf("K%d/%s/weighted=%v,act=%v", k, s, o.Imatrix, o.ActOrder), func(t *testing.T) {
-					gt, st, err := Quantize(w, n, k, h, s, o)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if err := gt.Validate(); err != nil {
-						t.Fatal(err)
-					}
-					if gt.GIdx != nil {
-						t.Fatal("a k-quant tensor got a g_idx")
-					}
-					bopt := blockwise.Options{Imatrix: o.Imatrix}
-					if o.Imatrix {
-						bopt.Importance = diag
-					}
-					rt, err := blockwise.Quantize(w, n, k, s, bopt)
-					if err != nil {
-						t.Fatal(err)
-					}
-					gLoss := proxyLoss(w, gt.Dequantize(nil), n, k, h)
-					rLoss := proxyLoss(w, rt.Dequantize(nil), n, k, h)
-					if gLoss >= 0.9*rLoss {
-						t.Errorf("GPTQ proxy loss %.4g not 10%% below RTN's %.4g", gLoss, rLoss)
-					}
-					if d := relDiff(st.Loss, gLoss); d > 1e-3 {
-						t.Errorf("Stats.Loss %g, direct tr(ΔW H ΔWᵀ) %g (rel. diff %g)", st.Loss, gLoss, d)
-					}
-					t.Logf("GPTQ/RTN proxy loss %.3f", gLoss/rLoss)
+					checkBeatsRTN(t, w, n, k, h, diag, s, o, 0.9)
 				})
 			}
 		}
 	}
+}
+
+// checkBeatsRTN quantizes W with GPTQ under s and opt and checks the result: valid, without a
+// g_idx, its proxy loss below below·RTN's (with diag H as RTN's importance under Imatrix), and
+// Stats.Loss the directly computed loss.
+func checkBeatsRTN(t *testing.T, w []float32, n, k int, h []float64, diag []float32, s quant.Scheme, o Options, below float64) *quant.Tensor {
+	t.Helper()
+	gt, st, err := Quantize(w, n, k, h, s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gt.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if gt.GIdx != nil {
+		t.Fatalf("a %s tensor got a g_idx", s)
+	}
+	bopt := blockwise.Options{Imatrix: o.Imatrix}
+	if o.Imatrix {
+		bopt.Importance = diag
+	}
+	rt, err := blockwise.Quantize(w, n, k, s, bopt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gt.GlobalScale != rt.GlobalScale {
+		t.Errorf("global scale %v, RTN's %v (both from W)", gt.GlobalScale, rt.GlobalScale)
+	}
+	gLoss := proxyLoss(w, gt.Dequantize(nil), n, k, h)
+	rLoss := proxyLoss(w, rt.Dequantize(nil), n, k, h)
+	if gLoss >= below*rLoss {
+		t.Errorf("GPTQ proxy loss %.4g not below %g × RTN's %.4g", gLoss, below, rLoss)
+	}
+	if d := relDiff(st.Loss, gLoss); d > 1e-3 {
+		t.Errorf("Stats.Loss %g, direct tr(ΔW H ΔWᵀ) %g (rel. diff %g)", st.Loss, gLoss, d)
+	}
+	t.Logf("GPTQ/RTN proxy loss %.3f", gLoss/rLoss)
+	return gt
 }
 
 // With a diagonal Hessian no error is fed forward, so GPTQ must give exactly what ggml's
