@@ -63,9 +63,6 @@ const (
 	Q5_K Type = 13
 	Q6_K Type = 14
 	BF16 Type = 30
-	// MXFP4 is OCP MXFP4 (ggml-common.h block_mxfp4): blocks of 32 as {u8 e; u8 qs[16]}, e
-	// the E8M0 exponent, qs[j] holding E2M1 codes of elements j (low nibble) and j+16 (high).
-	MXFP4 Type = 39
 )
 
 // typeInfo is a type's name, elements per block and bytes per block (ggml's type_traits).
@@ -76,20 +73,19 @@ type typeInfo struct {
 }
 
 var types = map[Type]typeInfo{
-	F32:   {"F32", 1, 4},
-	F16:   {"F16", 1, 2},
-	BF16:  {"BF16", 1, 2},
-	Q4_0:  {"Q4_0", 32, 18}, // f16 d; u8 qs[16]
-	Q4_1:  {"Q4_1", 32, 20}, // f16 d, m; u8 qs[16]
-	Q5_0:  {"Q5_0", 32, 22}, // f16 d; u8 qh[4]; u8 qs[16]
-	Q5_1:  {"Q5_1", 32, 24}, // f16 d, m; u8 qh[4]; u8 qs[16]
-	Q8_0:  {"Q8_0", 32, 34}, // f16 d; i8 qs[32]
-	Q2_K:  {"Q2_K", 256, 84},
-	Q3_K:  {"Q3_K", 256, 110},
-	Q4_K:  {"Q4_K", 256, 144},
-	Q5_K:  {"Q5_K", 256, 176},
-	Q6_K:  {"Q6_K", 256, 210},
-	MXFP4: {"MXFP4", 32, 17},
+	F32:  {"F32", 1, 4},
+	F16:  {"F16", 1, 2},
+	BF16: {"BF16", 1, 2},
+	Q4_0: {"Q4_0", 32, 18}, // f16 d; u8 qs[16]
+	Q4_1: {"Q4_1", 32, 20}, // f16 d, m; u8 qs[16]
+	Q5_0: {"Q5_0", 32, 22}, // f16 d; u8 qh[4]; u8 qs[16]
+	Q5_1: {"Q5_1", 32, 24}, // f16 d, m; u8 qh[4]; u8 qs[16]
+	Q8_0: {"Q8_0", 32, 34}, // f16 d; i8 qs[32]
+	Q2_K: {"Q2_K", 256, 84},
+	Q3_K: {"Q3_K", 256, 110},
+	Q4_K: {"Q4_K", 256, 144},
+	Q5_K: {"Q5_K", 256, 176},
+	Q6_K: {"Q6_K", 256, 210},
 }
 
 // Known reports whether qpack knows the type's block layout.

@@ -200,22 +200,6 @@ func Decode(dst []float32, t Type, data []byte) ([]float32, error) {
 	return dst, nil
 }
 
-// kvaluesFP4 are ggml's E2M1 values doubled (kvalues_mxfp4), indexed by code (sign in bit 3).
-var kvaluesFP4 = [16]int8{0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
-
-// decodeMXFP4 is dequantize_row_mxfp4 for one block: d = 2^(e−128) (GGML_E8M0_TO_FP32_HALF,
-// half the E8M0 scale, as the values are doubled), element j = kvalues[qs[j] & 15]·d and
-// element j+16 = kvalues[qs[j] >> 4]·d.
-func decodeMXFP4(dst []float32, blk []byte) []float32 {
-	d := float32(math.Ldexp(1, int(blk[0])-128))
-	var out [32]float32
-	for j, q := range blk[1:17] {
-		out[j] = float32(kvaluesFP4[q&15]) * d
-		out[j+16] = float32(kvaluesFP4[q>>4]) * d
-	}
-	return append(dst, out[:]...)
-}
-
 // decodeSmall is dequantize_row_q4_0/q4_1/q5_0/q5_1 for one block.
 func decodeSmall(dst []float32, t Type, blk []byte, f16 func([]byte) float32) []float32 {
 	d := f16(blk)
