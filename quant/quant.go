@@ -139,7 +139,7 @@ func ParseScheme(name string) (Scheme, error) {
 		}
 		s.Grid, s.Bits = Integer, bits
 	default:
-		return Scheme{}, fmt.Errorf("scheme %q: unknown grid %q (want int2 … int8, nf4, fp8, bin or q2_k … q6_k)", name, head)
+		return Scheme{}, fmt.Errorf("scheme %q: unknown grid %q (want int2 … int8, nf4, fp8, fp8-b128, bin, q2_k … q6_k, nvfp4 or mxfp4)", name, head)
 	}
 	for _, p := range parts[1:] {
 		switch {
