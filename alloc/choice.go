@@ -89,14 +89,15 @@ func mustLadder(list string) []Choice {
 }
 
 // QPackLadder is the budget ladder for format qpack, which holds every scheme: asymmetric
-// integer grids from 2 to 8 bits at several group sizes, NF4 groups and llama.cpp's k-quants
-// q2_k … q6_k, in bits-per-weight order. A method that cannot produce a rung leaves it out
-// (convert's Method.Takes), and a k-quant rung is offered only to tensors whose rows hold whole
-// sub-blocks. On the shared small-llama, GPTQ budget plans over the whole ladder are lower in
-// perplexity than over the integer rungs alone (docs/results.md).
+// integer grids from 2 to 8 bits at several group sizes, NF4 groups, llama.cpp's k-quants
+// q2_k … q6_k and the FP4 grids mxfp4 (4.25 bits) and nvfp4 (4.5 bits and 32 per tensor), in
+// bits-per-weight order. A method that cannot produce a rung leaves it out (convert's
+// Method.Takes), and a k-quant or FP4 rung is offered only to tensors whose rows hold whole
+// sub-blocks or blocks. On the shared small-llama, GPTQ budget plans over the whole ladder are
+// lower in perplexity than over the integer rungs alone (docs/results.md).
 func QPackLadder() []Choice {
 	return mustLadder("int2-g64-asym,int2-g32-asym,q2_k,int3-g128-asym,int3-g64-asym,q3_k,int3-g32-asym," +
-		"nf4-g128,int4-g128-asym,nf4-g64,int4-g64-asym,nf4-g32,q4_k,int4-g32-asym," +
+		"nf4-g128,int4-g128-asym,nf4-g64,mxfp4,int4-g64-asym,nf4-g32,nvfp4,q4_k,int4-g32-asym," +
 		"int5-g128-asym,int5-g64-asym,q5_k,int6-g128-asym,q6_k,int8-g128-asym")
 }
 

@@ -52,6 +52,10 @@ type Options struct {
 	// Params, when set, are every group's parameters, found beforehand (GPUImatrix runs the
 	// imatrix search on a GPU); the groups are then only encoded with them. Integer grids.
 	Params *FittedGroups
+	// GlobalScale is the global scale of an NVFP4 tensor (quant.Tensor.GlobalScale), e.g. one
+	// shared by q, k and v as vLLM wants it; 0 computes it from W's largest |w|
+	// (quant.NVFP4GlobalScale). Other grids take none.
+	GlobalScale float32
 }
 
 // FittedGroups are the scale and zero point of every group of an integer-grid tensor, row by
@@ -115,28 +119,45 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 	if err := checkArgs(n, k, s, opt); err != nil {
 		return err
 	}
-	if (s.Grid == quant.KQuant || s.Grid == quant.IQuant) && sink != nil {
+	if (s.Grid == quant.KQuant || s.Grid == quant.IQuant || s.Grid == quant.FP8Block) && sink != nil {
 		return fmt.Errorf("blockwise: %s codes are not packed in the GPTQ layout", s)
 	}
+	if s.Grid == quant.FP8Block {
+		return quantizeFP8Blocks(dst, src, n, k, s)
+	}
+	if s.Grid == quant.NVFP4 && opt.GlobalScale == 0 {
+		amax, err := tensorAbsMax(src, n, k)
+		if err != nil {
+			return err
+		}
+		opt.GlobalScale = quant.NVFP4GlobalScale(amax)
+	}
 	resize(dst, n, k, s, sink == nil)
+	dst.GlobalScale = opt.GlobalScale
 	quantize, bufLen := rowQuantizerFor(s, k, opt)
 	blocks := (n + rowBlock - 1) / rowBlock
-	workers := min(runtime.GOMAXPROCS(0), blocks, max(1, n*k/(1<<16)))
+	return inRuns(blocks, min(runtime.GOMAXPROCS(0), blocks, max(1, n*k/(1<<16))), func(lo, hi int) error {
+		buf := make([]float32, bufLen)
+		var block []uint8
+		if sink != nil {
+			block = make([]uint8, rowBlock*k)
+		}
+		for b := lo; b < hi; b++ {
+			if err := quantizeBlock(dst, quantize, src, b*rowBlock, min((b+1)*rowBlock, n), block, buf, sink); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// inRuns splits [0, n) into workers contiguous runs and calls run on each from its own
+// goroutine; it returns the error of the lowest failing run.
+func inRuns(n, workers int, run func(lo, hi int) error) error {
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
-		wg.Go(func() {
-			buf := make([]float32, bufLen)
-			var block []uint8
-			if sink != nil {
-				block = make([]uint8, rowBlock*k)
-			}
-			for b := w * blocks / workers; b < (w+1)*blocks/workers; b++ {
-				if errs[w] = quantizeBlock(dst, quantize, src, b*rowBlock, min((b+1)*rowBlock, n), block, buf, sink); errs[w] != nil {
-					return
-				}
-			}
-		})
+		wg.Go(func() { errs[w] = run(w*n/workers, (w+1)*n/workers) })
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -305,6 +326,9 @@ func rowError(src rowSource, row, from, k int, buf []float32, err error) error {
 
 func fitGroup(q groupQuantizer, w []float32, r span, imp []float32, codes []uint8, opt Options) params {
 	if opt.Imatrix {
+		if se, ok := q.(scaleEnumerator); ok {
+			return scaleSearch(q, se, w, r, imp, codes)
+		}
 		return weightedSearch(q, w, r, imp, codes)
 	}
 	if opt.Clip {

@@ -29,10 +29,15 @@ type groupQuantizer interface {
 	decode(q uint8, pr params) float32
 }
 
-// quantizerFor returns the group quantizer of a grid fitted group by group; k-quants are
-// fitted per super-block (kquant.go) and have none, so asking for one is a programming error.
-func quantizerFor(s quant.Scheme) groupQuantizer {
+// quantizerFor returns the group quantizer of a grid fitted group by group; global is an NVFP4
+// tensor's global scale. K-quants are fitted per super-block (kquant.go) and FP8 blocks across
+// rows (fp8block.go); they have none, so asking for one is a programming error.
+func quantizerFor(s quant.Scheme, global float32) groupQuantizer {
 	switch s.Grid {
+	case quant.NVFP4:
+		return nvfp4Quantizer{global: global}
+	case quant.MXFP4:
+		return mxfp4Quantizer{}
 	case quant.Integer:
 		return intQuantizer{s}
 	case quant.NF4:

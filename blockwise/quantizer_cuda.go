@@ -88,6 +88,7 @@ type GPUQuantizer struct {
 		piece                                               map[string]cuda.Function // by name: see gpuJob.pieceKernel, rowpcKernel
 		params, paramsBin, packZeros                        cuda.Function
 	}
+	fp4        fp4Kernels     // kernels/microscaled.cu, loaded on the first FP4 tensor
 	tileBlocks int            // blocks of the persistent encode kernels: gpuBlocksPerSM per SM
 	nf4        cuda.DevicePtr // the 15 NF4 thresholds
 	all        []*gpuSlot     // every slot, for Close
@@ -152,6 +153,7 @@ func newGPUQuantizer(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) 
 	}
 	q := &GPUQuantizer{dev: dev, module: m, tileBlocks: gpuBlocksPerSM * dev.Info().Multiprocessors,
 		free: make(chan *gpuSlot, slots)}
+	q.fp4.images = [][]byte{microscaledPTX, microscaledCubinSM90}
 	k := &q.kernels
 	kernels := []struct {
 		dst  *cuda.Function
@@ -251,6 +253,7 @@ func (q *GPUQuantizer) Close() error {
 		keep(q.dev.Free(q.nf4))
 		q.nf4 = 0
 	}
+	keep(q.fp4.unload())
 	keep(q.module.Unload())
 	return first
 }
@@ -283,13 +286,17 @@ func (sl *gpuSlot) release(dev *cuda.Device) error {
 	return errors.Join(errs...)
 }
 
-// Supports reports whether the GPU path handles scheme s in format ("gptq", "gptq_v2" or
-// "qpack"): integer 2/3/4/8-bit grids in all three, NF4 and binary in qpack; any group size.
+// Supports reports whether the GPU path handles scheme s in format ("gptq", "gptq_v2",
+// "qpack" or "compressed-tensors"): integer 2/3/4/8-bit grids in the first three, NF4 and
+// binary in qpack, NVFP4 and MXFP4 in qpack and compressed-tensors; any group size. FP8, block
 // FP8, 5- to 7-bit integers and the other formats stay on the CPU. Tensor shapes are checked
 // by QuantizePack.
 func (q *GPUQuantizer) Supports(s quant.Scheme, format string) bool {
 	if s.Validate() != nil || (s.Grid == quant.Integer && s.Bits > 4 && s.Bits < 8) {
 		return false
+	}
+	if s.IsFP4() {
+		return fp4Format(format)
 	}
 	switch format {
 	case "gptq", "gptq_v2":
@@ -310,9 +317,11 @@ type gpuJob struct {
 	gsize     int // columns per group: K for per-channel or a group larger than K
 	groups    int
 	prefix    string
+	format    string
+	global    float32 // NVFP4: the given global scale, 0 to compute it from the tensor
 }
 
-func newGPUJob(dtype string, n, k int, s quant.Scheme, format, prefix string) (gpuJob, error) {
+func newGPUJob(dtype string, n, k int, s quant.Scheme, format, prefix string, global float32) (gpuJob, error) {
 	dt, ok := gpuDTypes[dtype]
 	if !ok {
 		return gpuJob{}, fmt.Errorf("tensor %s: the GPU quantizer reads BF16, F16 or F32, not %q", prefix, dtype)
@@ -320,10 +329,16 @@ func newGPUJob(dtype string, n, k int, s quant.Scheme, format, prefix string) (g
 	if err := checkArgs(n, k, s, Options{}); err != nil {
 		return gpuJob{}, fmt.Errorf("tensor %s: %w", prefix, err)
 	}
-	j := gpuJob{n: n, k: k, dtype: dt.code, s: s, layout: layoutQPack, prefix: prefix,
-		gsize: s.GroupSize, groups: s.Groups(k)}
+	j := gpuJob{n: n, k: k, dtype: dt.code, s: s, layout: layoutQPack, prefix: prefix, format: format,
+		gsize: s.GroupSize, groups: s.Groups(k), global: global}
 	if j.gsize == quant.PerChannel || j.gsize > k {
 		j.gsize = k
+	}
+	if s.IsFP4() {
+		return j, checkFP4Job(j, format)
+	}
+	if global != 0 {
+		return gpuJob{}, fmt.Errorf("tensor %s: global scale %g given for %s, which has none", prefix, global, s)
 	}
 	switch format {
 	case "gptq", "gptq_v2":
@@ -428,6 +443,9 @@ func (j gpuJob) outputSizes() (codes, scales, zeros, offsets int) {
 
 // deviceBytes returns the size of every device buffer slot the job needs.
 func (j gpuJob) deviceBytes() [numBufs]int {
+	if j.s.IsFP4() {
+		return j.fp4DeviceBytes()
+	}
 	var sz [numBufs]int
 	sz[bufInput] = j.n * j.k * [3]int{2, 2, 4}[j.dtype]
 	sz[bufCodes], sz[bufScales], sz[bufZeros], sz[bufOffsets] = j.outputSizes()
@@ -477,6 +495,9 @@ func (q *GPUQuantizer) buffers(sl *gpuSlot, j gpuJob) ([numBufs]cuda.DevicePtr, 
 // enqueue launches the kernels of job j on stream st: input in ptrs[bufInput], results in the
 // other slots. The status words must already hold ~0 (run uploads them with the input).
 func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.Stream) error {
+	if j.s.IsFP4() {
+		return q.enqueueFP4(j, ptrs, st)
+	}
 	k := &q.kernels
 	s := j.s
 	sym := int32(0)
@@ -567,7 +588,7 @@ func (j gpuJob) statusError(status [2]uint64) error {
 // module prefix — the same names, dtypes, shapes and bytes as Quantize followed by Pack.
 // It waits for a free slot; concurrent calls overlap on the GPU.
 func (q *GPUQuantizer) QuantizePack(raw []byte, dtype string, n, k int, s quant.Scheme, format, prefix string) ([]packing.Raw, error) {
-	j, err := newGPUJob(dtype, n, k, s, format, prefix)
+	j, err := newGPUJob(dtype, n, k, s, format, prefix, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -592,9 +613,22 @@ func (q *GPUQuantizer) QuantizePack(raw []byte, dtype string, n, k int, s quant.
 // packed tensors as views of pinned memory, valid only until it returns. The slot stays taken
 // until then.
 func (q *GPUQuantizer) QuantizePackWith(fill func(dst []byte) error, dtype string, n, k int, s quant.Scheme, format, prefix string, use func([]packing.Raw) error) error {
-	j, err := newGPUJob(dtype, n, k, s, format, prefix)
+	return q.QuantizePackScaled(fill, dtype, n, k, s, format, prefix, 0, use)
+}
+
+// QuantizePackScaled is QuantizePackWith with an NVFP4 tensor's global scale given (as
+// Options.GlobalScale gives it to Quantize, e.g. one shared by q, k and v); 0 computes it from
+// the tensor, and every other scheme takes 0.
+func (q *GPUQuantizer) QuantizePackScaled(fill func(dst []byte) error, dtype string, n, k int, s quant.Scheme, format, prefix string,
+	global float32, use func([]packing.Raw) error) error {
+	j, err := newGPUJob(dtype, n, k, s, format, prefix, global)
 	if err != nil {
 		return err
+	}
+	if s.IsFP4() {
+		if err := q.fp4.load(q.dev); err != nil {
+			return err
+		}
 	}
 	var t gpuCallTimes
 	waitStart := time.Now()
@@ -642,7 +676,7 @@ func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *gp
 	for _, b := range downloaded {
 		outBytes += need[b]
 	}
-	if err := q.growHost(&sl.hostIn, in+statusBytes); err != nil {
+	if err := q.growHost(&sl.hostIn, in+statusBytes+4); err != nil {
 		return nil, err
 	}
 	if err := q.growHost(&sl.hostOut, outBytes); err != nil {
@@ -657,10 +691,18 @@ func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *gp
 	for i := range status {
 		status[i] = 0xff // both words ~0: "nothing found", lowered by the kernels' atomicMin
 	}
+	fp4Word := sl.hostIn[in+statusBytes : in+statusBytes+4]
+	copy(fp4Word, j.fp4InitWord())
 	ev := sl.events
 	steps := []func() error{
 		func() error { return q.dev.Record(ev[0], sl.stream) },
 		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufStatus], status, sl.stream) },
+		func() error {
+			if !j.s.IsFP4() {
+				return nil
+			}
+			return q.dev.CopyToDeviceAsync(ptrs[bufParamScale], fp4Word, sl.stream)
+		},
 		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufInput], sl.hostIn[:in], sl.stream) },
 		func() error { return q.dev.Record(ev[1], sl.stream) },
 		func() error { return q.enqueue(j, ptrs, sl.stream) },
@@ -712,6 +754,9 @@ func (q *GPUQuantizer) growHost(buf *[]byte, size int) error {
 
 // raws names and shapes the downloaded tensors as Pack does, as views of pinned memory.
 func (j gpuJob) raws(codes, scales, zeros, offsets []byte) []packing.Raw {
+	if j.s.IsFP4() {
+		return j.fp4Raws(j.format, codes, scales, offsets)
+	}
 	s, n, k, ng, p := j.s, j.n, j.k, j.groups, j.prefix
 	if j.layout == layoutGPTQ {
 		gidx := make([]byte, 4*k)

@@ -70,13 +70,24 @@ func BenchmarkGPUQuantize(b *testing.B) {
 }
 
 func benchGPUQuantize(b *testing.B, dev *cuda.Device, q *GPUQuantizer, label string, n, k int, s quant.Scheme, format string) {
-	j, err := newGPUJob("BF16", n, k, s, format, "bench")
+	j, err := newGPUJob("BF16", n, k, s, format, "bench", 0)
 	if err != nil {
 		b.Fatal(err)
 	}
+	benchGPUJob(b, dev, q, label, j)
+}
+
+// benchGPUJob times job j's kernels against a copy of its input (see BenchmarkGPUQuantize).
+func benchGPUJob(b *testing.B, dev *cuda.Device, q *GPUQuantizer, label string, j gpuJob) {
+	n, k, s, format := j.n, j.k, j.s, j.format
 	ptrs, err := q.buffers(q.all[0], j)
 	if err != nil {
 		b.Fatal(err)
+	}
+	if s.IsFP4() { // the given global scale (bw_fp4_amax raises the word from 0 otherwise)
+		if err := dev.CopyToDevice(ptrs[bufParamScale], j.fp4InitWord()); err != nil {
+			b.Fatal(err)
+		}
 	}
 	sizes := j.deviceBytes()
 	in := sizes[bufInput]

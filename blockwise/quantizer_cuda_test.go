@@ -46,6 +46,9 @@ func openGPUQuantizer(tb testing.TB) (*cuda.Device, *GPUQuantizer) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	if *gpuFP4PTX != "" {
+		q.fp4.images = [][]byte{gputest.PTX(tb, microscaledPTX, *gpuFP4PTX)}
+	}
 	tb.Cleanup(func() { q.Close() })
 	return dev, q
 }
@@ -317,7 +320,7 @@ func checkGPUAgainstCPU(t *testing.T, q *GPUQuantizer, r *rand.Rand, dtype strin
 	takes func(gpuJob) bool, want bool) {
 	t.Helper()
 	what := fmt.Sprintf("%s %s %s %dx%d", format, s, dtype, n, k)
-	j, err := newGPUJob(dtype, n, k, s, format, "m")
+	j, err := newGPUJob(dtype, n, k, s, format, "m", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +429,7 @@ func TestGPUQuantizerPiecesReportBadInput(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if j, err := newGPUJob("BF16", n, k, s, c.format, "w"); err != nil || j.pieceKernel()+j.rowpcKernel() == "" {
+		if j, err := newGPUJob("BF16", n, k, s, c.format, "w", 0); err != nil || j.pieceKernel()+j.rowpcKernel() == "" {
 			t.Fatalf("%s %s: no bw_piece or bw_rowpc kernel (%v)", c.format, c.scheme, err)
 		}
 		raw := slices.Clone(good)

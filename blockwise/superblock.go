@@ -2,6 +2,7 @@ package blockwise
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/kquant"
@@ -21,7 +22,7 @@ func rowQuantizerFor(s quant.Scheme, k int, opt Options) (rowQuantizer, int) {
 	if it, err := iquant.TypeOf(s); err == nil {
 		return blockRow(it, opt.Importance), k
 	}
-	q := quantizerFor(s)
+	q := quantizerFor(s, opt.GlobalScale)
 	return func(dst *quant.Tensor, src rowSource, row int, codes []uint8, buf []float32) error {
 		return quantizeRow(dst, q, src, row, codes, buf, opt)
 	}, groupLen(s, k)
@@ -50,7 +51,9 @@ func blockRow(f rowFitter, imp []float32) rowQuantizer {
 
 // Takes says whether round-to-nearest with opt quantizes to scheme s at all, whatever the
 // tensor: k-quants and IQ types have no clipping search (their fit chooses each sub-block's
-// range itself), and ggml fits iq2_xxs, iq2_xs and iq1_s only with an importance matrix.
+// range itself), ggml fits iq2_xxs, iq2_xs and iq1_s only with an importance matrix, block
+// FP8 has no search at all (each block's scale is its absmax/448), and only NVFP4 takes a
+// global scale (a finite positive one).
 func Takes(s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("blockwise: %w", err)
@@ -62,12 +65,17 @@ func Takes(s quant.Scheme, opt Options) error {
 		return fmt.Errorf("blockwise: %s has no clipping search (--clip); its fit searches each sub-block's scale itself, with importance under --imatrix", s)
 	case iq && f.Imatrix && !opt.Imatrix:
 		return fmt.Errorf("blockwise: %s needs an importance matrix: ggml refuses to quantize it without one (use --imatrix)", s)
+	case s.Grid == quant.FP8Block && (opt.Clip || opt.Imatrix || opt.Params != nil):
+		return fmt.Errorf("blockwise: %s scales each block by its absmax/448; it has no clipping or imatrix search (--clip, --imatrix)", s)
+	}
+	if g := opt.GlobalScale; g != 0 && (s.Grid != quant.NVFP4 || !(g > 0) || math.IsInf(float64(g), 0)) {
+		return fmt.Errorf("blockwise: global scale %g given for %s (NVFP4 takes a finite positive one, other grids none)", g, s)
 	}
 	return nil
 }
 
 // checkRowLength is Takes for rows of k weights: k-quants also need rows of whole sub-blocks,
-// IQ types whole blocks.
+// IQ types and FP4 whole blocks.
 func checkRowLength(k int, s quant.Scheme, opt Options) error {
 	if err := Takes(s, opt); err != nil {
 		return err

@@ -38,6 +38,11 @@ func TestRefusedBeforeAnyWork(t *testing.T) {
 			o.Method, o.Format, o.Alloc, o.GPTQ.ActOrder = GPTQ, "qpack", Uniform(quant.Scheme{Bits: 4, Grid: quant.KQuant, GroupSize: 32}), true
 		}, "--static-groups"},
 		{"lm_head under gptq", func(o *Options) { o.Method, o.Alloc.QuantizeHead = GPTQ, true }, "decoder linears only"},
+		{"nvfp4 under awq", func(o *Options) { o.Method, o.Format, o.Alloc = AWQ, "qpack", Uniform(quant.NVFP4Scheme) }, "awq quantizes to integer grids"},
+		{"mxfp4 under act-order without static groups", func(o *Options) {
+			o.Method, o.Format, o.Alloc, o.GPTQ.ActOrder = GPTQ, "qpack", Uniform(quant.MXFP4Scheme), true
+		}, "--static-groups"},
+		{"block FP8 with --imatrix", func(o *Options) { o.Format, o.Alloc, o.Imatrix = "fp8", Uniform(quant.FP8BlockScheme(128)), true }, "no clipping or imatrix search"},
 		{"an override mixing schemes in the gptq format", func(o *Options) {
 			ov, err := alloc.ParseOverrides([]string{"down_proj=int8-g128-sym"})
 			if err != nil {

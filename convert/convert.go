@@ -8,6 +8,7 @@ import (
 
 	"github.com/qpack-dev/qpack/internal/staged"
 	"github.com/qpack-dev/qpack/packing"
+	"github.com/qpack-dev/qpack/quantized"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
@@ -67,7 +68,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err := staged.CheckDestination(dst, opt.Overwrite); err != nil {
 		return nil, err
 	}
-	ck, err := safetensors.Open(src)
+	ck, err := quantized.OpenSource(src) // a block FP8 release reads as its float weights
 	if err != nil {
 		return nil, err
 	}
@@ -109,6 +110,9 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	if err := checkMixed(items, f); err != nil {
+		return nil, err
+	}
+	if opt.globals, err = sharedGlobalScales(ck, items, f); err != nil {
 		return nil, err
 	}
 	g, runner, err := setupMethod(opt, items, f)

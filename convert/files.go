@@ -44,10 +44,21 @@ func readModelConfig(dir string, f packing.Format) (map[string]any, error) {
 	if err := json.Unmarshal(b, &cfg); err != nil {
 		return nil, fmt.Errorf("%s: invalid JSON: %w", filepath.Join(dir, "config.json"), err)
 	}
-	if _, done := cfg["quantization_config"]; done {
-		return nil, fmt.Errorf("%s is already quantized (config.json has a quantization_config)", dir)
+	if q, done := cfg["quantization_config"]; done {
+		// A block FP8 release is read as its float weights (quantized.OpenSource): its config
+		// gives way to the output's.
+		if qb, _ := json.Marshal(q); !isBlockFP8(qb) {
+			return nil, fmt.Errorf("%s is already quantized (config.json has a quantization_config)", dir)
+		}
+		delete(cfg, "quantization_config")
 	}
 	return cfg, nil
+}
+
+// isBlockFP8 says whether a quantization_config is a block FP8 release's.
+func isBlockFP8(q []byte) bool {
+	c, err := packing.ParseConfig(q)
+	return err == nil && c.Format == "fp8"
 }
 
 // quantConfig describes the output for the format's quantization_config.

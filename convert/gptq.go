@@ -41,6 +41,7 @@ type blockRunner struct {
 	gpu     *gpuCapture     // while calibrating on the GPU
 	device  string
 	schemes map[string]quant.Scheme // module prefix → planned scheme
+	globals map[string]float32      // NVFP4 modules' shared global scales (Options.globals)
 	hess    map[string]*gptq.Hessian
 	method  Method
 	logf    func(string, ...any)
@@ -57,7 +58,7 @@ type blockRunner struct {
 // each one against the method before any calibration (Method.Takes, and GPTQ's row lengths).
 func newBlockRunner(opt Options, items []Item, logf func(string, ...any)) (*blockRunner, error) {
 	r := &blockRunner{method: opt.Method, schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
-		results: map[string]chan gptqResult{}, ctx: opt.context(), opt: opt.gptq()}
+		results: map[string]chan gptqResult{}, ctx: opt.context(), opt: opt.gptq(), globals: opt.globals}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue
@@ -178,8 +179,9 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 	return nil
 }
 
-// solveFunc runs GPTQ on one linear with its group's Hessian.
-type solveFunc func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error)
+// solveFunc runs GPTQ on one linear with its group's Hessian; global is an NVFP4 linear's
+// shared global scale (0: its own).
+type solveFunc func(w []float32, n, k int, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error)
 
 // hessianOf returns how to solve with the Hessian of group g of block: on the host, or on the
 // GPU from the Gram matrix gathered there (gpuSolveFunc).
@@ -193,8 +195,8 @@ func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), er
 		return nil, nil, fmt.Errorf("block %d: no calibration inputs reached %s", block, g)
 	}
 	delete(r.hess, key)
-	solve := func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
-		return r.quantize(w, n, k, h.H, s)
+	solve := func(w []float32, n, k int, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
+		return r.quantize(w, n, k, h.H, s, global)
 	}
 	return solve, func() {}, nil
 }
@@ -206,7 +208,7 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		if !planned {
 			continue
 		}
-		t, st, err := solve(l.W, l.Out, l.In, s)
+		t, st, err := solve(l.W, l.Out, l.In, s, r.globals[l.Name])
 		if err != nil {
 			err = fmt.Errorf("tensor %s.weight: %w", l.Name, err)
 			r.results[l.Name] <- gptqResult{err: err}
@@ -248,11 +250,18 @@ func (r *blockRunner) deviceFor(s quant.Scheme) string {
 	return r.device
 }
 
-func (r *blockRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
+func (r *blockRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
 	if r.solver != nil && r.solver.Supports(s, r.opt) {
 		return r.solver.Quantize(w, n, k, h, s, r.opt)
 	}
-	return gptq.Quantize(w, n, k, h, s, r.opt)
+	return gptq.Quantize(w, n, k, h, s, r.optFor(global))
+}
+
+// optFor is the solver's options with an NVFP4 linear's global scale.
+func (r *blockRunner) optFor(global float32) gptq.Options {
+	opt := r.opt
+	opt.GlobalScale = global
+	return opt
 }
 
 func (r *blockRunner) close() {

@@ -95,7 +95,7 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 		return nil, nil, err
 	}
 	var host []float64 // H on the host, fetched for the first linear the CPU solves
-	solve := func(w []float32, n, k int, s quant.Scheme) (*quant.Tensor, gptq.Stats, error) {
+	solve := func(w []float32, n, k int, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
 		if r.solver != nil && r.solver.Supports(s, r.opt) {
 			t, st, err := r.solver.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
 			if err != nil {
@@ -109,7 +109,7 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 				return nil, gptq.Stats{}, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
 			}
 		}
-		return gptq.Quantize(w, n, k, host, s, r.opt)
+		return gptq.Quantize(w, n, k, host, s, r.optFor(global))
 	}
 	return solve, release, nil
 }

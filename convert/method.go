@@ -18,7 +18,7 @@ const (
 	// RTN is block-wise round-to-nearest: no data needed, every scheme.
 	RTN Method = "rtn"
 	// GPTQ runs the model block by block over calibration data and quantizes each linear with
-	// second-order error feedback: integer, NF4 and k-quant grids.
+	// second-order error feedback: integer, NF4, FP4 and k-quant grids.
 	GPTQ Method = "gptq"
 	// AWQ searches activation-aware scales per group of linears, folds them into the previous
 	// op, clips and rounds: integer grids.

@@ -62,6 +62,9 @@ func placeholderTensor(s quant.Scheme, n, k int) *quant.Tensor {
 	for i := range t.Scales {
 		t.Scales[i] = 1
 	}
+	if s.Grid == quant.NVFP4 {
+		t.GlobalScale = 1
+	}
 	switch {
 	case s.Grid == quant.Integer:
 		t.Zeros = make([]uint8, n*groups)
@@ -156,8 +159,8 @@ func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error
 	case m.gpu.supports(s, m.format, m.opt):
 		name := m.item.Info.Name
 		fill := func(dst []byte) error { return m.ck.ReadInto(name, dst) }
-		err := m.gpu.q.QuantizePackWith(fill, string(m.item.Info.DType), m.item.N(), m.item.K(), s, m.format.Name(), m.item.Module,
-			func(raws []packing.Raw) error { return use(raws, nil) })
+		err := m.gpu.q.QuantizePackScaled(fill, string(m.item.Info.DType), m.item.N(), m.item.K(), s, m.format.Name(), m.item.Module,
+			m.opt.globals[m.item.Module], func(raws []packing.Raw) error { return use(raws, nil) })
 		return DeviceCUDA, err
 	case m.gpu.fits(s, m.opt):
 		return m.packTensor(DeviceCUDA, m.fitKQuantOnGPU, use)

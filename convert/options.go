@@ -35,6 +35,9 @@ type Options struct {
 	// ImatrixFile, when set, is llama.cpp's importance matrix (llama-imatrix's output) to use
 	// as importance instead of measuring one; it implies Imatrix.
 	ImatrixFile string
+	// globals is the global scale of each NVFP4 module that shares one with the linears fused
+	// with it (sharedGlobalScales); a module not in it computes its own.
+	globals map[string]float32
 	// GPTQ tunes --method gptq, which needs Calib.
 	GPTQ GPTQOptions
 	// AWQ tunes --method awq and awq+gptq, which need Calib.
@@ -238,7 +241,7 @@ func (o *Options) gptq() gptq.Options {
 
 // blockwise returns the RTN options for module (its importance when Imatrix).
 func (o *Options) blockwise(module string) blockwise.Options {
-	b := blockwise.Options{Clip: o.Clip, Imatrix: o.Imatrix}
+	b := blockwise.Options{Clip: o.Clip, Imatrix: o.Imatrix, GlobalScale: o.globals[module]}
 	if o.Imatrix {
 		b.Importance = o.importance[module]
 	}

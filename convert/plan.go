@@ -12,6 +12,7 @@ import (
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
+	"github.com/qpack-dev/qpack/quantized"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
@@ -35,7 +36,7 @@ func Plan(src string, opt Options) (*alloc.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	ck, err := safetensors.Open(src)
+	ck, err := quantized.OpenSource(src)
 	if err != nil {
 		return nil, err
 	}
@@ -269,9 +270,17 @@ func planItems(ck *safetensors.Checkpoint, plan *alloc.Plan) ([]Item, error) {
 	for i, p := range ck.Files() {
 		shardOf[p] = i
 	}
+	listed := map[string]bool{} // a block FP8 input's scales are read with their weights (quantized.OpenSource)
+	for _, name := range ck.Names() {
+		listed[name] = true
+	}
 	var items []Item
 	for _, h := range ck.Headers() {
-		for _, info := range h.Tensors { // file order, so output mirrors input
+		for _, stored := range h.Tensors { // file order, so output mirrors input
+			if !listed[stored.Name] {
+				continue
+			}
+			info, _ := ck.Info(stored.Name) // as read: a virtual tensor's dtype and size
 			tn := model.ParseTensorName(info.Name)
 			it := Item{Info: info, Role: tn.Role, Module: tn.Module, ShardIdx: shardOf[info.File]}
 			e, ok := plan.Lookup(info.Name)

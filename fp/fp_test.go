@@ -152,3 +152,48 @@ func TestFirstNonFinite(t *testing.T) {
 		t.Errorf("extreme finite values: got %d", got)
 	}
 }
+
+// bruteE2M1 is the nearest E2M1 magnitude code by exhaustive search in float64, a tie going to
+// the even code; the sign comes from f.
+func bruteE2M1(f float32) uint8 {
+	a := math.Abs(float64(f))
+	best, bestD := 0, math.Inf(1)
+	for i := range 8 {
+		d := math.Abs(a - float64(F4E2M1ToF32(uint8(i))))
+		if d < bestD || (d == bestD && i%2 == 0) {
+			best, bestD = i, d
+		}
+	}
+	if best == 0 {
+		return 0 // zero is +0, whatever the sign
+	}
+	return uint8(math.Float32bits(f)>>31)<<3 | uint8(best)
+}
+
+func TestF32ToE2M1(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	var xs []float32
+	for range 200000 {
+		xs = append(xs, float32(r.Float64()*16-8))
+	}
+	for i := range 8 { // every value, every midpoint and their float32 neighbours
+		v := F4E2M1ToF32(uint8(i))
+		xs = append(xs, v, -v, math.Nextafter32(v, 10), math.Nextafter32(v, -10))
+		if i < 7 {
+			mid := (v + F4E2M1ToF32(uint8(i+1))) / 2
+			xs = append(xs, mid, -mid, math.Nextafter32(mid, 10), math.Nextafter32(mid, -10))
+		}
+	}
+	xs = append(xs, 100, -100, 1e6, float32(math.Copysign(0, -1)))
+	for _, x := range xs {
+		if got, want := F32ToE2M1(x), bruteE2M1(x); got != want {
+			t.Fatalf("F32ToE2M1(%v) = %#x, brute force %#x", x, got, want)
+		}
+	}
+	// Ties to even, as compressed-tensors' cast_to_fp4 rounds them.
+	for x, want := range map[float32]uint8{0.25: 0, 0.75: 2, 1.25: 2, 1.75: 4, 2.5: 4, 3.5: 6, 5: 6, -0.75: 10, -0.25: 0, 7: 7, float32(math.Inf(-1)): 15} {
+		if got := F32ToE2M1(x); got != want {
+			t.Errorf("F32ToE2M1(%v) = %d, want %d", x, got, want)
+		}
+	}
+}

@@ -52,6 +52,9 @@ const (
 	MostlyBF16  FileType = 32
 	TQ1_0       FileType = 36
 	TQ2_0       FileType = 37
+	// MostlyMXFP4MoE is the file type of MXFP4 files (llama.h LLAMA_FTYPE_MOSTLY_MXFP4_MOE,
+	// newer than the llama.cpp the presets follow): written as general.file_type, no preset.
+	MostlyMXFP4MoE FileType = 38
 )
 
 // info is a file type's llama-quantize name and the ggml type its tensors start from.
@@ -135,7 +138,7 @@ var mostly = map[gguf.Type]FileType{gguf.F32: AllF32, gguf.F16: MostlyF16, gguf.
 	gguf.Q4_1: MostlyQ4_1, gguf.Q5_0: MostlyQ5_0, gguf.Q5_1: MostlyQ5_1, gguf.Q8_0: MostlyQ8_0, gguf.Q2_K: MostlyQ2_K,
 	gguf.Q3_K: MostlyQ3_KM, gguf.Q4_K: MostlyQ4_KM, gguf.Q5_K: MostlyQ5_KM, gguf.Q6_K: MostlyQ6_K,
 	gguf.IQ2_XXS: IQ2_XXS, gguf.IQ2_XS: IQ2_XS, gguf.IQ2_S: IQ2_S, gguf.IQ3_XXS: IQ3_XXS, gguf.IQ3_S: IQ3_S,
-	gguf.IQ1_S: IQ1_S, gguf.IQ1_M: IQ1_M, gguf.IQ4_NL: IQ4_NL, gguf.IQ4_XS: IQ4_XS, gguf.TQ1_0: TQ1_0, gguf.TQ2_0: TQ2_0}
+	gguf.IQ1_S: IQ1_S, gguf.IQ1_M: IQ1_M, gguf.IQ4_NL: IQ4_NL, gguf.IQ4_XS: IQ4_XS, gguf.TQ1_0: TQ1_0, gguf.TQ2_0: TQ2_0, gguf.MXFP4: MostlyMXFP4MoE}
 
 // Mostly is the file type of a file whose weights are mostly of type t (general.file_type
 // of a mixed file: what llama.cpp reports as the model's type).

@@ -129,10 +129,7 @@ func Bytes(t gguf.Type, n, k int) int64 { return int64(n) * int64(t.RowBytes(k))
 // weights, which ggml's dequantize_row_* gives back bit for bit. It refuses what the blocks
 // cannot hold exactly (act-order column groups, scales F16 cannot hold, partial super-blocks).
 func Encode(t *quant.Tensor) (gguf.Type, []byte, error) {
-	typ, ok := TypeOf(t.Scheme)
-	if !ok {
-		typ, ok = repackOnly(t.Scheme)
-	}
+	typ, ok := HeldAs(t.Scheme)
 	if !ok {
 		return 0, nil, Supports(t.Scheme)
 	}
@@ -146,17 +143,33 @@ func Encode(t *quant.Tensor) (gguf.Type, []byte, error) {
 		out, err = encodeKQuant(out, t)
 	case quant.IQuant:
 		out, err = iquant.AppendRows(out, t)
+	case quant.MXFP4:
+		out, err = encodeMXFP4(out, t)
 	default:
 		out, err = encodeInt(out, t, typ)
 	}
 	return typ, out, err
 }
 
+// HeldAs returns the ggml type whose blocks hold a scheme's tensors as they are (Encode): a
+// rung's type, or one of the types below that hold some tensors of a scheme qpack fits
+// otherwise.
+func HeldAs(s quant.Scheme) (gguf.Type, bool) {
+	if t, ok := TypeOf(s); ok {
+		return t, true
+	}
+	return repackOnly(s)
+}
+
 // repackOnly maps schemes qpack does not fit ggml types with but whose tensors a ggml type can
-// hold when their values allow: int4-g32-asym as Q4_1 (when −z·scale is exact in F16).
+// hold when their values allow: int4-g32-asym as Q4_1 (when −z·scale is exact in F16), and
+// mxfp4 as MXFP4, which only llama.cpp builds from August 2025 on load (so it is no rung).
 func repackOnly(s quant.Scheme) (gguf.Type, bool) {
-	if s == (quant.Scheme{Bits: 4, GroupSize: 32}) {
+	switch {
+	case s == (quant.Scheme{Bits: 4, GroupSize: 32}):
 		return gguf.Q4_1, true
+	case s.Grid == quant.MXFP4:
+		return gguf.MXFP4, true
 	}
 	return 0, false
 }
@@ -252,4 +265,25 @@ func Fallback(t gguf.Type, k int) (sub gguf.Type, why string, ok bool) {
 		why = fmt.Sprintf("rows of %d weights are not whole %s blocks: %s in place of llama.cpp's fallback %s, which qpack does not write yet", k, t, fb.qpack, fb.llama)
 	}
 	return fb.qpack, why, true
+}
+
+// encodeMXFP4 writes an MXFP4 tensor as ggml's block_mxfp4 (ggml-common.h): per block of 32,
+// the E8M0 byte e of its scale 2^(e−127), then qs[j] = code j | code j+16 << 4. ggml's E2M1
+// codes are qpack's (sign in bit 3; kvalues_mxfp4 holds the values doubled, and ggml halves
+// the scale, GGML_E8M0_TO_FP32_HALF), so the blocks decode to the same weights.
+func encodeMXFP4(out []byte, t *quant.Tensor) ([]byte, error) {
+	const qk = 32
+	blocks := t.K / qk
+	for i, scale := range t.Scales {
+		e, ok := quant.E8M0Byte(scale)
+		if !ok {
+			return nil, fmt.Errorf("row %d block %d: scale %g is not an E8M0 power of two", i/blocks, i%blocks, scale)
+		}
+		out = append(out, e)
+		codes := t.Codes[i*qk : (i+1)*qk] // block i of the row-major tensor
+		for j := range qk / 2 {
+			out = append(out, codes[j]&15|codes[j+16]<<4)
+		}
+	}
+	return out, nil
 }

@@ -212,6 +212,8 @@ func Decode(dst []float32, t Type, data []byte) ([]float32, error) {
 			dst = decodeQ45K(dst, t == Q5_K, blk, f16)
 		case Q6_K:
 			dst = decodeQ6K(dst, blk, f16)
+		case MXFP4:
+			dst = decodeMXFP4(dst, blk)
 		default:
 			return nil, fmt.Errorf("qpack cannot decode %s", t)
 		}

@@ -10,19 +10,8 @@ import (
 )
 
 // lossless names the schemes whose codes and scales are ggml blocks as they are
-// (ggmltype.Encode): the k-quants, integer groups of 32 with F16 scales, and int4-g32-asym as
-// Q4_1 when every −z·scale is exact in F16.
-const lossless = "q2_k … q6_k → Q2_K … Q6_K, int8-g32-sym → Q8_0, int5-g32-sym → Q5_0, int4-g32-sym → Q4_0, int4-g32-asym → Q4_1 (when −z·scale is exact in F16)"
-
-func repackType(s quant.Scheme) (gguf.Type, bool) {
-	if t, ok := ggmltype.TypeOf(s); ok {
-		return t, true
-	}
-	if s == (quant.Scheme{Bits: 4, GroupSize: 32}) {
-		return gguf.Q4_1, true
-	}
-	return 0, false
-}
+// (ggmltype.Encode).
+const lossless = "q2_k … q6_k → Q2_K … Q6_K, iq1_s … iq4_xs → IQ1_S … IQ4_XS, int8-g32-sym → Q8_0, int5-g32-sym → Q5_0, int4-g32-sym → Q4_0, int4-g32-asym → Q4_1 (when −z·scale is exact in F16), mxfp4 → MXFP4"
 
 func (p *planner) module(r role, prefix string) (gguf.Tensor, string, error) {
 	info, err := p.c.Module(prefix)
@@ -30,7 +19,7 @@ func (p *planner) module(r role, prefix string) (gguf.Tensor, string, error) {
 		return gguf.Tensor{}, "", err
 	}
 	shape := []int{info.N, info.K}
-	typ, ok := repackType(info.Scheme)
+	typ, ok := ggmltype.HeldAs(info.Scheme)
 	partial := ok && info.Scheme.Grid == quant.KQuant && info.K%quant.SuperBlock != 0
 	if partial && !p.opts.Requantize {
 		return gguf.Tensor{}, "", fmt.Errorf("module %s: its %s rows of %d weights end in a partial super-block (K is not a multiple of 256), which ggml's %s cannot hold; --requantize dequantizes it and quantizes again to --type %s", prefix, info.Scheme, info.K, typ, p.linear)

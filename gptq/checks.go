@@ -41,7 +41,7 @@ func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 }
 
 // CheckScheme says whether Quantize can quantize rows of k weights to scheme s with opt, before
-// any Hessian is gathered: Takes, k-quant rows of whole sub-blocks and IQ rows of whole blocks.
+// any Hessian is gathered: Takes, k-quant rows of whole sub-blocks, IQ and FP4 rows of whole blocks.
 func CheckScheme(s quant.Scheme, k int, opt Options) error {
 	if err := Takes(s, opt); err != nil {
 		return err
@@ -52,28 +52,31 @@ func CheckScheme(s quant.Scheme, k int, opt Options) error {
 	return nil
 }
 
-// Takes says whether GPTQ with opt quantizes to scheme s at all, whatever the tensor: the grid,
-// and what k-quants cannot do — act-order with super-blocks fitted on the fly (they would
-// follow the quantization order, and k-quants have no g_idx to record it) and the clipping
-// search (ggml's fit chooses each sub-block's range itself); IQ types code groups of adjacent
-// columns, so refuse act-order altogether, and need lazy batches of whole groups.
+// Takes says whether GPTQ with opt quantizes to scheme s at all, whatever the tensor: the grid;
+// what k-quants cannot do — act-order with super-blocks fitted on the fly (they would follow the
+// quantization order, and k-quants have no g_idx to record it) and the clipping search (ggml's
+// fit chooses each sub-block's range itself); IQ types code groups of adjacent columns, so
+// refuse act-order altogether, and need lazy batches of whole groups; what FP4 cannot do —
+// act-order with blocks fitted on the fly (FP4 layouts have no g_idx); and a global scale other
+// than NVFP4's.
 func Takes(s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("gptq: %w", err)
 	}
-	if s.Grid != quant.Integer && s.Grid != quant.NF4 && s.Grid != quant.KQuant && s.Grid != quant.IQuant {
-		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer, NF4, k-quant and IQ grids, not %s (use blockwise)", s, s.Grid)
+	if s.Grid != quant.Integer && s.Grid != quant.NF4 && s.Grid != quant.KQuant && s.Grid != quant.IQuant && !s.IsFP4() {
+		return fmt.Errorf("gptq: scheme %s: GPTQ quantizes to integer, NF4, FP4, k-quant and IQ grids, not %s (use blockwise)", s, s.Grid)
+	}
+	if g := opt.GlobalScale; g != 0 && (s.Grid != quant.NVFP4 || !(g > 0) || math.IsInf(float64(g), 0)) {
+		return fmt.Errorf("gptq: global scale %g given for %s (NVFP4 takes a finite positive one, other grids none)", g, s)
 	}
 	if _, ok := s.IQuant(); ok {
 		return takesIQuant(s, opt)
 	}
-	if _, ok := s.KQuant(); !ok {
-		return nil
-	}
+	_, kq := s.KQuant()
 	switch {
-	case opt.ActOrder && !opt.StaticGroups:
+	case (kq || s.IsFP4()) && opt.ActOrder && !opt.StaticGroups:
 		return fmt.Errorf("gptq: %s has no act-order group index (g_idx); use act-order with static groups (--static-groups)", s)
-	case opt.Clip && !opt.Imatrix:
+	case kq && opt.Clip && !opt.Imatrix:
 		return fmt.Errorf("gptq: %s has no clipping search (--clip); ggml's fit searches each sub-block's range", s)
 	}
 	return nil

@@ -44,4 +44,8 @@
 // every column's error is then spread as usual (the errors of a group's later columns include
 // the updates from its earlier ones, which makes the sequence exactly the block update for the
 // whole group). They refuse act-order. Other grids are refused.
+//
+// The FP4 grids NVFP4 and MXFP4 are fitted block by block like groups (their E4M3 or E8M0
+// block scale; NVFP4's global scale is fixed beforehand, from W or Options.GlobalScale), each
+// weight coded to the nearest E2M1 value; they have no g_idx either. Other grids are refused.
 package gptq

@@ -135,7 +135,7 @@ func TestInputErrors(t *testing.T) {
 		{"nan hessian", "entry (3, 1) is NaN", w, n, k, hNaN, int4, Options{}},
 		{"asymmetric", "not symmetric", w, n, k, hAsym, int4, Options{}},
 		{"negative diagonal", "(6, 6) is negative", w, n, k, hNeg, int4, Options{}},
-		{"fp8", "integer, NF4, k-quant and IQ grids, not fp8", w, n, k, h, quant.Scheme{Bits: 8, GroupSize: quant.PerChannel, Grid: quant.FP8E4M3, Sym: true}, Options{}},
+		{"fp8", "integer, NF4, FP4, k-quant and IQ grids, not fp8", w, n, k, h, quant.Scheme{Bits: 8, GroupSize: quant.PerChannel, Grid: quant.FP8E4M3, Sym: true}, Options{}},
 		{"9 bits", "2 to 8 bits", w, n, k, h, quant.Scheme{Bits: 9, GroupSize: 32}, Options{}},
 		{"damping", "must not be negative", w, n, k, h, int4, Options{Damp: -1}},
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/qpack-dev/qpack/fp"
 	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/quant"
@@ -27,8 +28,11 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 	dead, deadCount := deadColumns(diag)
 	st.DeadColumns = deadCount
 	perm := columnOrder(diag, dead, opt.ActOrder)
+	if s.Grid == quant.NVFP4 && opt.GlobalScale == 0 {
+		opt.GlobalScale = quant.NVFP4GlobalScale(absMax(w))
+	}
 	p := &problem{
-		t: newTensor(s, n, k), lay: newLayout(s, k, perm, opt.StaticGroups),
+		t: newTensor(s, n, k, opt.GlobalScale), lay: newLayout(s, k, perm, opt.StaticGroups),
 		k: k, groups: s.Groups(k), bs: opt.BlockSize, opt: opt,
 	}
 	p.kt, _ = kquant.TypeOf(s)
@@ -203,9 +207,14 @@ func errorCosts(u []float32, k int) []float32 {
 // (index into Scales): its code and the value the code stands for.
 func roundOne(t *quant.Tensor, w float32, i int) (uint8, float32) {
 	scale := t.Scales[i]
-	if t.Scheme.Grid == quant.NF4 {
+	switch t.Scheme.Grid {
+	case quant.NF4:
 		code := quant.NF4Code(w / scale)
 		return code, quant.DequantizeNF4(code, scale)
+	case quant.NVFP4, quant.MXFP4:
+		f := t.FP4Factor(scale)
+		code := fp.F32ToE2M1(w / f)
+		return code, quant.FP4Values[code] * f
 	}
 	code := t.Scheme.QuantizeInt(w, scale, t.Zeros[i])
 	return code, quant.DequantizeInt(code, scale, t.Zeros[i])
@@ -235,8 +244,9 @@ func (p *problem) loadWeights(ws *Workspace, w []float32, dead []bool) error {
 	return nil
 }
 
-// newTensor allocates an n×k tensor of scheme s (integer, NF4, k-quant or IQ grid).
-func newTensor(s quant.Scheme, n, k int) *quant.Tensor {
+// newTensor allocates an n×k tensor of scheme s (integer, NF4, FP4, k-quant or IQ grid); global
+// is an NVFP4 tensor's global scale.
+func newTensor(s quant.Scheme, n, k int, global float32) *quant.Tensor {
 	if s.Grid == quant.KQuant {
 		return quant.NewKQuantTensor(s, n, k)
 	}
@@ -244,7 +254,7 @@ func newTensor(s quant.Scheme, n, k int) *quant.Tensor {
 		return quant.NewIQuantTensor(s, n, k)
 	}
 	ng := n * s.Groups(k)
-	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, ng)}
+	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, ng), GlobalScale: global}
 	if s.Grid == quant.Integer {
 		t.Zeros = make([]uint8, ng)
 	}

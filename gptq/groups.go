@@ -120,7 +120,8 @@ type fitter struct {
 func newFitter(t *quant.Tensor, opt Options, size int) *fitter {
 	kt, _ := kquant.TypeOf(t.Scheme)
 	it, _ := iquant.TypeOf(t.Scheme)
-	return &fitter{t: t, kt: kt, it: it, opt: blockwise.Options{Clip: opt.Clip, Imatrix: opt.Imatrix}, codes: make([]uint8, size)}
+	return &fitter{t: t, kt: kt, it: it, codes: make([]uint8, size),
+		opt: blockwise.Options{Clip: opt.Clip, Imatrix: opt.Imatrix, GlobalScale: t.GlobalScale}}
 }
 
 // fit sets the parameters of row r, group g from the weights w of that group; imp (len(w) or

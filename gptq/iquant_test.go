@@ -25,7 +25,7 @@ func TestIQuantBeatsRTN(t *testing.T) {
 	for _, it := range quant.IQTypes() {
 		s, _ := quant.IQuantScheme(it)
 		t.Run(s.String(), func(t *testing.T) {
-			checkBeatsRTN(t, w, n, k, h, s, Options{}, blockwise.Options{Imatrix: true, Importance: diag})
+			checkBeatsRTN(t, w, n, k, h, s, Options{}, blockwise.Options{Imatrix: true, Importance: diag}, 0.9)
 		})
 	}
 }

@@ -27,15 +27,54 @@ func TestKQuantBeatsRTN(t *testing.T) {
 		for _, s := range quant.KQuantSchemes() {
 			for _, o := range []Options{{}, {Imatrix: true}, {ActOrder: true, StaticGroups: true, Imatrix: true}} {
 				t.Run(fmt.Sprintf("K%d/%s/weighted=%v,act=%v", k, s, o.Imatrix, o.ActOrder), func(t *testing.T) {
-					bopt := blockwise.Options{Imatrix: o.Imatrix}
-					if o.Imatrix {
-						bopt.Importance = diag
-					}
-					checkBeatsRTN(t, w, n, k, h, s, o, bopt)
+					checkBeatsRTN(t, w, n, k, h, s, o, rtnOptions(o, diag), 0.9)
 				})
 			}
 		}
 	}
+}
+
+// checkBeatsRTN quantizes W[n, k] to s with GPTQ (o) and with round-to-nearest (bopt): GPTQ's
+// proxy loss must be below `below` times RTN's, Stats.Loss the directly computed loss, and the
+// tensor valid and without a g_idx. It returns GPTQ's tensor.
+func checkBeatsRTN(t *testing.T, w []float32, n, k int, h []float64, s quant.Scheme, o Options, bopt blockwise.Options, below float64) *quant.Tensor {
+	t.Helper()
+	gt, st, err := Quantize(w, n, k, h, s, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gt.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if gt.GIdx != nil {
+		t.Fatalf("a %s tensor got a g_idx", s)
+	}
+	rt, err := blockwise.Quantize(w, n, k, s, bopt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gt.GlobalScale != rt.GlobalScale {
+		t.Errorf("global scale %v, RTN's %v (both from W)", gt.GlobalScale, rt.GlobalScale)
+	}
+	gLoss := proxyLoss(w, gt.Dequantize(nil), n, k, h)
+	rLoss := proxyLoss(w, rt.Dequantize(nil), n, k, h)
+	if gLoss >= below*rLoss {
+		t.Errorf("GPTQ proxy loss %.4g not below %g × RTN's %.4g", gLoss, below, rLoss)
+	}
+	if d := relDiff(st.Loss, gLoss); d > 1e-3 {
+		t.Errorf("Stats.Loss %g, direct tr(ΔW H ΔWᵀ) %g (rel. diff %g)", st.Loss, gLoss, d)
+	}
+	t.Logf("GPTQ/RTN proxy loss %.3f", gLoss/rLoss)
+	return gt
+}
+
+// rtnOptions is the round-to-nearest that GPTQ with o is compared with: importance diag H when
+// o weighs by importance.
+func rtnOptions(o Options, diag []float32) blockwise.Options {
+	if !o.Imatrix {
+		return blockwise.Options{}
+	}
+	return blockwise.Options{Imatrix: true, Importance: diag}
 }
 
 // With a diagonal Hessian no error is fed forward, so GPTQ must give exactly what ggml's
@@ -99,34 +138,4 @@ func TestKQuantRefusals(t *testing.T) {
 			t.Errorf("K=%d %+v: error %v; want one naming q4_k and %q", c.k, c.opt, err, c.want)
 		}
 	}
-}
-
-// checkBeatsRTN quantizes W[n, k] to s with GPTQ (opt) and with round-to-nearest (bopt): GPTQ's
-// proxy loss must be at least 10% below RTN's, Stats.Loss the directly computed loss, and the
-// tensor valid and without a g_idx.
-func checkBeatsRTN(t *testing.T, w []float32, n, k int, h []float64, s quant.Scheme, opt Options, bopt blockwise.Options) {
-	t.Helper()
-	gt, st, err := Quantize(w, n, k, h, s, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := gt.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	if gt.GIdx != nil {
-		t.Fatalf("a %s tensor got a g_idx", s)
-	}
-	rt, err := blockwise.Quantize(w, n, k, s, bopt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gLoss := proxyLoss(w, gt.Dequantize(nil), n, k, h)
-	rLoss := proxyLoss(w, rt.Dequantize(nil), n, k, h)
-	if gLoss >= 0.9*rLoss {
-		t.Errorf("GPTQ proxy loss %.4g not 10%% below RTN's %.4g", gLoss, rLoss)
-	}
-	if d := relDiff(st.Loss, gLoss); d > 1e-3 {
-		t.Errorf("Stats.Loss %g, direct tr(ΔW H ΔWᵀ) %g (rel. diff %g)", st.Loss, gLoss, d)
-	}
-	t.Logf("GPTQ/RTN proxy loss %.3f", gLoss/rLoss)
 }

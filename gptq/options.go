@@ -33,6 +33,9 @@ type Options struct {
 	// (2·E[x_k²], the imatrix). It takes precedence over MSE. GPUSolver runs both searches too,
 	// with the same results.
 	Imatrix bool
+	// GlobalScale is the global scale of an NVFP4 tensor (blockwise.Options.GlobalScale),
+	// e.g. one shared by q, k and v; 0 computes it from W's largest |w| before any update.
+	GlobalScale float32
 	// BaselineLoss also computes tr(W H Wᵀ) for Stats.RelativeLoss. It costs as much as
 	// the quantization's own updates (N·K² multiply-adds), so it is off by default. The CPU
 	// forms it in float32 products (within about 1e-6), the GPU in float64.

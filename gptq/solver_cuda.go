@@ -228,7 +228,7 @@ func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme,
 }
 
 // Supports reports whether the GPU solver handles scheme s with options opt: integer grids,
-// with min-max, imatrix or clip group fits, in blocks of 128 columns. GPTQ on NF4 runs on the
+// with min-max, imatrix or clip group fits, in blocks of 128 columns. GPTQ on NF4 and FP4 runs on the
 // CPU (Quantize), and so does clip search where the GPU cannot reproduce this process's math.Pow (not
 // amd64).
 func (g *GPUSolver) Supports(s quant.Scheme, opt Options) bool { return g.supports(s, opt) == nil }
@@ -485,7 +485,7 @@ func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
 	if err := g.columns(p, ptr); err != nil {
 		return nil, err
 	}
-	t := newTensor(p.s, n, k)
+	t := newTensor(p.s, n, k, 0)
 	rowSq, rowDq := make([]float64, n), make([]float64, n)
 	status := make([]byte, 8)
 	for _, c := range []struct {

@@ -85,13 +85,15 @@ func TestExportTinyQuantized(t *testing.T) {
 	}
 }
 
-// TestExportRefusesUnsupported: NF4, FP8, INT1, k-quants and IQ types have no ONNX op; the export names the tensor
+// TestExportRefusesUnsupported: NF4, FP8, INT1, k-quants, IQ types and FP4 have no ONNX op; the export names the tensor
 // and the nearest scheme and writes nothing, unless asked to write them dequantized.
 func TestExportRefusesUnsupported(t *testing.T) {
 	ids := heldout(t, tinyDir(t), 64)
 	for _, c := range []struct{ scheme, nearest string }{
 		{"nf4-g64", "int4-g64-asym"}, {"fp8", "int8-pc-sym"}, {"bin-g128-sym", "int2-g128-asym"},
 		{"q4_k", "int4-g32-asym"}, {"q3_k", "int3-g16-sym"}, {"iq4_nl", "int4-g32-sym"},
+		{"nvfp4", "int4-g16-sym"}, {"mxfp4", "int4-g32-sym"},
+		{"fp8-b128", "int8-pc-sym"},
 	} {
 		t.Run(c.scheme, func(t *testing.T) {
 			src := convertTiny(t, c.scheme, "qpack", false)

@@ -51,8 +51,11 @@ func (ops Ops) Supports(s quant.Scheme) error {
 		return nil
 	case quant.NF4:
 		nearest = "int4-" + group + "-asym"
-	case quant.FP8E4M3:
+	case quant.FP8E4M3, quant.FP8Block:
 		nearest = "int8-pc-sym"
+	case quant.NVFP4, quant.MXFP4:
+		why = "MatMulNBits and DequantizeLinear here take integer codes with float scales; FP4 codes with E4M3/E8M0 block scales are not written"
+		nearest = "int4-" + group + "-sym"
 	case quant.Binary:
 		nearest = "int2-" + group + "-asym"
 	case quant.KQuant:

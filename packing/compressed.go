@@ -19,6 +19,15 @@ import (
 // its zero points likewise. With q = q_ct + 2^(b−1) and z = zp + 2^(b−1) the stored values are
 // exactly quant.Tensor's unsigned codes and zero points, and a symmetric scheme (zp = 0) is
 // z = 2^(b−1).
+//
+// The FP4 schemes are its nvfp4-pack-quantized and mxfp4-pack-quantized layouts (microscaled.go):
+//
+//	P.weight_packed       U8      [N, K/2]   two E2M1 codes a byte, even column in the low nibble
+//	P.weight_scale        F8_E4M3 [N, K/16]  nvfp4: E4M3 block scales s
+//	                      U8      [N, K/32]  mxfp4: E8M0 block scales (2^(e−127))
+//	P.weight_global_scale F32     [1]        nvfp4: G, a divisor: w = e2m1·(s/G)
+//
+// with no weight_shape, which vLLM's FP4 schemes do not load.
 type CompressedTensors struct{}
 
 func (CompressedTensors) MixedSchemes() bool { return false }
@@ -32,8 +41,11 @@ func (CompressedTensors) Supports(s quant.Scheme) error {
 	if err := refuseKQuant("compressed-tensors", s); err != nil {
 		return err
 	}
+	if s.IsFP4() {
+		return nil // nvfp4-pack-quantized, mxfp4-pack-quantized
+	}
 	if s.Grid != quant.Integer {
-		return fmt.Errorf("format compressed-tensors (pack-quantized) holds integer schemes, not %s: use format qpack", s)
+		return fmt.Errorf("format compressed-tensors holds integer (pack-quantized), nvfp4 and mxfp4 schemes, not %s: use format qpack", s)
 	}
 	if s.Bits > 4 && s.Bits < 8 {
 		return fmt.Errorf("format compressed-tensors: loaders take 2-, 3-, 4- and 8-bit codes, not %s: use format qpack", s)
@@ -52,6 +64,9 @@ func (f CompressedTensors) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 	s, n, k := t.Scheme, t.N, t.K
 	if err := f.Supports(s); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
+	}
+	if s.IsFP4() {
+		return packMicroscaled(t, ctMicroNames(prefix))
 	}
 	ng := s.Groups(k)
 	kw := PackedLen[uint32](k, s.Bits)
@@ -91,13 +106,16 @@ func (f CompressedTensors) Unpack(prefix string, get func(string) (Raw, bool), m
 		return nil, err
 	}
 	g := getter(get)
-	shape, err := g.need(prefix + ".weight_shape")
+	n, k, err := f.Dims(prefix, get)
 	if err != nil {
 		return nil, err
 	}
-	n, k, err := rawShape(shape)
-	if err != nil {
-		return nil, err
+	if s.IsFP4() {
+		t, err := unpackMicroscaled(g, ctMicroNames(prefix), s, n, k)
+		if err != nil {
+			return nil, err
+		}
+		return checkUnpacked(prefix, t)
 	}
 	ng := s.Groups(k)
 	kw := PackedLen[uint32](k, s.Bits)
@@ -161,6 +179,9 @@ func (f CompressedTensors) Unpack(prefix string, get func(string) (Raw, bool), m
 }
 
 func (CompressedTensors) Bytes(s quant.Scheme, n, k int) int64 {
+	if s.IsFP4() {
+		return microscaledBytes(s, n, k)
+	}
 	ng := int64(s.Groups(k))
 	b := int64(n)*int64(PackedLen[uint32](k, s.Bits))*4 + int64(n)*ng*2 + 16
 	if !s.Sym {
@@ -171,5 +192,10 @@ func (CompressedTensors) Bytes(s quant.Scheme, n, k int) int64 {
 
 func (CompressedTensors) TensorNames(prefix string) []string {
 	return []string{prefix + ".weight_packed", prefix + ".weight_scale", prefix + ".weight_zero_point",
-		prefix + ".weight_shape", prefix + ".weight_g_idx"}
+		prefix + ".weight_shape", prefix + ".weight_g_idx", prefix + ".weight_global_scale"}
+}
+
+// ctMicroNames are compressed-tensors' names for the FP4 tensors (microscaled.go).
+func ctMicroNames(prefix string) microNames {
+	return microNames{codes: prefix + ".weight_packed", scales: prefix + ".weight_scale", global: prefix + ".weight_global_scale"}
 }

@@ -24,8 +24,13 @@ func (c Config) Meta() map[string]string {
 	return map[string]string{SchemeKey: c.Scheme.String()}
 }
 
-// ctVersion is the compressed-tensors version written into its config (docs/reference/formats.md §3.4).
-const ctVersion = "0.12.2"
+// ctVersion is the compressed-tensors version written into its config (docs/reference/formats.md
+// §3.4); ctVersionMXFP4 the first whose mxfp4-pack-quantized scales are standard E8M0
+// (docs/fp4.md).
+const (
+	ctVersion      = "0.12.2"
+	ctVersionMXFP4 = "0.14.0"
+)
 
 // groupSizeJSON maps PerChannel to the −1 every format's config uses for it.
 func groupSizeJSON(s quant.Scheme) int {
@@ -70,6 +75,8 @@ func QuantizationConfig(c Config) (map[string]any, error) {
 			"bits": 4, "version": "gemm", "modules_to_not_convert": ignore}, nil
 	case CompressedTensors:
 		return compressedTensorsConfig(c), nil
+	case FP8Block:
+		return fp8BlockConfig(c), nil
 	default:
 		return map[string]any{"quant_method": "qpack", "version": 1, "scheme": s.String(),
 			"desc_act": c.DescAct, "ignore": nonNil(c.Ignore)}, nil
@@ -102,20 +109,28 @@ func compressedTensorsConfig(c Config) map[string]any {
 		"group_size": s.GroupSize, "block_structure": nil, "dynamic": false, "actorder": nil,
 		"observer": "minmax", "observer_kwargs": map[string]any{},
 	}
-	if s.GroupSize == quant.PerChannel {
+	format, version := "pack-quantized", ctVersion
+	switch {
+	case s.GroupSize == quant.PerChannel:
 		weights["strategy"], weights["group_size"] = "channel", nil
+	case s.Grid == quant.NVFP4: // the NVFP4A16 preset: one global scale per tensor
+		weights["type"], weights["strategy"] = "float", "tensor_group"
+		format = "nvfp4-pack-quantized"
+	case s.Grid == quant.MXFP4: // the MXFP4A16 preset; standard E8M0 scales from 0.14.0 on
+		weights["type"] = "float"
+		format, version = "mxfp4-pack-quantized", ctVersionMXFP4
 	}
 	if c.DescAct {
 		weights["actorder"] = "group"
 	}
 	return map[string]any{
-		"quant_method": "compressed-tensors", "format": "pack-quantized",
+		"quant_method": "compressed-tensors", "format": format,
 		"quantization_status": "compressed", "global_compression_ratio": nil,
 		"ignore": nonNil(c.Ignore), "kv_cache_scheme": nil,
 		"sparsity_config": map[string]any{}, "transform_config": map[string]any{},
-		"version": ctVersion,
+		"version": version,
 		"config_groups": map[string]any{"group_0": map[string]any{
-			"targets": []string{"Linear"}, "format": "pack-quantized",
+			"targets": []string{"Linear"}, "format": format,
 			"input_activations": nil, "output_activations": nil, "weights": weights,
 		}},
 	}
@@ -149,10 +164,12 @@ func ParseConfig(data []byte) (Config, error) {
 		c, err = parseCompressedTensors(q)
 	case "qpack":
 		c, err = parseQPack(q)
+	case "fp8":
+		c, err = parseFP8Block(q)
 	case "":
 		return Config{}, fmt.Errorf("quantization config: no quant_method (the checkpoint is not quantized?)")
 	default:
-		return Config{}, fmt.Errorf("quantization config: quant_method %q is not supported (want gptq, awq, compressed-tensors or qpack)", method)
+		return Config{}, fmt.Errorf("quantization config: quant_method %q is not supported (want gptq, awq, compressed-tensors, fp8 or qpack)", method)
 	}
 	if err != nil {
 		return Config{}, fmt.Errorf("quantization config (%s): %w", method, err)
@@ -306,12 +323,12 @@ func parseCompressedTensors(q map[string]any) (Config, error) {
 		if format == "" {
 			format, _ = q["format"].(string)
 		}
-		if format != "pack-quantized" {
-			return Config{}, fmt.Errorf("config_groups.%s: format %q is not supported (want pack-quantized)", name, format)
-		}
 		gc, err := parseCTWeights(w)
 		if err != nil {
 			return Config{}, fmt.Errorf("config_groups.%s.weights: %w", name, err)
+		}
+		if want := ctFormat(gc.Scheme); format != want {
+			return Config{}, fmt.Errorf("config_groups.%s: format %q is not supported for %s weights (want %s)", name, format, gc.Scheme, want)
 		}
 		if !first && (gc.Scheme != c.Scheme || gc.DescAct != c.DescAct) {
 			return Config{}, fmt.Errorf("config groups with different weight schemes (%s, %s) are not supported", c.Scheme, gc.Scheme)
@@ -323,9 +340,24 @@ func parseCompressedTensors(q map[string]any) (Config, error) {
 	return c, err
 }
 
+// ctFormat is the compressed-tensors format that holds scheme s.
+func ctFormat(s quant.Scheme) string {
+	switch s.Grid {
+	case quant.NVFP4:
+		return "nvfp4-pack-quantized"
+	case quant.MXFP4:
+		return "mxfp4-pack-quantized"
+	}
+	return "pack-quantized"
+}
+
 func parseCTWeights(w map[string]any) (Config, error) {
-	if t, _ := w["type"].(string); t != "int" {
-		return Config{}, fmt.Errorf("type %q is not supported (want int)", t)
+	t, _ := w["type"].(string)
+	if t == "float" {
+		return parseCTFloat(w)
+	}
+	if t != "int" {
+		return Config{}, fmt.Errorf("type %q is not supported (want int or float)", t)
 	}
 	bits, ok, err := jsonInt(w, "num_bits")
 	if err != nil || !ok {
@@ -357,6 +389,70 @@ func parseCTWeights(w map[string]any) (Config, error) {
 		c.DescAct = true
 	}
 	return c, nil
+}
+
+// parseCTFloat reads the float weight schemes compressed-tensors packs: NVFP4 (4 bits,
+// strategy tensor_group, groups of 16) and MXFP4 (4 bits, strategy group, groups of 32), both
+// symmetric.
+func parseCTFloat(w map[string]any) (Config, error) {
+	bits, _, err := jsonInt(w, "num_bits")
+	if err != nil {
+		return Config{}, err
+	}
+	g, _, err := jsonInt(w, "group_size")
+	if err != nil {
+		return Config{}, err
+	}
+	sym, err := jsonBool(w, "symmetric", true)
+	if err != nil {
+		return Config{}, err
+	}
+	strategy, _ := w["strategy"].(string)
+	switch {
+	case bits == 4 && sym && g == 16 && strategy == "tensor_group":
+		return Config{Format: "compressed-tensors", Scheme: quant.NVFP4Scheme}, nil
+	case bits == 4 && sym && g == 32 && strategy == "group":
+		return Config{Format: "compressed-tensors", Scheme: quant.MXFP4Scheme}, nil
+	}
+	return Config{}, fmt.Errorf("type float with %d bits, strategy %q, group size %d, symmetric %v are not supported (want NVFP4: 4 bits, tensor_group, 16; or MXFP4: 4 bits, group, 32; symmetric)",
+		bits, strategy, g, sym)
+}
+
+// fp8BlockConfig is the config of the FP8 releases (DeepSeek-V3, Qwen3-FP8), which transformers'
+// FineGrainedFP8Config and vLLM's Fp8Config read; the ignored modules go to both loaders' keys
+// (modules_to_not_convert, ignored_layers).
+func fp8BlockConfig(c Config) map[string]any {
+	m := map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+		"weight_block_size": []int{c.Scheme.GroupSize, c.Scheme.GroupSize}}
+	if len(c.Ignore) > 0 {
+		m["modules_to_not_convert"], m["ignored_layers"] = c.Ignore, c.Ignore
+	}
+	return m
+}
+
+// parseFP8Block reads a block FP8 config: weight_block_size [B, B] (square blocks only).
+func parseFP8Block(q map[string]any) (Config, error) {
+	list, _ := q["weight_block_size"].([]any)
+	if list == nil {
+		return Config{}, fmt.Errorf("no weight_block_size: per-tensor FP8 checkpoints are not supported, only block-scaled ones")
+	}
+	if len(list) != 2 || list[0] != list[1] {
+		return Config{}, fmt.Errorf("weight_block_size %v: only square blocks [B, B] are supported", list)
+	}
+	b, ok := list[0].(float64)
+	if !ok || b != float64(int(b)) || b <= 0 {
+		return Config{}, fmt.Errorf("weight_block_size %v is not a pair of positive integers", list)
+	}
+	if f, _ := q["fmt"].(string); f != "" && f != "e4m3" {
+		return Config{}, fmt.Errorf("fmt %q is not supported (want e4m3)", f)
+	}
+	c := Config{Format: "fp8", Scheme: quant.FP8BlockScheme(int(b))}
+	ignore, err := jsonStrings(q, "modules_to_not_convert")
+	if err == nil && ignore == nil {
+		ignore, err = jsonStrings(q, "ignored_layers")
+	}
+	c.Ignore = ignore
+	return c, err
 }
 
 func parseQPack(q map[string]any) (Config, error) {

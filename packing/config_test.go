@@ -63,6 +63,61 @@ func TestConfigsMatchReference(t *testing.T) {
         "block_structure": null, "dynamic": false, "actorder": null, "observer": "minmax", "observer_kwargs": {}}}}}`)
 }
 
+// The FP4 configs are compressed-tensors' NVFP4A16 and MXFP4A16 presets (quant_scheme.py) in the
+// serialised form of §3.4, and the FP8 one what DeepSeek-V3 and Qwen3-FP8 ship (docs/fp4.md).
+func TestMicroscaledConfigs(t *testing.T) {
+	nv, err := QuantizationConfig(Config{Format: "compressed-tensors", Scheme: quant.NVFP4Scheme, Ignore: []string{"lm_head"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameJSON(t, nv, `{
+  "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
+  "global_compression_ratio": null, "ignore": ["lm_head"], "kv_cache_scheme": null,
+  "sparsity_config": {}, "transform_config": {}, "version": "0.12.2",
+  "config_groups": {"group_0": {"targets": ["Linear"], "format": "nvfp4-pack-quantized",
+      "input_activations": null, "output_activations": null,
+      "weights": {"num_bits": 4, "type": "float", "symmetric": true, "strategy": "tensor_group", "group_size": 16,
+        "block_structure": null, "dynamic": false, "actorder": null, "observer": "minmax", "observer_kwargs": {}}}}}`)
+	mx, err := QuantizationConfig(Config{Format: "compressed-tensors", Scheme: quant.MXFP4Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameJSON(t, mx, `{
+  "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "quantization_status": "compressed",
+  "global_compression_ratio": null, "ignore": [], "kv_cache_scheme": null,
+  "sparsity_config": {}, "transform_config": {}, "version": "0.14.0",
+  "config_groups": {"group_0": {"targets": ["Linear"], "format": "mxfp4-pack-quantized",
+      "input_activations": null, "output_activations": null,
+      "weights": {"num_bits": 4, "type": "float", "symmetric": true, "strategy": "group", "group_size": 32,
+        "block_structure": null, "dynamic": false, "actorder": null, "observer": "minmax", "observer_kwargs": {}}}}}`)
+	f8, err := QuantizationConfig(Config{Format: "fp8", Scheme: quant.FP8BlockScheme(128)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameJSON(t, f8, `{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}`)
+	// DeepSeek-V3's config.json quantization_config and Qwen3-8B-FP8's, as published.
+	for _, c := range []string{
+		`{"quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}}`,
+		`{"quantization_config": {"activation_scheme": "dynamic", "modules_to_not_convert": null, "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}}`,
+	} {
+		cfg, err := ParseConfig([]byte(c))
+		if err != nil || cfg.Format != "fp8" || cfg.Scheme != quant.FP8BlockScheme(128) {
+			t.Errorf("%s: %+v, %v", c, cfg, err)
+		}
+	}
+	for _, c := range []string{
+		`{"quant_method": "fp8", "activation_scheme": "static"}`,
+		`{"quant_method": "fp8", "weight_block_size": [128, 64]}`,
+		`{"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": "e5m2"}`,
+		`{"quant_method": "compressed-tensors", "config_groups": {"g": {"format": "nvfp4-pack-quantized", "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 32}}}}`,
+		`{"quant_method": "compressed-tensors", "config_groups": {"g": {"format": "pack-quantized", "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}}`,
+	} {
+		if cfg, err := ParseConfig([]byte(c)); err == nil {
+			t.Errorf("%s: accepted as %+v", c, cfg)
+		}
+	}
+}
+
 func TestConfigRoundTrip(t *testing.T) {
 	pc := quant.PerChannel
 	cases := []Config{
@@ -73,6 +128,11 @@ func TestConfigRoundTrip(t *testing.T) {
 		{Format: "compressed-tensors", Scheme: quant.Scheme{Grid: quant.Integer, Bits: 8, GroupSize: pc}, Ignore: []string{"lm_head"}},
 		{Format: "compressed-tensors", Scheme: quant.Scheme{Grid: quant.Integer, Bits: 2, GroupSize: 32}, DescAct: true, Ignore: []string{}},
 		{Format: "qpack", Scheme: quant.Scheme{Grid: quant.Binary, Bits: 1, GroupSize: 128}, Ignore: []string{"lm_head"}},
+		{Format: "compressed-tensors", Scheme: quant.NVFP4Scheme, Ignore: []string{"lm_head"}},
+		{Format: "compressed-tensors", Scheme: quant.MXFP4Scheme},
+		{Format: "fp8", Scheme: quant.FP8BlockScheme(128)},
+		{Format: "fp8", Scheme: quant.FP8BlockScheme(64), Ignore: []string{"model.layers.0.mlp.down_proj"}},
+		{Format: "qpack", Scheme: quant.NVFP4Scheme},
 	}
 	for _, want := range cases {
 		q, err := QuantizationConfig(want)

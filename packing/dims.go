@@ -33,13 +33,23 @@ func (AWQ) Dims(prefix string, get func(string) (Raw, bool)) (n, k int, err erro
 	return 8 * qw.Shape[1], qw.Shape[0], nil
 }
 
-// Dims: weight_shape holds [N, K].
+// Dims: weight_shape holds [N, K]; the FP4 layouts have none, and their weight_packed is a U8
+// [N, K/2].
 func (CompressedTensors) Dims(prefix string, get func(string) (Raw, bool)) (n, k int, err error) {
-	r, err := getter(get).need(prefix + ".weight_shape")
+	g := getter(get)
+	if r, ok := get(prefix + ".weight_shape"); ok {
+		r.Name = prefix + ".weight_shape"
+		return rawShape(r)
+	}
+	wp, err := g.need(prefix + ".weight_packed")
 	if err != nil {
 		return 0, 0, err
 	}
-	return rawShape(r)
+	rows, cols, err := wp.matrix("U8")
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w (without %s.weight_shape, only an FP4 weight_packed gives the shape)", err, prefix)
+	}
+	return rows, 2 * cols, nil
 }
 
 // Dims: qpack_shape holds [N, K].

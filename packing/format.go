@@ -10,7 +10,8 @@ import (
 
 // Format is one on-disk layout of quantized linear weights.
 type Format interface {
-	// Name is the registry name: "gptq", "gptq_v2", "awq", "compressed-tensors" or "qpack".
+	// Name is the registry name: "gptq", "gptq_v2", "awq", "compressed-tensors", "qpack" or
+	// "fp8" (block-scaled FP8).
 	Name() string
 	// Supports returns nil when the layout can hold tensors of scheme s, else an error that
 	// says why and names a format that can.
@@ -97,6 +98,7 @@ func init() {
 	register(AWQ{})
 	register(CompressedTensors{})
 	register(QPack{})
+	register(FP8Block{})
 }
 
 // Lookup returns the format registered under name.
@@ -121,6 +123,7 @@ func Names() []string {
 // in this order (GPTQ and AWQ share ".qweight"; GPTQ always has a g_idx beside it).
 var packedTensorSuffix = []struct{ suffix, format string }{
 	{".qpack_codes", "qpack"},
+	{".weight_scale_inv", "fp8"},
 	{".weight_packed", "compressed-tensors"},
 	{".g_idx", "gptq"},
 	{".qweight", "awq"},
@@ -154,7 +157,7 @@ func Detect(names []string, configJSON []byte) (Format, error) {
 		return Lookup(cfg.Format)
 	}
 	if fromNames == "" {
-		return nil, fmt.Errorf("no packed tensors found (no name ends in .qweight, .weight_packed or .qpack_codes)")
+		return nil, fmt.Errorf("no packed tensors found (no name ends in .qweight, .weight_packed, .weight_scale_inv or .qpack_codes)")
 	}
 	return Lookup(fromNames)
 }

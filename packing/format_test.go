@@ -27,6 +27,11 @@ func intSchemes(bits []int, groups []int) []quant.Scheme {
 	return out
 }
 
+var (
+	fp4Schemes      = []quant.Scheme{quant.NVFP4Scheme, quant.MXFP4Scheme}
+	fp8BlockSchemes = []quant.Scheme{quant.FP8BlockScheme(8), quant.FP8BlockScheme(128)}
+)
+
 // casesFor lists awkward but legal sizes for each format.
 func casesFor(f Format) []roundTripCase {
 	var cases []roundTripCase
@@ -49,6 +54,9 @@ func casesFor(f Format) []roundTripCase {
 	case CompressedTensors:
 		add(intSchemes([]int{2, 4, 8}, []int{8, 32, 128, quant.PerChannel}), [][2]int{{5, 37}, {33, 160}, {1, 3}, {17, 129}}, false)
 		add(intSchemes([]int{2, 4, 8}, []int{32}), [][2]int{{9, 100}}, true)
+		add(fp4Schemes, [][2]int{{5, 64}, {1, 32}, {17, 160}}, false)
+	case FP8Block:
+		add(fp8BlockSchemes, [][2]int{{5, 37}, {33, 160}, {130, 200}, {1, 1}}, false)
 	case QPack:
 		schemes := intSchemes([]int{2, 3, 4, 5, 6, 7, 8}, []int{8, 32, quant.PerChannel})
 		schemes = append(schemes,
@@ -60,6 +68,8 @@ func casesFor(f Format) []roundTripCase {
 			quant.Scheme{Grid: quant.Binary, Bits: 1, GroupSize: quant.PerChannel, Sym: false})
 		add(schemes, [][2]int{{5, 37}, {1, 1}, {13, 130}}, false)
 		add(schemes, [][2]int{{6, 75}}, true)
+		add(fp4Schemes, [][2]int{{5, 64}, {1, 32}, {17, 160}}, false)
+		add(fp8BlockSchemes, [][2]int{{5, 37}, {130, 200}}, false)
 	}
 	return cases
 }
@@ -129,6 +139,11 @@ func TestSupportsNamesAnAlternative(t *testing.T) {
 		{"compressed-tensors", "nf4-g64", "qpack"},
 		{"gptq", "int6-g128-asym", "qpack"},
 		{"compressed-tensors", "int5-g128-sym", "qpack"},
+		{"compressed-tensors", "fp8-b128", "qpack"},
+		{"gptq", "nvfp4", "qpack"},
+		{"awq", "mxfp4", "qpack"},
+		{"fp8", "int4-g128-asym", "qpack"},
+		{"fp8", "nvfp4", "qpack"},
 	}
 	for _, c := range cases {
 		f, _ := Lookup(c.format)
@@ -143,6 +158,9 @@ func TestSupportsNamesAnAlternative(t *testing.T) {
 	}
 	for _, name := range Names() {
 		f, _ := Lookup(name)
+		if name == "fp8" {
+			continue // block FP8 only
+		}
 		if err := f.Supports(quant.Scheme{Grid: quant.Integer, Bits: 4, GroupSize: 128}); err != nil {
 			t.Errorf("%s refuses int4-g128-asym: %v", name, err)
 		}
@@ -183,9 +201,26 @@ func TestPackRejectsUnfitTensors(t *testing.T) {
 func TestUnpackRejectsCorruptInput(t *testing.T) {
 	rng := rand.New(rand.NewPCG(15, 16))
 	prefix := "model.layers.1.mlp.down_proj"
+	int4 := quant.Scheme{Grid: quant.Integer, Bits: 4, GroupSize: 32}
+	schemes := map[string][]quant.Scheme{"compressed-tensors": {int4, quant.NVFP4Scheme, quant.MXFP4Scheme},
+		"qpack": {int4, quant.NVFP4Scheme, quant.MXFP4Scheme, quant.FP8BlockScheme(32)}, "fp8": {quant.FP8BlockScheme(32)}}
 	for _, name := range Names() {
 		f, _ := Lookup(name)
-		s := quant.Scheme{Grid: quant.Integer, Bits: 4, GroupSize: 32}
+		list, ok := schemes[name]
+		if !ok {
+			list = []quant.Scheme{int4}
+		}
+		for _, s := range list {
+			unpackCorrupted(t, rng, f, prefix, s)
+		}
+	}
+}
+
+// unpackCorrupted packs a random tensor of scheme s with f, then damages its tensors one at a
+// time: each damage must be an error naming the damaged tensor.
+func unpackCorrupted(t *testing.T, rng *rand.Rand, f Format, prefix string, s quant.Scheme) {
+	name := f.Name() + " " + s.String()
+	{
 		tensor := randomTensor(rng, s, 16, 64, false)
 		raws, err := f.Pack(prefix, tensor)
 		if err != nil {

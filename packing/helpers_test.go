@@ -15,6 +15,9 @@ func randomTensor(rng *rand.Rand, s quant.Scheme, n, k int, actOrder bool) *quan
 	if s.Grid == quant.KQuant {
 		return quanttest.RandomKQuant(rng, s, n, k)
 	}
+	if s.Grid.IsMicroscaled() {
+		return quanttest.RandomMicroscaled(rng, s, n, k)
+	}
 	ng := paramGroups(s, k)
 	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k), Scales: make([]float32, n*ng)}
 	for i := range t.Codes {

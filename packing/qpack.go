@@ -62,6 +62,18 @@ import (
 // which is ggml's size: 1.5625 (iq1_s), 1.75 (iq1_m), 2.0625 (iq2_xxs), 2.3125 (iq2_xs), 2.5625
 // (iq2_s), 3.0625 (iq3_xxs), 3.4375 (iq3_s), 4.25 (iq4_xs) and 4.5 (iq4_nl) bits per weight.
 //
+// The microscaled schemes nvfp4, mxfp4 and fp8-b<B> (quant/microscaled.go) store P.qpack_shape
+// and the bytes of microscaled.go, which compressed-tensors and the FP8 releases store too:
+//
+//	P.qpack_codes        U8 [N, K/2]        nvfp4, mxfp4: two E2M1 codes a byte, even column low
+//	                     U8 [N, K]          fp8-b<B>: E4M3 bytes
+//	P.qpack_scales       F8_E4M3 [N, K/16]  nvfp4: E4M3 block scales
+//	                     U8 [N, K/32]       mxfp4: E8M0 block scales (2^(e−127))
+//	                     F32 [⌈N/B⌉, ⌈K/B⌉] fp8-b<B>: one scale per B×B block
+//	P.qpack_global_scale F32 [1]            nvfp4: the global scale G (w = e2m1·(s/G))
+//
+// That is 4.5 bits per weight and 32 bits per tensor (nvfp4), 4.25 (mxfp4), 8 + 32/B² (fp8-b<B>).
+//
 // The checkpoint's config.json carries {"quant_method": "qpack", "version": 1, …} (see
 // QuantizationConfig); the per-tensor metadata above is all a reader needs.
 type QPack struct{}
@@ -83,6 +95,10 @@ func (f QPack) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 	s, n, k := t.Scheme, t.N, t.K
 	if s.Grid == quant.IQuant {
 		return f.packIQuant(prefix, t)
+	}
+	if s.Grid.IsMicroscaled() {
+		raws, err := packMicroscaled(t, qpackMicroNames(prefix))
+		return append([]Raw{shapeRaw(prefix+".qpack_shape", n, k)}, raws...), err
 	}
 	ng := paramGroups(s, k)
 	codes, err := packRows(prefix+".qpack_codes", t.Codes, n, k, s.Bits)
@@ -145,6 +161,13 @@ func (f QPack) Unpack(prefix string, get func(string) (Raw, bool), meta map[stri
 	}
 	if s.Grid == quant.IQuant {
 		return f.unpackIQuant(g, prefix, s, n, k)
+	}
+	if s.Grid.IsMicroscaled() {
+		t, err := unpackMicroscaled(g, qpackMicroNames(prefix), s, n, k)
+		if err != nil {
+			return nil, err
+		}
+		return checkUnpacked(prefix, t)
 	}
 	ng := paramGroups(s, k)
 	codes, err := unpackRows(g, prefix+".qpack_codes", n, k, s.Bits) // checked before allocating what the shape claims
@@ -210,6 +233,9 @@ func (QPack) Bytes(s quant.Scheme, n, k int) int64 {
 	if s.Grid == quant.IQuant {
 		return iquantBytes(s, n, k)
 	}
+	if s.Grid.IsMicroscaled() {
+		return 16 + microscaledBytes(s, n, k)
+	}
 	ng := int64(paramGroups(s, k))
 	n64 := int64(n)
 	b := 16 + n64*int64(PackedLen[uint8](k, s.Bits))
@@ -234,5 +260,11 @@ func (QPack) Bytes(s quant.Scheme, n, k int) int64 {
 func (QPack) TensorNames(prefix string) []string {
 	return []string{prefix + ".qpack_shape", prefix + ".qpack_codes", prefix + ".qpack_scales",
 		prefix + ".qpack_zeros", prefix + ".qpack_offsets", prefix + ".qpack_g_idx",
-		prefix + ".qpack_mins", prefix + ".qpack_subscales", prefix + ".qpack_submins", prefix + ".qpack_blocks"}
+		prefix + ".qpack_mins", prefix + ".qpack_subscales", prefix + ".qpack_submins", prefix + ".qpack_blocks", prefix + ".qpack_global_scale"}
+}
+
+// qpackMicroNames are qpack's names for the microscaled tensors (microscaled.go).
+func qpackMicroNames(prefix string) microNames {
+	return microNames{codes: prefix + ".qpack_codes", scales: prefix + ".qpack_scales",
+		global: prefix + ".qpack_global_scale", codesDType: "U8"}
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // Raw is one stored tensor as a layout writes or reads it: little-endian bytes in row-major
-// order. DType is a safetensors dtype string: "I32", "F16", "F32", "U8" or "I64".
+// order. DType is a safetensors dtype string: "I32", "F16", "F32", "U8", "F8_E4M3" or "I64".
 type Raw struct {
 	Name  string
 	DType string
@@ -19,7 +19,7 @@ type Raw struct {
 	Data  []byte
 }
 
-var dtypeSize = map[string]int{"U8": 1, "F16": 2, "I32": 4, "F32": 4, "I64": 8}
+var dtypeSize = map[string]int{"U8": 1, "F8_E4M3": 1, "F16": 2, "I32": 4, "F32": 4, "I64": 8}
 
 // numel is the element count of shape.
 func numel(shape []int) int {

@@ -18,6 +18,8 @@ import (
 //	Binary:  offset + scale·(2q − 1)   (offset 0 when Offsets is empty)
 //	KQuant:  (d·sc)·q − dmin·m or (d·sc)·(q − o), see kquant.go
 //	IQuant:  a grid point's coordinate or a 4-bit code's value times the sub-block's factor, see iquant.go
+//	NVFP4:   e2m1(q)·(scale/GlobalScale)        MXFP4: e2m1(q)·scale
+//	FP8Block: scale·e4m3(q), the scale of the q's B×B block
 //
 // t must be valid (see Validate); inconsistent lengths panic.
 func (t *Tensor) Dequantize(dst []float32) []float32 {
@@ -79,6 +81,13 @@ func (t *Tensor) DequantizeRows(dst []float32, r0, r1 int) {
 // dequantizeGroup writes the values of codes, all in group i, to out.
 func (t *Tensor) dequantizeGroup(out []float32, codes []uint8, i int) {
 	out = out[:len(codes)]
+	if t.Scheme.IsFP4() {
+		f := t.FP4Factor(t.Scales[i])
+		for k, q := range codes {
+			out[k] = FP4Values[q&15] * f
+		}
+		return
+	}
 	if t.Scheme.Grid != Integer {
 		for k, q := range codes {
 			out[k] = t.dequantizeOne(q, i)
@@ -99,8 +108,10 @@ func (t *Tensor) dequantizeOne(q uint8, i int) float32 {
 		return DequantizeInt(q, scale, t.Zeros[i])
 	case NF4:
 		return DequantizeNF4(q, scale)
-	case FP8E4M3:
+	case FP8E4M3, FP8Block:
 		return DequantizeFP8(q, scale)
+	case NVFP4, MXFP4:
+		return FP4Values[q&15] * t.FP4Factor(scale)
 	case Binary:
 		var offset float32
 		if len(t.Offsets) > 0 {
@@ -115,7 +126,7 @@ func (t *Tensor) dequantizeOne(q uint8, i int) float32 {
 // match N, K and the scheme's group count, codes below 2^bits (and no FP8 NaN codes), finite
 // non-zero scales, integer zero points ≤ maxq (exactly 2^(bits−1) when symmetric), finite
 // binary offsets, and GIdx values inside [0, groups). K-quants: see validateKQuant; IQ types:
-// validateIQuant.
+// validateIQuant; the microscaled grids: validateMicroscaled.
 func (t *Tensor) Validate() error {
 	s := t.Scheme
 	if err := s.Validate(); err != nil {
@@ -123,6 +134,9 @@ func (t *Tensor) Validate() error {
 	}
 	if t.N <= 0 || t.K <= 0 {
 		return fmt.Errorf("quantized tensor %dx%d: dimensions must be positive", t.N, t.K)
+	}
+	if t.GlobalScale != 0 && s.Grid != NVFP4 {
+		return fmt.Errorf("%s: only NVFP4 tensors have a global scale", s)
 	}
 	if s.Grid == KQuant {
 		if len(t.Points)+len(t.Signs) > 0 {
@@ -132,6 +146,9 @@ func (t *Tensor) Validate() error {
 	}
 	if s.Grid == IQuant {
 		return t.validateIQuant()
+	}
+	if s.Grid.IsMicroscaled() {
+		return t.validateMicroscaled()
 	}
 	if len(t.Mins)+len(t.SubScales)+len(t.SubMins)+len(t.Points)+len(t.Signs) > 0 {
 		return fmt.Errorf("%s: mins, sub-block scales, grid points and signs belong to k-quants and IQ types only", s)
@@ -174,11 +191,12 @@ func (t *Tensor) Validate() error {
 func (t *Tensor) validateCodes() error {
 	s := t.Scheme
 	maxq := s.MaxQ()
-	if s.Grid != FP8E4M3 && int(orBytes(t.Codes)) <= maxq {
+	fp8 := s.Grid == FP8E4M3 || s.Grid == FP8Block
+	if !fp8 && int(orBytes(t.Codes)) <= maxq {
 		return nil
 	}
 	for i, c := range t.Codes {
-		if int(c) > maxq || (s.Grid == FP8E4M3 && c&0x7f == 0x7f) {
+		if int(c) > maxq || (fp8 && c&0x7f == 0x7f) {
 			return fmt.Errorf("code %#x at row %d, column %d is not a valid %s code", c, i/t.K, i%t.K, s)
 		}
 	}

@@ -82,13 +82,17 @@ func (kt KQuantType) StoredScale(sc int8) uint8 { return uint8(int(sc) + kt.Scal
 func (kt KQuantType) LoadScale(v uint8) int8 { return int8(v - uint8(kt.ScaleBias)) }
 
 // CheckRowLength says whether rows of k weights can be quantized with s: k-quants need whole
-// sub-blocks, IQ types whole blocks (256 weights, 32 for iq4_nl); every other scheme takes any k.
+// sub-blocks, IQ types whole blocks (256 weights, 32 for iq4_nl), FP4 whole blocks; every other
+// scheme takes any k.
 func (s Scheme) CheckRowLength(k int) error {
 	if kt, ok := s.KQuant(); ok && k%kt.Sub != 0 {
 		return fmt.Errorf("%s needs rows of whole sub-blocks of %d weights, not K = %d", s, kt.Sub, k)
 	}
 	if f, ok := s.IQuant(); ok && k%f.Block != 0 {
 		return fmt.Errorf("%s needs rows of whole blocks of %d weights, not K = %d", s, f.Block, k)
+	}
+	if s.IsFP4() && k%s.GroupSize != 0 {
+		return fmt.Errorf("%s needs rows of whole blocks of %d weights, not K = %d", s, s.GroupSize, k)
 	}
 	return nil
 }

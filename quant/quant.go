@@ -46,8 +46,8 @@ const PerChannel = 0
 // Scheme says how one weight tensor is quantized. The zero value is not valid; use a
 // constructor-literal such as Scheme{Bits: 4, GroupSize: 128}.
 type Scheme struct {
-	Bits      int  // code width: 1 (binary), 2 … 8 (integer), 4 (NF4), 8 (FP8) or 2 … 6 (k-quant)
-	GroupSize int  // input channels (K) per scale; PerChannel for one group per row; k-quant: the sub-block
+	Bits      int  // code width: 1 (binary), 2 … 8 (integer), 4 (NF4, FP4), 8 (FP8) or 2 … 6 (k-quant)
+	GroupSize int  // input channels (K) per scale; PerChannel for one group per row; k-quant: the sub-block; FP8Block: the block's edge
 	Sym       bool // symmetric: fixed zero point 2^(bits−1) (integer), no offset (binary), no mins (k-quant)
 	Grid      Grid
 	IQ        IQType // the IQ format (grid IQuant only)
@@ -76,6 +76,8 @@ func (s Scheme) Validate() error {
 		return s.validateKQuant()
 	case IQuant:
 		return s.validateIQuant()
+	case NVFP4, MXFP4, FP8Block:
+		return s.validateMicroscaled()
 	default:
 		return fmt.Errorf("unknown grid %d", int(s.Grid))
 	}
@@ -89,13 +91,16 @@ func (s Scheme) Validate() error {
 }
 
 // String gives the canonical name, e.g. "int4-g128-asym", "int8-pc-sym", "nf4-g64", "fp8", "bin-g128-asym",
-// "q4_k", "iq2_xs". ParseScheme reads it back.
+// "q4_k", "iq2_xs", "nvfp4", "mxfp4", "fp8-b128". ParseScheme reads it back.
 func (s Scheme) String() string {
 	if s.Grid == KQuant {
 		return fmt.Sprintf("q%d_k", s.Bits)
 	}
 	if s.Grid == IQuant {
 		return s.IQ.String()
+	}
+	if s.Grid.IsMicroscaled() {
+		return s.microscaledName()
 	}
 	var b strings.Builder
 	b.WriteString(s.Grid.String())
@@ -133,6 +138,9 @@ func ParseScheme(name string) (Scheme, error) {
 		name = alias
 	}
 	parts := strings.Split(strings.ToLower(strings.TrimSpace(name)), "-")
+	if s, ok, err := parseMicroscaled(name, parts); ok {
+		return s, err
+	}
 	s := Scheme{GroupSize: 128}
 	head := parts[0]
 	switch {
@@ -153,7 +161,7 @@ func ParseScheme(name string) (Scheme, error) {
 		}
 		s.Grid, s.Bits = Integer, bits
 	default:
-		return Scheme{}, fmt.Errorf("scheme %q: unknown grid %q (want int2 … int8, nf4, fp8, bin, q2_k … q6_k or iq1_s … iq4_xs)", name, head)
+		return Scheme{}, fmt.Errorf("scheme %q: unknown grid %q (want int2 … int8, nf4, fp8, fp8-b128, bin, q2_k … q6_k, iq1_s … iq4_xs, nvfp4 or mxfp4)", name, head)
 	}
 	for _, p := range parts[1:] {
 		switch {
@@ -230,6 +238,10 @@ type Tensor struct {
 	// (with an even number of bits set for iq2_xxs, iq2_xs and iq3_xxs); for IQ1, one byte per
 	// SignGroup weights, 1 when their δ is −1/8.
 	Signs []uint8
+
+	// GlobalScale is an NVFP4 tensor's global scale G, a divisor of its E4M3 block scales
+	// (microscaled.go); 0 for every other grid.
+	GlobalScale float32
 }
 
 // Group returns the group index of input column k.

@@ -1,6 +1,7 @@
 // Package quantized reads checkpoints in any layout qpack writes (GPTQ, AWQ,
-// compressed-tensors, qpack): it finds the quantized modules, unpacks them to quant.Tensors,
-// and presents the checkpoint as plain weights, dequantizing a module when it is asked for.
+// compressed-tensors, qpack, block-scaled FP8): it finds the quantized modules, unpacks them to
+// quant.Tensors, and presents the checkpoint as plain weights, dequantizing a module when it is
+// asked for.
 package quantized
 
 import (
@@ -70,6 +71,22 @@ func (c *Checkpoint) detect() error {
 		}
 	}
 	c.findModules()
+	return c.checkFP8Scales()
+}
+
+// checkFP8Scales refuses a block FP8 checkpoint with an F8_E4M3 weight that has no
+// weight_scale_inv beside it: read on its own, it would decode to weights off by the missing
+// scale.
+func (c *Checkpoint) checkFP8Scales() error {
+	if _, ok := c.Format.(packing.FP8Block); !ok {
+		return nil
+	}
+	for _, name := range c.Checkpoint.Names() {
+		info, _ := c.Checkpoint.Info(name)
+		if prefix, ok := strings.CutSuffix(name, ".weight"); ok && info.DType == safetensors.F8E4M3 && !c.IsModule(prefix) {
+			return fmt.Errorf("%s: tensor %s is FP8 (E4M3) but %s.weight_scale_inv, its block scales, is missing", c.Dir, name, prefix)
+		}
+	}
 	return nil
 }
 
@@ -125,12 +142,8 @@ func (c *Checkpoint) Owner(stored string) (string, bool) {
 
 // raw gives the layouts a stored tensor as a zero-copy view; its bytes are only read if used.
 func (c *Checkpoint) raw(name string) (packing.Raw, bool) {
-	info, ok := c.Checkpoint.Info(name)
+	info, b, ok := c.Checkpoint.Stored(name)
 	if !ok {
-		return packing.Raw{}, false
-	}
-	b, err := c.Checkpoint.Bytes(name)
-	if err != nil {
 		return packing.Raw{}, false
 	}
 	return packing.Raw{Name: name, DType: string(info.DType), Shape: info.Shape, Data: b}, true
@@ -163,7 +176,7 @@ func (c *Checkpoint) Module(prefix string) (ModuleInfo, error) {
 	}
 	m := ModuleInfo{Prefix: prefix, Scheme: s, N: n, K: k}
 	for _, name := range c.Format.TensorNames(prefix) {
-		if info, ok := c.Checkpoint.Info(name); ok {
+		if info, _, ok := c.Checkpoint.Stored(name); ok {
 			m.Stored = append(m.Stored, name)
 			m.Bytes += info.Size
 		}
@@ -199,11 +212,13 @@ func (c *Checkpoint) Names() []string {
 	return out
 }
 
-// moduleOf returns the module whose dequantized weight the logical name stands for.
+// moduleOf returns the module whose dequantized weight the logical name stands for: a
+// "<module>.weight" that is not stored, or is stored as one of the module's own tensors (block
+// FP8 keeps its codes under that name).
 func (c *Checkpoint) moduleOf(name string) (string, bool) {
 	prefix, ok := strings.CutSuffix(name, ".weight")
 	if ok && c.IsModule(prefix) {
-		if _, stored := c.Checkpoint.Info(name); !stored {
+		if _, stored := c.Checkpoint.Info(name); !stored || c.owner[name] == prefix {
 			return prefix, true
 		}
 	}

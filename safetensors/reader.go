@@ -117,6 +117,9 @@ type Checkpoint struct {
 	files []*File
 	where map[string]tensorRef
 	names []string
+	// virtual tensors read in place of stored ones, and names left out of Names (virtual.go)
+	virtual map[string]Virtual
+	hidden  map[string]bool
 }
 
 type tensorRef struct {
@@ -251,14 +254,17 @@ func (c *Checkpoint) Names() []string { return c.names }
 
 // Info describes the named tensor.
 func (c *Checkpoint) Info(name string) (TensorInfo, bool) {
+	if v, ok := c.virtual[name]; ok {
+		return v.Info, true
+	}
 	r, ok := c.where[name]
 	return r.info, ok
 }
 
 // Shape returns the named tensor's shape.
 func (c *Checkpoint) Shape(name string) ([]int, bool) {
-	r, ok := c.where[name]
-	return r.info.Shape, ok
+	info, ok := c.Info(name)
+	return info.Shape, ok
 }
 
 // Metadata returns the __metadata__ of the first file (shards of one checkpoint share it).
@@ -270,8 +276,11 @@ func (c *Checkpoint) Metadata() map[string]string {
 }
 
 // Bytes returns a read-only, zero-copy view of the named tensor's raw little-endian bytes,
-// valid until Close.
+// valid until Close (a virtual tensor's bytes are read into a new buffer).
 func (c *Checkpoint) Bytes(name string) ([]byte, error) {
+	if v, ok := c.virtual[name]; ok {
+		return v.bytes()
+	}
 	r, ok := c.where[name]
 	if !ok {
 		return nil, fmt.Errorf("tensor %q not found in %s", name, c.Dir)
@@ -284,6 +293,12 @@ func (c *Checkpoint) Bytes(name string) ([]byte, error) {
 // without a page fault per few pages, which is faster for a copy that is read once (the GPU
 // path's staging into pinned memory).
 func (c *Checkpoint) ReadInto(name string, dst []byte) error {
+	if v, ok := c.virtual[name]; ok {
+		if int64(len(dst)) != v.Info.Size {
+			return fmt.Errorf("tensor %q: destination holds %d bytes, tensor has %d", name, len(dst), v.Info.Size)
+		}
+		return v.Read(dst)
+	}
 	r, ok := c.where[name]
 	if !ok {
 		return fmt.Errorf("tensor %q not found in %s", name, c.Dir)
@@ -317,15 +332,25 @@ const (
 
 // Float32 returns the named tensor converted to a new float32 slice.
 func (c *Checkpoint) Float32(name string) ([]float32, error) {
-	r, ok := c.where[name]
+	info, ok := c.Info(name)
 	if !ok {
 		return nil, fmt.Errorf("tensor %q not found in %s", name, c.Dir)
 	}
-	return c.Float32Into(name, make([]float32, r.info.NumElements()))
+	return c.Float32Into(name, make([]float32, info.NumElements()))
 }
 
 // Float32Into converts the named tensor into dst, which must hold exactly its elements.
 func (c *Checkpoint) Float32Into(name string, dst []float32) ([]float32, error) {
+	if v, ok := c.virtual[name]; ok {
+		b, err := v.bytes()
+		if err == nil && int64(len(dst)) != v.Info.NumElements() {
+			err = fmt.Errorf("tensor %q: destination holds %d elements, tensor has %d", name, len(dst), v.Info.NumElements())
+		}
+		if err == nil {
+			err = DecodeFloat32(v.Info.DType, dst, b)
+		}
+		return dst, err
+	}
 	r, ok := c.where[name]
 	if !ok {
 		return nil, fmt.Errorf("tensor %q not found in %s", name, c.Dir)

@@ -31,7 +31,7 @@ func planFlags() []cli.Flag {
 		&cli.IntFlag{Name: "group-size", Value: 128, Usage: "input channels per scale; -1 or 0 for one group per output channel"},
 		&cli.BoolFlag{Name: "sym", Usage: "symmetric grid (the default)"},
 		&cli.BoolFlag{Name: "asym", Usage: "asymmetric grid with a zero point per group"},
-		&cli.StringFlag{Name: "scheme", Usage: "full scheme name instead of --bits/--group-size/--sym, e.g. int4-g128-asym, nf4-g64, fp8, bin-g128-sym"},
+		&cli.StringFlag{Name: "scheme", Usage: "full scheme name instead of --bits/--group-size/--sym, e.g. int4-g128-asym, nf4-g64, fp8, bin-g128-sym, q4_k, iq3_s, nvfp4, mxfp4, fp8-b128"},
 		&cli.StringFlag{Name: "format", Value: "gptq", Usage: "output layout: " + strings.Join(packing.Names(), ", ") + ", or gguf (one file for llama.cpp and ollama: -o FILE.gguf; docs/gguf.md)"},
 		&cli.StringFlag{Name: "preset", Usage: "--format gguf: a llama.cpp file type (Q4_K_M, Q3_K_M, Q5_K_M, Q2_K, Q3_K_S, Q4_K_S, Q5_K_S, Q6_K, Q8_0, …): every tensor gets the type llama-quantize gives it; the default under --format gguf when no scheme, strategy or budget is given is Q4_K_M"},
 		&cli.StringFlag{Name: "embed-type", Aliases: []string{"token-embedding-type"}, Usage: "--format gguf: ggml type of token_embd (f16, q8_0, q6_k, …; default: llama.cpp's for the file type)"},

@@ -1,0 +1,94 @@
+package blockwise
+
+import (
+	"bytes"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/qpack-dev/qpack/packing"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// hostCXX names a C++ compiler (g++ 12 or newer: _Float16) for TestFP4KernelOnCPU:
+// go test ./blockwise -run FP4KernelOnCPU -args -blockwise.hostcxx=g++
+var hostCXX = flag.String("blockwise.hostcxx", "", "compile kernels/microscaled.cu for the CPU with this C++ compiler and test it")
+
+// TestFP4KernelOnCPU checks the transcription of the FP4 rules in kernels/microscaled.cu without
+// a GPU: the kernel source, compiled for the CPU with kernels/host's stand-ins (each float32
+// operation rounded once), codes whole tensors block by block with the kernels' own functions
+// (absmax, the E4M3 and E8M0 scales, the reciprocal with its division fallback, the E2M1 code),
+// and must give the CPU reference's bytes for every dtype, both grids, computed and given global
+// scales, on fp4TestWeights (exact ties included). What it cannot check is the warps' indexing
+// and shuffles, nor nvcc's compilation: TestGPUFP4MatchesCPU does on a GPU.
+func TestFP4KernelOnCPU(t *testing.T) {
+	if *hostCXX == "" {
+		t.Skip("-blockwise.hostcxx not set (a C++ compiler to run kernels/microscaled.cu on the CPU)")
+	}
+	bin := filepath.Join(t.TempDir(), "fp4-host")
+	cmd := exec.Command(*hostCXX, "-O2", "-ffp-contract=off", "-std=c++17", "-I", "kernels/host", "-I", "kernels", "-o", bin, "kernels/host/microscaled_host.cpp")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v\n%s", cmd, err, out)
+	}
+	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	run := func(what string, w []float32, n, k, dt int, s quant.Scheme, g float32, raw []byte, want []packing.Raw) {
+		t.Helper()
+		nv := 0
+		if s.Grid == quant.NVFP4 {
+			nv = 1
+		}
+		cmd := exec.Command(bin, fmt.Sprint(nv), fmt.Sprint(n), fmt.Sprint(k), fmt.Sprint(dt), fmt.Sprintf("%x", math.Float32bits(g)))
+		cmd.Stdin = bytes.NewReader(raw)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%s: %s: %v", what, bin, err)
+		}
+		codes, scales := out[:n*k/2], out[n*k/2:n*k/2+n*k/s.GroupSize]
+		if !bytes.Equal(codes, want[1].Data) {
+			t.Errorf("%s: codes differ from the CPU's", what)
+		}
+		if !bytes.Equal(scales, want[2].Data) {
+			t.Errorf("%s: scale bytes differ from the CPU's", what)
+		}
+		if nv == 1 && !bytes.Equal(out[len(out)-4:], want[3].Data) {
+			t.Errorf("%s: global scale %v, CPU %v", what, math.Float32frombits(binary.LittleEndian.Uint32(out[len(out)-4:])),
+				math.Float32frombits(binary.LittleEndian.Uint32(want[3].Data)))
+		}
+	}
+	w, differ := nearTieWeights(r, 64, 512, 3)
+	if differ == 0 {
+		t.Fatal("no weight whose w·(1/f) differs from w/f: the division path would not be tested")
+	}
+	raw, held := encodeWeights(w, "F32")
+	want, err := cpuFP4(held, 64, 512, quant.NVFP4Scheme, "qpack", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(fmt.Sprintf("near ties (%d weights where w·(1/f) ≠ w/f)", differ), w, 64, 512, 2, quant.NVFP4Scheme, 3, raw, want)
+	for _, shape := range [][2]int{{1, 32}, {37, 96}, {200, 512}} {
+		n, k := shape[0], shape[1]
+		w := fp4TestWeights(r, n, k)
+		for dt, dtype := range []string{"BF16", "F16", "F32"} {
+			raw, held := encodeWeights(w, dtype)
+			for _, s := range []quant.Scheme{quant.NVFP4Scheme, quant.MXFP4Scheme} {
+				globals := []float32{0}
+				if s.Grid == quant.NVFP4 {
+					globals = append(globals, 1, 1e4)
+				}
+				for _, g := range globals {
+					what := fmt.Sprintf("%dx%d %s %s G=%g", n, k, dtype, s, g)
+					want, err := cpuFP4(held, n, k, s, "qpack", g)
+					if err != nil {
+						t.Fatalf("%s: CPU: %v", what, err)
+					}
+					run(what, w, n, k, dt, s, g, raw, want)
+				}
+			}
+		}
+	}
+}
