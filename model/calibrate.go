@@ -36,10 +36,10 @@ type CalibrateOptions struct {
 	// calibrator that only gathers statistics, or AWQ, which (as AutoAWQ) feeds every block the
 	// unquantized model's activations. TrueSequential and Steps do not apply.
 	ObserveOnly bool
-	// Steps, when set, lists the groups observed and updated together, in order, instead of
-	// TrueSequential's choice; a group may appear in several steps (AWQ scales a block with all
-	// four groups observed, then GPTQ quantizes it group by group: awq+gptq).
-	Steps [][]Group
+	// Steps, when set, lists the groups of block b observed and updated together, in order,
+	// instead of TrueSequential's choice; a group may appear in several steps (AWQ scales a
+	// block with all its groups observed, then GPTQ quantizes it group by group: awq+gptq).
+	Steps func(b *Block) [][]Group
 }
 
 // Calibrate runs m block by block over the calibration sequences, the sequential pipeline of
@@ -47,7 +47,9 @@ type CalibrateOptions struct {
 // resident. For each block it
 //
 //  1. runs the block on every sequence, handing the inputs of the groups of the current step to
-//     c.Observe (the pass stops after the last group the step needs);
+//     c.Observe (the pass stops after the last group the step needs; in a mixture-of-experts
+//     block each expert's groups see the tokens routed to it, none for an expert no token
+//     chose);
 //  2. calls c.Update(block, step groups), which may replace their weights;
 //  3. after the last step, runs the block with its final (e.g. quantized) weights to make the
 //     next block's inputs, so quantization error propagates as it will at inference.
@@ -63,7 +65,6 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 		}
 		hidden[s] = x
 	}
-	steps := calibrationSteps(opt)
 	for i := range m.Config.Layers {
 		b, err := m.Block(i)
 		if err != nil {
@@ -78,7 +79,7 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 			}
 			continue
 		}
-		for _, step := range steps {
+		for _, step := range calibrationSteps(b, opt) {
 			if err := observeStep(b, seqs, hidden, c, step); err != nil {
 				return err
 			}
@@ -112,21 +113,21 @@ func observeBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator) erro
 			return err
 		}
 	}
-	if err := c.Update(b, Groups); err != nil {
+	if err := c.Update(b, b.Groups()); err != nil {
 		return fmt.Errorf("model: calibration update of block %d: %w", b.Index, err)
 	}
 	return nil
 }
 
-// calibrationSteps lists the groups observed and updated together, in order.
-func calibrationSteps(opt CalibrateOptions) [][]Group {
-	if len(opt.Steps) > 0 {
-		return opt.Steps
+// calibrationSteps lists the groups of b observed and updated together, in order.
+func calibrationSteps(b *Block, opt CalibrateOptions) [][]Group {
+	if opt.Steps != nil {
+		return opt.Steps(b)
 	}
 	if opt.TrueSequential {
-		return [][]Group{{GroupQKV}, {GroupO}, {GroupGateUp}, {GroupDown}}
+		return b.Stages()
 	}
-	return [][]Group{Groups}
+	return [][]Group{b.Groups()}
 }
 
 // stepHook wraps observe so that it sees only the inputs of the step's groups, and stops the

@@ -28,7 +28,6 @@ func (e *GPU) Calibrate(m *Model, seqs [][]int, c GPUCalibrator, opt CalibrateOp
 		return fmt.Errorf("model: calibration: %w", err)
 	}
 	defer x.Free()
-	steps := calibrationSteps(opt)
 	for i := range m.Config.Layers {
 		b, err := m.Block(i)
 		if err != nil {
@@ -39,7 +38,7 @@ func (e *GPU) Calibrate(m *Model, seqs [][]int, c GPUCalibrator, opt CalibrateOp
 		if opt.ObserveOnly {
 			calibrate = e.observeBlock
 		}
-		if err := calibrate(b, x, c, steps); err != nil {
+		if err := calibrate(b, x, c, calibrationSteps(b, opt)); err != nil {
 			return fmt.Errorf("model: calibration of block %d: %w", i, err)
 		}
 		if opt.ReleaseBlocks {
@@ -106,7 +105,7 @@ func (e *GPU) observeBlock(b *Block, x *DeviceBatch, c GPUCalibrator, _ [][]Grou
 	}
 	e.current = g // Update may read the weights where they are (LinearWeights)
 	defer func() { e.current = nil }()
-	return c.Update(b, Groups)
+	return c.Update(b, b.Groups())
 }
 
 // LinearWeights returns where the block being calibrated holds l's weights on the GPU (row-major
@@ -117,7 +116,7 @@ func (e *GPU) LinearWeights(l *Linear) (w cuda.DevicePtr, ok bool) {
 	if g == nil {
 		return 0, false
 	}
-	for _, d := range []*gpuLinear{&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down} {
+	for _, d := range g.lin {
 		if d.name == l.Name && d.out == l.Out && d.in == l.In {
 			return d.w, true
 		}
@@ -207,7 +206,7 @@ func (e *GPU) finishFromMLPState(g *gpuBlock, x *DeviceBatch, keep *mlpState) er
 		if err != nil {
 			return err
 		}
-		if err := e.linear(out, keep.act.Add(s*actRowBytes), &g.down, rows); err != nil {
+		if err := e.linear(out, keep.act.Add(s*actRowBytes), g.down, rows); err != nil {
 			return err
 		}
 		if err := e.elementwise(e.fn.add, rows*e.cfg.Hidden, x.X.Add(s*rowBytes), out, int64(rows*e.cfg.Hidden)); err != nil {

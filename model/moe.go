@@ -1,0 +1,402 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+)
+
+// parseMoE reads the mixture-of-experts keys of the MoE families; a dense family has none.
+func parseMoE(r *rawConfig, layers int) (MoEConfig, error) {
+	var m MoEConfig
+	switch r.ModelType {
+	case "mixtral", "qwen2_moe", "qwen3_moe":
+	default:
+		return m, nil
+	}
+	geti := func(p *int) int {
+		if p == nil {
+			return 0
+		}
+		return *p
+	}
+	m.Experts = geti(r.NumLocalExperts)
+	if r.NumExperts != nil {
+		m.Experts = *r.NumExperts
+	}
+	m.TopK = geti(r.ExpertsPerToken)
+	m.Intermediate = geti(r.MoEIntermediate)
+	if r.ModelType == "mixtral" {
+		m.Intermediate, m.NormTopK = r.Intermediate, true
+	} else {
+		m.SharedIntermediate = geti(r.SharedIntermediate)
+		m.NormTopK = r.NormTopK != nil && *r.NormTopK // transformers' default is false
+	}
+	if m.Experts <= 0 {
+		return m, fmt.Errorf("config: %s needs a positive num_experts (or num_local_experts), got %d", r.ModelType, m.Experts)
+	}
+	if m.TopK <= 0 || m.TopK > m.Experts {
+		return m, fmt.Errorf("config: num_experts_per_tok %d must be between 1 and the %d experts", m.TopK, m.Experts)
+	}
+	if m.Intermediate <= 0 {
+		return m, fmt.Errorf("config: %s needs a positive moe_intermediate_size, got %d", r.ModelType, m.Intermediate)
+	}
+	if m.SharedIntermediate < 0 {
+		return m, fmt.Errorf("config: shared_expert_intermediate_size %d is negative", m.SharedIntermediate)
+	}
+	step := 1
+	if r.SparseStep != nil {
+		step = *r.SparseStep
+	}
+	if step <= 0 && r.ModelType != "mixtral" {
+		return m, fmt.Errorf("config: decoder_sparse_step must be positive, got %d", step)
+	}
+	m.Sparse = make([]bool, layers)
+	for i := range m.Sparse {
+		// transformers: not in mlp_only_layers and (i+1) % decoder_sparse_step == 0 (Qwen);
+		// every block of Mixtral.
+		m.Sparse[i] = r.ModelType == "mixtral" || (i+1)%step == 0
+	}
+	for _, i := range r.MLPOnlyLayers {
+		if i < 0 || i >= layers {
+			return m, fmt.Errorf("config: mlp_only_layers names block %d of %d", i, layers)
+		}
+		m.Sparse[i] = false
+	}
+	return m, nil
+}
+
+// blockLinears is how many linears block i has: 7 in a dense block; in a mixture of experts 4
+// in the attention, the router, 3 per expert and 4 for a shared expert with its gate.
+func (c *Config) blockLinears(i int) int {
+	if !c.SparseBlock(i) {
+		return 7
+	}
+	n := 5 + 3*c.MoE.Experts
+	if c.MoE.SharedIntermediate > 0 {
+		n += 4
+	}
+	return n
+}
+
+// maxBlockLinears is the most linears a block of the model has.
+func (c *Config) maxBlockLinears() int {
+	n := 0
+	for i := range c.Layers {
+		n = max(n, c.blockLinears(i))
+	}
+	return n
+}
+
+// linears is how many decoder linears the model has.
+func (c *Config) linears() int {
+	n := 0
+	for i := range c.Layers {
+		n += c.blockLinears(i)
+	}
+	return n
+}
+
+// MoE is a block's mixture-of-experts MLP: a router (a linear from the hidden state to one
+// logit per expert) sends each token to its TopK most likely experts, each a SiLU-gated MLP, and
+// the block's MLP output is their outputs weighted by the routing probabilities (renormalized
+// over the chosen ones when NormTopK), plus, in Qwen2-MoE, a shared expert every token goes
+// through, scaled by sigmoid(SharedGate·h).
+type MoE struct {
+	Router     *Linear   // [Experts, Hidden]
+	Experts    []*Expert // Gate and Up [Intermediate, Hidden], Down [Hidden, Intermediate]
+	Shared     *Expert   // nil without a shared expert
+	SharedGate *Linear   // [1, Hidden]; nil without a shared expert
+	TopK       int
+	NormTopK   bool
+}
+
+// Expert is one SiLU-gated MLP: down(silu(gate(x))·up(x)).
+type Expert struct{ Gate, Up, Down *Linear }
+
+// moeLayout names the tensors of one checkpoint layout of the experts.
+type moeLayout struct {
+	prefix           string // after "model.layers.N."
+	gate, up, down   string
+	router, expertsP string
+}
+
+var (
+	// mixtralLayout: block_sparse_moe.gate, block_sparse_moe.experts.N.w1 (gate), w3 (up), w2 (down).
+	mixtralLayout = moeLayout{prefix: "block_sparse_moe.", gate: "w1", up: "w3", down: "w2", router: "gate", expertsP: "experts."}
+	// qwenLayout: mlp.gate, mlp.experts.N.gate_proj, up_proj, down_proj (Qwen2/3-MoE, and Mixtral
+	// as some converters write it).
+	qwenLayout = moeLayout{prefix: "mlp.", gate: "gate_proj", up: "up_proj", down: "down_proj", router: "gate", expertsP: "experts."}
+)
+
+// loadMoE reads block p's experts in whichever layout the checkpoint has.
+func loadMoE(cfg *Config, w Weights, p string) (*MoE, error) {
+	lay := qwenLayout
+	if _, ok := w.Shape(p + mixtralLayout.prefix + mixtralLayout.router + ".weight"); ok {
+		lay = mixtralLayout
+	}
+	pre := p + lay.prefix
+	if _, ok := w.Shape(pre + "experts.gate_up_proj"); ok {
+		return nil, fmt.Errorf("model: %sexperts.gate_up_proj: fused expert tensors are not supported; save the checkpoint with one tensor per expert (%sexperts.N.gate_proj.weight ...)", pre, pre)
+	}
+	c := cfg.MoE
+	m := &MoE{TopK: c.TopK, NormTopK: c.NormTopK}
+	var err error
+	if m.Router, err = loadLinear(w, pre+lay.router, c.Experts, cfg.Hidden); err != nil {
+		return nil, err
+	}
+	for e := range c.Experts {
+		x, err := loadExpert(w, pre+lay.expertsP+strconv.Itoa(e)+".", lay, c.Intermediate, cfg.Hidden)
+		if err != nil {
+			return nil, err
+		}
+		m.Experts = append(m.Experts, x)
+	}
+	if c.SharedIntermediate > 0 {
+		if m.Shared, err = loadExpert(w, pre+"shared_expert.", qwenLayout, c.SharedIntermediate, cfg.Hidden); err != nil {
+			return nil, err
+		}
+		if m.SharedGate, err = loadLinear(w, pre+"shared_expert_gate", 1, cfg.Hidden); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func loadExpert(w Weights, p string, lay moeLayout, inter, hidden int) (*Expert, error) {
+	x := &Expert{}
+	var err error
+	if x.Gate, err = loadLinear(w, p+lay.gate, inter, hidden); err != nil {
+		return nil, err
+	}
+	if x.Up, err = loadLinear(w, p+lay.up, inter, hidden); err != nil {
+		return nil, err
+	}
+	if x.Down, err = loadLinear(w, p+lay.down, hidden, inter); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// Routes are the experts chosen for each of T tokens and their weights: token t goes to
+// Expert[t·K+j] with weight Weight[t·K+j], j < K, in increasing expert order (the order in
+// which transformers adds the experts' outputs).
+type Routes struct {
+	T, K   int
+	Expert []int
+	Weight []float32
+}
+
+// route picks each token's top-k experts from the router logits [T, E] as transformers does:
+// softmax over all experts (in float32), the k most probable (ties to the lower index), and,
+// when norm, those k probabilities divided by their sum.
+func route(logits []float32, T, E, k int, norm bool) Routes {
+	r := Routes{T: T, K: k, Expert: make([]int, T*k), Weight: make([]float32, T*k)}
+	p := make([]float32, E)
+	for t := range T {
+		softmax32(p, logits[t*E:(t+1)*E])
+		ex, wt := r.Expert[t*k:(t+1)*k], r.Weight[t*k:(t+1)*k]
+		topK(ex, p)
+		slices.Sort(ex)
+		var sum float32
+		for j, e := range ex {
+			wt[j] = p[e]
+			sum += p[e]
+		}
+		if norm {
+			for j := range wt {
+				wt[j] /= sum
+			}
+		}
+	}
+	return r
+}
+
+// softmax32 writes the softmax of x into p, exp in float64 and the result rounded to float32.
+func softmax32(p, x []float32) {
+	mx := float32(math.Inf(-1))
+	for _, v := range x {
+		mx = max(mx, v)
+	}
+	var sum float64
+	for i, v := range x {
+		e := math.Exp(float64(v - mx))
+		p[i] = float32(e)
+		sum += e
+	}
+	for i := range p {
+		p[i] = float32(float64(p[i]) / sum)
+	}
+}
+
+// topK fills ex with the indices of the len(ex) largest values of p, the lower index first
+// among equal values.
+func topK(ex []int, p []float32) {
+	for j := range ex {
+		best := -1
+		for i, v := range p {
+			if (best < 0 || v > p[best]) && !slices.Contains(ex[:j], i) {
+				best = i
+			}
+		}
+		ex[j] = best
+	}
+}
+
+// expertPlan lays a routing out for running each expert once over all its tokens: the T·K
+// (token, expert) pairs sorted by expert, tokens ascending within one, so that expert e's rows
+// are one slice [start[e], start[e+1]) of the gathered inputs and of the outputs Z; a shared
+// expert's outputs follow them in Z (rows T·K + t). Each token's output is then
+// Σ_j weight[t·slots+j]·Z[pos[t·slots+j]] over its slots (its K experts in increasing order,
+// then the shared expert).
+type expertPlan struct {
+	start  []int     // [E+1]
+	token  []int32   // [T·K]: the token of each row
+	pos    []int32   // [T·slots]: the row of Z of each of token t's outputs
+	weight []float32 // [T·slots]: their weights (the shared expert's is filled in later)
+	slots  int       // K, plus one with a shared expert
+}
+
+func (r Routes) plan(E int, shared bool) expertPlan {
+	p := expertPlan{start: make([]int, E+1), token: make([]int32, r.T*r.K), slots: r.K}
+	if shared {
+		p.slots++
+	}
+	p.pos, p.weight = make([]int32, r.T*p.slots), make([]float32, r.T*p.slots)
+	for _, e := range r.Expert {
+		p.start[e+1]++
+	}
+	for e := range E {
+		p.start[e+1] += p.start[e]
+	}
+	next := slices.Clone(p.start[:E])
+	for t := range r.T {
+		for j := range r.K {
+			e := r.Expert[t*r.K+j]
+			row := next[e]
+			next[e]++
+			p.token[row] = int32(t)
+			p.pos[t*p.slots+j], p.weight[t*p.slots+j] = int32(row), r.Weight[t*r.K+j]
+		}
+		if shared {
+			p.pos[t*p.slots+r.K] = int32(r.T*r.K + t)
+		}
+	}
+	return p
+}
+
+// Route computes the routing of the normed hidden states h [T, Hidden] by the block's router.
+func (m *MoE) Route(h []float32, T int) Routes {
+	E := len(m.Experts)
+	logits := make([]float32, T*E)
+	m.Router.Forward(logits, h, T)
+	return route(logits, T, E, m.TopK, m.NormTopK)
+}
+
+// forward is the mixture of experts on the normed input h [T, Hidden]; it writes out
+// [T, Hidden]. The hook sees, in order: every token's h (GroupGateUp: the router's and the
+// shared expert's input), each expert's gate/up input (the rows of h routed to it, possibly
+// none), each expert's down input, and the shared expert's down input (GroupDown). The GPU
+// runs the same steps (GPU.moe).
+func (m *MoE) forward(out, h []float32, T, hidden int, hook Hook) error {
+	if err := callHook(hook, GroupGateUp, h, T, hidden); err != nil {
+		return err
+	}
+	p := m.Route(h, T).plan(len(m.Experts), m.Shared != nil)
+	rows, inter := len(p.token), m.Experts[0].Gate.Out
+	x := make([]float32, rows*hidden)
+	for i, t := range p.token {
+		copy(x[i*hidden:(i+1)*hidden], h[int(t)*hidden:(int(t)+1)*hidden])
+	}
+	g, u := make([]float32, rows*inter), make([]float32, rows*inter)
+	for e, ex := range m.Experts {
+		a, b := p.start[e], p.start[e+1]
+		if err := callHook(hook, ExpertGateUp(e), x[a*hidden:b*hidden], b-a, hidden); err != nil {
+			return err
+		}
+		if a == b {
+			continue
+		}
+		ex.Gate.Forward(g[a*inter:b*inter], x[a*hidden:b*hidden], b-a)
+		ex.Up.Forward(u[a*inter:b*inter], x[a*hidden:b*hidden], b-a)
+	}
+	siluMul(g, u)
+	z := make([]float32, (rows+T)*hidden) // the experts' outputs, then the shared expert's
+	for e, ex := range m.Experts {
+		a, b := p.start[e], p.start[e+1]
+		if err := callHook(hook, ExpertDown(e), g[a*inter:b*inter], b-a, inter); err != nil {
+			return err
+		}
+		if a == b {
+			continue
+		}
+		ex.Down.Forward(z[a*hidden:b*hidden], g[a*inter:b*inter], b-a)
+	}
+	if m.Shared != nil {
+		if err := m.sharedForward(z[rows*hidden:], p, h, T, hidden, hook); err != nil {
+			return err
+		}
+	}
+	for t := range T {
+		or := out[t*hidden : (t+1)*hidden]
+		clear(or)
+		for j := range p.slots {
+			w, zr := p.weight[t*p.slots+j], z[int(p.pos[t*p.slots+j])*hidden:][:len(or)]
+			for i := range or {
+				or[i] += w * zr[i]
+			}
+		}
+	}
+	return nil
+}
+
+// sharedForward writes the shared expert's outputs for h [T, Hidden] into y and its weights,
+// sigmoid(SharedGate·h), into p (Qwen2-MoE).
+func (m *MoE) sharedForward(y []float32, p expertPlan, h []float32, T, hidden int, hook Hook) error {
+	x := m.Shared
+	g, u := make([]float32, T*x.Gate.Out), make([]float32, T*x.Up.Out)
+	x.Gate.Forward(g, h, T)
+	x.Up.Forward(u, h, T)
+	siluMul(g, u)
+	if err := callHook(hook, GroupDown, g, T, x.Down.In); err != nil {
+		return err
+	}
+	x.Down.Forward(y[:T*hidden], g, T)
+	gate := make([]float32, T)
+	m.SharedGate.Forward(gate, h, T)
+	for t, v := range gate {
+		p.weight[t*p.slots+p.slots-1] = sigmoid(v)
+	}
+	return nil
+}
+
+func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+
+// linears lists the MoE's linears of group g: the router and the shared expert's gate, gate
+// and up (GroupGateUp), the shared expert's down (GroupDown), or an expert's.
+func (m *MoE) linears(g Group) []*Linear {
+	if e, ok := g.Expert(); ok {
+		if e >= len(m.Experts) {
+			return nil
+		}
+		x := m.Experts[e]
+		if g.Stage() == GroupDown.Stage() {
+			return []*Linear{x.Down}
+		}
+		return []*Linear{x.Gate, x.Up}
+	}
+	switch g {
+	case GroupGateUp:
+		ls := []*Linear{m.Router}
+		if m.Shared != nil {
+			ls = append(ls, m.SharedGate, m.Shared.Gate, m.Shared.Up)
+		}
+		return ls
+	case GroupDown:
+		if m.Shared != nil {
+			return []*Linear{m.Shared.Down}
+		}
+	}
+	return nil
+}
