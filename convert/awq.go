@@ -133,15 +133,18 @@ func (s *awqScaler) calibrate(m *model.Model, seqs [][]int, opt model.CalibrateO
 	}
 	stride := max(total/s.tokens, 1)
 	s.total = total
-	opt.Steps = [][]model.Group{model.Groups}
-	opt.ObserveOnly = !s.gptq
-	if s.gptq {
-		gsteps := [][]model.Group{model.Groups}
-		if opt.TrueSequential {
-			gsteps = [][]model.Group{{model.GroupQKV}, {model.GroupO}, {model.GroupGateUp}, {model.GroupDown}}
+	trueSequential := opt.TrueSequential
+	opt.Steps = func(b *model.Block) [][]model.Group {
+		steps := [][]model.Group{b.Groups()}
+		if !s.gptq {
+			return steps
 		}
-		opt.Steps = append(opt.Steps, gsteps...)
+		if trueSequential {
+			return append(steps, b.Stages()...)
+		}
+		return append(steps, b.Groups())
 	}
+	opt.ObserveOnly = !s.gptq
 	s.stride = stride
 	start := time.Now()
 	var err error
