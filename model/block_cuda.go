@@ -37,8 +37,8 @@ type gpuBlock struct {
 	b                          *Block
 	mem                        cuda.DevicePtr
 	inNorm, postNorm           cuda.DevicePtr
-	qNorm, kNorm               cuda.DevicePtr // qwen3 only
-	q, k, v, o, gate, up, down *gpuLinear     // gate, up, down are nil in a mixture-of-experts block
+	qNorm, kNorm               cuda.DevicePtr         // qwen3 only
+	q, k, v, o, gate, up, down *gpuLinear             // gate, up, down are nil in a mixture-of-experts block
 	lin                        map[*Linear]*gpuLinear // every linear of the block (the experts' too)
 }
 

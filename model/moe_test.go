@@ -88,12 +88,12 @@ func TestParseConfigMoE(t *testing.T) {
 func TestParseConfigMoEErrors(t *testing.T) {
 	base := `"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "vocab_size": 50`
 	cases := map[string]string{
-		`{"model_type": "mixtral", ` + base + `, "num_experts_per_tok": 2}`:                                     "num_local_experts",
-		`{"model_type": "mixtral", ` + base + `, "num_local_experts": 2, "num_experts_per_tok": 3}`:             "num_experts_per_tok 3",
-		`{"model_type": "qwen3_moe", ` + base + `, "num_experts": 4, "num_experts_per_tok": 2}`:                 "moe_intermediate_size",
-		`{"model_type": "qwen3_moe", ` + base + `, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, "mlp_only_layers": [3]}`: "mlp_only_layers",
+		`{"model_type": "mixtral", ` + base + `, "num_experts_per_tok": 2}`:                                                                           "num_local_experts",
+		`{"model_type": "mixtral", ` + base + `, "num_local_experts": 2, "num_experts_per_tok": 3}`:                                                   "num_experts_per_tok 3",
+		`{"model_type": "qwen3_moe", ` + base + `, "num_experts": 4, "num_experts_per_tok": 2}`:                                                       "moe_intermediate_size",
+		`{"model_type": "qwen3_moe", ` + base + `, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, "mlp_only_layers": [3]}`:   "mlp_only_layers",
 		`{"model_type": "qwen2_moe", ` + base + `, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, "decoder_sparse_step": 0}`: "decoder_sparse_step",
-		`{"model_type": "deepseek_v3", ` + base + `}`: "qwen3_moe (Qwen3MoeForCausalLM)",
+		`{"model_type": "deepseek_v3", ` + base + `}`:                                                                                                 "qwen3_moe (Qwen3MoeForCausalLM)",
 	}
 	for in, want := range cases {
 		_, err := ParseConfig([]byte(in))
