@@ -113,7 +113,7 @@ func loadBlock(cfg *Config, w Weights, rope *ropeTable, i int) (*Block, error) {
 		{&b.O, "self_attn.o_proj", h, q},
 	}
 	if cfg.SparseBlock(i) {
-		if b.MoE, err = loadMoE(cfg, w, p); err != nil {
+		if b.MoE, err = loadMoE(cfg, w, i); err != nil {
 			return nil, err
 		}
 	} else {

@@ -149,7 +149,7 @@ func randomWeights(cfg *Config, bias, lmHead bool, r *rand.Rand) *MapWeights {
 		set(p+"self_attn.v_proj.weight", kv, h)
 		set(p+"self_attn.o_proj.weight", h, q)
 		if cfg.SparseBlock(i) {
-			randomExperts(cfg, p, set)
+			randomExperts(cfg, i, set)
 		} else {
 			set(p+"mlp.gate_proj.weight", cfg.Intermediate, h)
 			set(p+"mlp.up_proj.weight", cfg.Intermediate, h)

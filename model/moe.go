@@ -115,65 +115,83 @@ type MoE struct {
 // Expert is one SiLU-gated MLP: down(silu(gate(x))·up(x)).
 type Expert struct{ Gate, Up, Down *Linear }
 
-// moeLayout names the tensors of one checkpoint layout of the experts.
-type moeLayout struct {
-	prefix           string // after "model.layers.N."
-	gate, up, down   string
-	router, expertsP string
+// ExpertNames are the checkpoint names (without ".weight") of a sparse block's experts.
+type ExpertNames struct {
+	Router         string    // [Experts, Hidden]
+	Gate, Up, Down []string  // per expert
+	Shared         [3]string // the shared expert's gate, up and down; empty without one
+	SharedGate     string    // [1, Hidden]; empty without a shared expert
+	Fused          string    // transformers 5's in-memory fused experts (gate_up_proj), which qpack refuses
 }
 
-var (
-	// mixtralLayout: block_sparse_moe.gate, block_sparse_moe.experts.N.w1 (gate), w3 (up), w2 (down).
-	mixtralLayout = moeLayout{prefix: "block_sparse_moe.", gate: "w1", up: "w3", down: "w2", router: "gate", expertsP: "experts."}
-	// qwenLayout: mlp.gate, mlp.experts.N.gate_proj, up_proj, down_proj (Qwen2/3-MoE, and Mixtral
-	// as some converters write it).
-	qwenLayout = moeLayout{prefix: "mlp.", gate: "gate_proj", up: "up_proj", down: "down_proj", router: "gate", expertsP: "experts."}
-)
+// Mixtral's layout: block_sparse_moe.gate, block_sparse_moe.experts.N.w1 (gate), w3 (up), w2
+// (down). Qwen2/3-MoE's (and Mixtral's as some converters write it): mlp.gate,
+// mlp.experts.N.gate_proj, up_proj, down_proj, and mlp.shared_expert.*, mlp.shared_expert_gate.
+const mixtralPrefix = "block_sparse_moe."
 
-// loadMoE reads block p's experts in whichever layout the checkpoint has.
-func loadMoE(cfg *Config, w Weights, p string) (*MoE, error) {
-	lay := qwenLayout
-	if _, ok := w.Shape(p + mixtralLayout.prefix + mixtralLayout.router + ".weight"); ok {
-		lay = mixtralLayout
+// MoENames gives the tensor names of block i's experts in the layout the checkpoint uses:
+// Mixtral's when has reports its router there, else Qwen's.
+func (c *Config) MoENames(i int, has func(name string) bool) ExpertNames {
+	p := "model.layers." + strconv.Itoa(i) + "."
+	mixtral := has(p + mixtralPrefix + "gate.weight")
+	pre, gate, up, down := p+"mlp.", "gate_proj", "up_proj", "down_proj"
+	if mixtral {
+		pre, gate, up, down = p+mixtralPrefix, "w1", "w3", "w2"
 	}
-	pre := p + lay.prefix
-	if _, ok := w.Shape(pre + "experts.gate_up_proj"); ok {
-		return nil, fmt.Errorf("model: %sexperts.gate_up_proj: fused expert tensors are not supported; save the checkpoint with one tensor per expert (%sexperts.N.gate_proj.weight ...)", pre, pre)
+	n := ExpertNames{Router: pre + "gate", Fused: pre + "experts.gate_up_proj"}
+	for e := range c.MoE.Experts {
+		x := pre + "experts." + strconv.Itoa(e) + "."
+		n.Gate, n.Up, n.Down = append(n.Gate, x+gate), append(n.Up, x+up), append(n.Down, x+down)
+	}
+	if c.MoE.SharedIntermediate > 0 {
+		s := pre + "shared_expert."
+		n.Shared = [3]string{s + "gate_proj", s + "up_proj", s + "down_proj"}
+		n.SharedGate = pre + "shared_expert_gate"
+	}
+	return n
+}
+
+// loadMoE reads block i's experts in whichever layout the checkpoint has.
+func loadMoE(cfg *Config, w Weights, i int) (*MoE, error) {
+	names := cfg.MoENames(i, func(name string) bool { _, ok := w.Shape(name); return ok })
+	if _, ok := w.Shape(names.Fused); ok {
+		return nil, fmt.Errorf("model: %s: fused expert tensors are not supported; save the checkpoint with one tensor per expert (%s.weight ...)", names.Fused, names.Gate[0])
 	}
 	c := cfg.MoE
 	m := &MoE{TopK: c.TopK, NormTopK: c.NormTopK}
 	var err error
-	if m.Router, err = loadLinear(w, pre+lay.router, c.Experts, cfg.Hidden); err != nil {
+	if m.Router, err = loadLinear(w, names.Router, c.Experts, cfg.Hidden); err != nil {
 		return nil, err
 	}
 	for e := range c.Experts {
-		x, err := loadExpert(w, pre+lay.expertsP+strconv.Itoa(e)+".", lay, c.Intermediate, cfg.Hidden)
+		x, err := loadExpert(w, [3]string{names.Gate[e], names.Up[e], names.Down[e]}, c.Intermediate, cfg.Hidden)
 		if err != nil {
 			return nil, err
 		}
 		m.Experts = append(m.Experts, x)
 	}
 	if c.SharedIntermediate > 0 {
-		if m.Shared, err = loadExpert(w, pre+"shared_expert.", qwenLayout, c.SharedIntermediate, cfg.Hidden); err != nil {
+		if m.Shared, err = loadExpert(w, names.Shared, c.SharedIntermediate, cfg.Hidden); err != nil {
 			return nil, err
 		}
-		if m.SharedGate, err = loadLinear(w, pre+"shared_expert_gate", 1, cfg.Hidden); err != nil {
+		if m.SharedGate, err = loadLinear(w, names.SharedGate, 1, cfg.Hidden); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
 }
 
-func loadExpert(w Weights, p string, lay moeLayout, inter, hidden int) (*Expert, error) {
+// loadExpert reads the gate, up and down projections named.
+func loadExpert(w Weights, names [3]string, inter, hidden int) (*Expert, error) {
 	x := &Expert{}
 	var err error
-	if x.Gate, err = loadLinear(w, p+lay.gate, inter, hidden); err != nil {
+	if x.Gate, err = loadLinear(w, names[0], inter, hidden); err != nil {
 		return nil, err
 	}
-	if x.Up, err = loadLinear(w, p+lay.up, inter, hidden); err != nil {
+	if x.Up, err = loadLinear(w, names[1], inter, hidden); err != nil {
 		return nil, err
 	}
-	if x.Down, err = loadLinear(w, p+lay.down, hidden, inter); err != nil {
+	if x.Down, err = loadLinear(w, names[2], hidden, inter); err != nil {
 		return nil, err
 	}
 	return x, nil

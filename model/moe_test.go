@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -31,27 +30,23 @@ var moeTestConfigs = []struct {
 		"tie_word_embeddings": true}`, true},
 }
 
-// randomExperts adds block prefix p's router and experts (and shared expert) in the layout of
+// randomExperts adds block i's router and experts (and shared expert) in the layout of
 // cfg's family.
-func randomExperts(cfg *Config, p string, set func(name string, shape ...int)) {
+func randomExperts(cfg *Config, i int, set func(name string, shape ...int)) {
 	h, c := cfg.Hidden, cfg.MoE
-	lay := qwenLayout
-	if cfg.ModelType == "mixtral" {
-		lay = mixtralLayout
-	}
-	pre := p + lay.prefix
-	set(pre+lay.router+".weight", c.Experts, h)
+	mixtral := cfg.ModelType == "mixtral"
+	n := cfg.MoENames(i, func(string) bool { return mixtral })
+	set(n.Router+".weight", c.Experts, h)
 	for e := range c.Experts {
-		x := pre + lay.expertsP + strconv.Itoa(e) + "."
-		set(x+lay.gate+".weight", c.Intermediate, h)
-		set(x+lay.up+".weight", c.Intermediate, h)
-		set(x+lay.down+".weight", h, c.Intermediate)
+		set(n.Gate[e]+".weight", c.Intermediate, h)
+		set(n.Up[e]+".weight", c.Intermediate, h)
+		set(n.Down[e]+".weight", h, c.Intermediate)
 	}
 	if c.SharedIntermediate > 0 {
-		set(pre+"shared_expert.gate_proj.weight", c.SharedIntermediate, h)
-		set(pre+"shared_expert.up_proj.weight", c.SharedIntermediate, h)
-		set(pre+"shared_expert.down_proj.weight", h, c.SharedIntermediate)
-		set(pre+"shared_expert_gate.weight", 1, h)
+		set(n.Shared[0]+".weight", c.SharedIntermediate, h)
+		set(n.Shared[1]+".weight", c.SharedIntermediate, h)
+		set(n.Shared[2]+".weight", h, c.SharedIntermediate)
+		set(n.SharedGate+".weight", 1, h)
 	}
 }
 
