@@ -77,3 +77,35 @@ func TestSeedDeterminesWeights(t *testing.T) {
 		t.Errorf("hidden not divisible by heads should fail")
 	}
 }
+
+// TestWriteExperts: with experts the checkpoint is a Mixtral the engine loads, every block a
+// mixture of experts routed top-k.
+func TestWriteExperts(t *testing.T) {
+	cfg := Config{Layers: 2, Hidden: 64, Intermediate: 48, Heads: 4, KVHeads: 2, Vocab: 100, Seed: 3, Experts: 5, ExpertsPerToken: 2}
+	dir := t.TempDir()
+	if err := Write(dir, cfg); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c := m.Config
+	if c.ModelType != "mixtral" || c.MoE.Experts != 5 || c.MoE.TopK != 2 || c.MoE.Intermediate != 48 || !c.SparseBlock(1) {
+		t.Fatalf("config %+v", c)
+	}
+	b, err := m.Block(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.MoE == nil || len(b.MoE.Experts) != 5 || b.MoE.Experts[4].Down.In != 48 {
+		t.Fatalf("block 1 experts: %+v", b.MoE)
+	}
+	if logits, err := m.Logits([]int{1, 2, 3}); err != nil || len(logits) != 3*100 {
+		t.Fatalf("forward: %v, %d logits", err, len(logits))
+	}
+	if err := Write(t.TempDir(), Config{Layers: 1, Hidden: 32, Intermediate: 8, Heads: 4, KVHeads: 4, Vocab: 8, Experts: 2, ExpertsPerToken: 3}); err == nil {
+		t.Errorf("3 experts per token of 2 should fail")
+	}
+}
