@@ -5,6 +5,7 @@ package ggufexport
 import (
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -45,7 +46,8 @@ func Export(src, dst string, o Options) ([]Entry, error) {
 	}
 	arch, ok := archOf[cfg.ModelType]
 	if !ok {
-		return nil, fmt.Errorf("%s: model_type %q has no GGUF export (llama, mistral, qwen2 do)", src, cfg.ModelType)
+		types := slices.Sorted(maps.Keys(archOf))
+		return nil, fmt.Errorf("%s: model_type %q has no GGUF export (%s do)", src, cfg.ModelType, strings.Join(types, ", "))
 	}
 	extra, err := readExtraConfig(src)
 	if err != nil {
@@ -141,7 +143,8 @@ func (p *planner) tensors(arch string, cfg *model.Config) ([]gguf.Tensor, []Entr
 		f := ropeFactors(cfg)
 		add(floatTensor("rope_freqs.weight", gguf.F32, f, []int{len(f)}), "computed (llama3 rope)")
 	}
-	for _, r := range roles(arch, cfg) {
+	has := func(name string) bool { _, ok := p.c.Shape(name); return ok }
+	for _, r := range roles(arch, cfg, has) {
 		t, how, err := p.tensor(r)
 		if err != nil {
 			return nil, nil, err
@@ -155,6 +158,9 @@ func (p *planner) tensors(arch string, cfg *model.Config) ([]gguf.Tensor, []Entr
 
 // tensor plans one role; an absent optional tensor returns a zero Tensor.
 func (p *planner) tensor(r role) (gguf.Tensor, string, error) {
+	if r.experts != nil {
+		return p.merged(r)
+	}
 	prefix := strings.TrimSuffix(r.hf, ".weight")
 	if r.linear {
 		if p.c.Format != nil && p.c.IsModule(prefix) {
@@ -168,8 +174,9 @@ func (p *planner) tensor(r role) (gguf.Tensor, string, error) {
 		}
 		return gguf.Tensor{}, "", fmt.Errorf("tensor %s (for %s) is missing", r.hf, r.gguf)
 	}
-	typ := gguf.F32 // norms and biases
+	typ := gguf.F32 // norms, biases, routers
 	switch {
+	case r.f32:
 	case r.linear:
 		typ = p.linear
 	case len(shape) == 2:
@@ -177,6 +184,12 @@ func (p *planner) tensor(r role) (gguf.Tensor, string, error) {
 	}
 	if err := checkRows(r, shape, typ); err != nil {
 		return gguf.Tensor{}, "", err
+	}
+	if r.flat {
+		if len(shape) != 2 || shape[0] != 1 {
+			return gguf.Tensor{}, "", fmt.Errorf("tensor %s has shape %v; [1, K] expected for %s", r.hf, shape, r.gguf)
+		}
+		shape = shape[1:]
 	}
 	load := func() ([]float32, error) { return p.c.Float32(r.hf) }
 	how := "converted"
