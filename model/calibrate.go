@@ -36,6 +36,8 @@ type CalibrateOptions struct {
 	// calibrator that only gathers statistics, or AWQ, which (as AutoAWQ) feeds every block the
 	// unquantized model's activations. TrueSequential and Steps do not apply.
 	ObserveOnly bool
+	// Experts says how the groups of experts are observed (mixture-of-experts blocks).
+	Experts ExpertObservation
 	// Steps, when set, lists the groups of block b observed and updated together, in order,
 	// instead of TrueSequential's choice; a group may appear in several steps (AWQ scales a
 	// block with all its groups observed, then GPTQ quantizes it group by group: awq+gptq).
@@ -70,27 +72,11 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 		if err != nil {
 			return err
 		}
-		if opt.ObserveOnly {
-			if err := observeBlock(b, seqs, hidden, c); err != nil {
-				return err
-			}
-			if opt.ReleaseBlocks {
-				m.ReleaseBlock(i)
-			}
-			continue
-		}
-		for _, step := range calibrationSteps(b, opt) {
-			if err := observeStep(b, seqs, hidden, c, step); err != nil {
-				return err
-			}
-			if err := c.Update(b, step); err != nil {
-				return fmt.Errorf("model: calibration update of block %d: %w", i, err)
-			}
-		}
-		for s, seq := range seqs {
-			if err := b.Forward(hidden[s], len(seq), nil); err != nil {
-				return err
-			}
+		reset := b.observing(opt.Experts)
+		err = calibrateBlock(b, seqs, hidden, c, opt)
+		reset()
+		if err != nil {
+			return err
 		}
 		if opt.ReleaseBlocks {
 			m.ReleaseBlock(i)
@@ -99,10 +85,43 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 	return nil
 }
 
+// calibrateBlock observes and updates block b's steps, then runs it with its final weights
+// over hidden in place, making the next block's inputs.
+func calibrateBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, opt CalibrateOptions) error {
+	if opt.ObserveOnly {
+		return observeBlock(b, seqs, hidden, c)
+	}
+	for _, step := range calibrationSteps(b, opt) {
+		if err := observeStep(b, seqs, hidden, c, step); err != nil {
+			return err
+		}
+		if err := c.Update(b, step); err != nil {
+			return fmt.Errorf("model: calibration update of block %d: %w", b.Index, err)
+		}
+	}
+	for s, seq := range seqs {
+		if err := b.Forward(hidden[s], len(seq), nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // observeBlock runs block b over every sequence in place, reporting the input of each group to
-// c, then calls c.Update with every group: ObserveOnly's single pass.
+// c, then calls c.Update with every group: ObserveOnly's single pass (in a block of experts,
+// a pass on copies for the gate/up inputs first, observationPasses).
 func observeBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator) error {
+	passes := observationPasses(b, b.Groups())
+	for _, early := range passes[:len(passes)-1] {
+		if err := observeStep(b, seqs, hidden, c, early); err != nil {
+			return err
+		}
+	}
+	last := passes[len(passes)-1]
 	hook := func(g Group, x []float32, rows, cols int) error {
+		if !slices.Contains(last, g) {
+			return nil
+		}
 		if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
 			return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
 		}
@@ -148,20 +167,45 @@ func stepHook[X any](step []Group, observe func(g Group, x X, rows, cols int) er
 }
 
 // observeStep runs block b on a copy of every sequence's hidden states, reporting the inputs of
-// the step's groups to c and stopping after the last of them.
+// the step's groups to c and stopping after the last of them (two such passes for some steps
+// of a block of experts, observationPasses).
 func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step []Group) error {
-	hook := stepHook(step, func(g Group, x []float32, rows, cols int) error {
-		if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
-			return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
-		}
-		return nil
-	})
 	var scratch []float32
-	for s, seq := range seqs {
-		scratch = append(scratch[:0], hidden[s]...)
-		if err := b.Forward(scratch, len(seq), hook); err != nil && !errors.Is(err, errStopForward) {
-			return err
+	for _, pass := range observationPasses(b, step) {
+		hook := stepHook(pass, func(g Group, x []float32, rows, cols int) error {
+			if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
+				return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
+			}
+			return nil
+		})
+		for s, seq := range seqs {
+			scratch = append(scratch[:0], hidden[s]...)
+			if err := b.Forward(scratch, len(seq), hook); err != nil && !errors.Is(err, errStopForward) {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// observationPasses splits a step of a block of experts that observes gate/up and down inputs
+// into two passes, the down inputs after every gate/up input, so that a calibrator has
+// counted each expert's tokens when it chooses how its down input is observed
+// (ExpertObservation.AllTokens).
+func observationPasses(b *Block, step []Group) [][]Group {
+	if b.MoE == nil {
+		return [][]Group{step}
+	}
+	var early, down []Group
+	for _, g := range step {
+		if g.Stage() == GroupDown.Stage() {
+			down = append(down, g)
+		} else {
+			early = append(early, g)
+		}
+	}
+	if len(early) == 0 || len(down) == 0 {
+		return [][]Group{step}
+	}
+	return [][]Group{early, down}
 }

@@ -38,7 +38,10 @@ func (e *GPU) Calibrate(m *Model, seqs [][]int, c GPUCalibrator, opt CalibrateOp
 		if opt.ObserveOnly {
 			calibrate = e.observeBlock
 		}
-		if err := calibrate(b, x, c, calibrationSteps(b, opt)); err != nil {
+		reset := b.observing(opt.Experts)
+		err = calibrate(b, x, c, calibrationSteps(b, opt))
+		reset()
+		if err != nil {
 			return fmt.Errorf("model: calibration of block %d: %w", i, err)
 		}
 		if opt.ReleaseBlocks {
@@ -67,10 +70,7 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 				return err
 			}
 		}
-		hook := stepHook(step, func(gr Group, p cuda.DevicePtr, rows, cols int) error {
-			return c.ObserveGPU(b.Index, gr, p, rows, cols)
-		})
-		if err := e.observe(g, x, hook, keep); err != nil {
+		if err := e.observeStep(g, x, c, step, keep); err != nil {
 			return err
 		}
 		if err := c.Update(b, step); err != nil {
@@ -86,15 +86,45 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 	return e.forwardBlock(g, x, nil)
 }
 
+// observeStep runs block g on copies of x, handing c the inputs of the step's groups (in two
+// passes for some steps of a block of experts, observationPasses); keep applies to the last.
+func (e *GPU) observeStep(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, step []Group, keep *mlpState) error {
+	passes := observationPasses(g.b, step)
+	for i, pass := range passes {
+		hook := stepHook(pass, func(gr Group, p cuda.DevicePtr, rows, cols int) error {
+			return c.ObserveGPU(g.b.Index, gr, p, rows, cols)
+		})
+		k := keep
+		if i < len(passes)-1 {
+			k = nil
+		}
+		if err := e.observe(g, x, hook, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // observeBlock is ObserveOnly's single pass: b runs over x in place, each group's input handed
-// to c, then c.Update sees every group.
+// to c, then c.Update sees every group (in a block of experts, a pass on copies for the
+// gate/up inputs first, observationPasses).
 func (e *GPU) observeBlock(b *Block, x *DeviceBatch, c GPUCalibrator, _ [][]Group) error {
 	g, err := e.uploadBlock(b)
 	if err != nil {
 		return err
 	}
 	defer e.freeBlock(g)
+	passes := observationPasses(b, b.Groups())
+	for _, early := range passes[:len(passes)-1] {
+		if err := e.observeStep(g, x, c, early, nil); err != nil {
+			return err
+		}
+	}
+	last := passes[len(passes)-1]
 	hook := func(gr Group, p cuda.DevicePtr, rows, cols int) error {
+		if !slices.Contains(last, gr) {
+			return nil
+		}
 		return c.ObserveGPU(b.Index, gr, p, rows, cols)
 	}
 	if err := e.forwardBlock(g, x, hook); err != nil {

@@ -247,16 +247,21 @@ func (r *gramRecorder) Update(b *Block, groups []Group) error {
 // between groups (true-sequential) or per block, for a dense model and a mixture of experts
 // with a shared expert.
 func TestGPUCalibrateMatchesCPU(t *testing.T) {
-	for _, tc := range []struct{ name, json string }{{"llama", gpuTestConfigs[0].json}, {"qwen2_moe", moeTestConfigs[2].json}} {
+	observed := ExpertObservation{AllTokens: func(block, e int) bool { return (block+e)%3 == 0 }, WeightPower: 2}
+	for _, tc := range []struct {
+		name, json string
+		experts    ExpertObservation
+	}{{"llama", gpuTestConfigs[0].json, ExpertObservation{}}, {"qwen2_moe", moeTestConfigs[2].json, ExpertObservation{}},
+		{"qwen2_moe/all-tokens+weighted", moeTestConfigs[2].json, observed}} {
 		for _, trueSeq := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/true-sequential=%v", tc.name, trueSeq), func(t *testing.T) {
-				testGPUCalibrate(t, tc.json, trueSeq)
+				testGPUCalibrate(t, tc.json, trueSeq, tc.experts)
 			})
 		}
 	}
 }
 
-func testGPUCalibrate(t *testing.T, js string, trueSeq bool) {
+func testGPUCalibrate(t *testing.T, js string, trueSeq bool, experts ExpertObservation) {
 	cfg := mustConfig(t, strings.Replace(js, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
 	e := openGPU(t, cfg, GPUOptions{}, 50)
 	r := freshRand(t)

@@ -110,7 +110,51 @@ type MoE struct {
 	SharedGate *Linear   // [1, Hidden]; nil without a shared expert
 	TopK       int
 	NormTopK   bool
+
+	observe expertObserver // how a calibration observes the experts' inputs (set during one)
 }
+
+// ExpertObservation says how a calibration observes the inputs of experts' groups.
+type ExpertObservation struct {
+	// AllTokens, when set, is asked before each pass that observes expert e's down_proj input
+	// in block: true makes the observed input silu(gate(h))·up(h) of every token instead of the
+	// tokens routed to e (the router still decides the block's output). The expert's gate/up
+	// input over every token is GroupGateUp's. Calibrate observes a step's down inputs of a
+	// block of experts in a pass after all of its gate/up inputs, so the calibrator knows how
+	// many tokens reached each expert when it answers.
+	AllTokens func(block, expert int) bool
+	// WeightPower p > 0 multiplies each routed row that an expert's groups observe by w^(p/2),
+	// w the token's routing weight to the expert, so that their Gram matrices are Σ w^p·x·xᵀ:
+	// the expert's output reaches the block's scaled by w, so its squared error by w².
+	WeightPower float64
+}
+
+// expertObserver is an ExpertObservation bound to one block.
+type expertObserver struct {
+	all   func(expert int) bool
+	power float64
+}
+
+func (o ExpertObservation) forBlock(block int) expertObserver {
+	ob := expertObserver{power: o.WeightPower}
+	if o.AllTokens != nil {
+		ob.all = func(e int) bool { return o.AllTokens(block, e) }
+	}
+	return ob
+}
+
+// observing sets how b's experts are observed (nothing for a dense block) and returns the
+// function that resets it.
+func (b *Block) observing(o ExpertObservation) (reset func()) {
+	if b.MoE == nil {
+		return func() {}
+	}
+	b.MoE.observe = o.forBlock(b.Index)
+	return func() { b.MoE.observe = expertObserver{} }
+}
+
+// allTokens says whether expert e's down input is observed over every token.
+func (o expertObserver) allTokens(e int) bool { return o.all != nil && o.all(e) }
 
 // Expert is one SiLU-gated MLP: down(silu(gate(x))·up(x)).
 type Expert struct{ Gate, Up, Down *Linear }
@@ -269,15 +313,16 @@ func topK(ex []int, p []float32) {
 // Σ_j weight[t·slots+j]·Z[pos[t·slots+j]] over its slots (its K experts in increasing order,
 // then the shared expert).
 type expertPlan struct {
-	start  []int     // [E+1]
-	token  []int32   // [T·K]: the token of each row
+	start     []int     // [E+1]
+	token     []int32   // [T·K]: the token of each row
+	rowWeight []float32 // [T·K]: the routing weight of each row
 	pos    []int32   // [T·slots]: the row of Z of each of token t's outputs
 	weight []float32 // [T·slots]: their weights (the shared expert's is filled in later)
 	slots  int       // K, plus one with a shared expert
 }
 
 func (r Routes) plan(E int, shared bool) expertPlan {
-	p := expertPlan{start: make([]int, E+1), token: make([]int32, r.T*r.K), slots: r.K}
+	p := expertPlan{start: make([]int, E+1), token: make([]int32, r.T*r.K), rowWeight: make([]float32, r.T*r.K), slots: r.K}
 	if shared {
 		p.slots++
 	}
@@ -294,7 +339,7 @@ func (r Routes) plan(E int, shared bool) expertPlan {
 			e := r.Expert[t*r.K+j]
 			row := next[e]
 			next[e]++
-			p.token[row] = int32(t)
+			p.token[row], p.rowWeight[row] = int32(t), r.Weight[t*r.K+j]
 			p.pos[t*p.slots+j], p.weight[t*p.slots+j] = int32(row), r.Weight[t*r.K+j]
 		}
 		if shared {
@@ -330,8 +375,10 @@ func (m *MoE) forward(out, h []float32, T, hidden int, hook Hook) error {
 	g, u := make([]float32, rows*inter), make([]float32, rows*inter)
 	for e, ex := range m.Experts {
 		a, b := p.start[e], p.start[e+1]
-		if err := callHook(hook, ExpertGateUp(e), x[a*hidden:b*hidden], b-a, hidden); err != nil {
-			return err
+		if hook != nil {
+			if err := hook(ExpertGateUp(e), m.observe.weighted(x[a*hidden:b*hidden], p.rowWeight[a:b], hidden), b-a, hidden); err != nil {
+				return err
+			}
 		}
 		if a == b {
 			continue
@@ -343,8 +390,10 @@ func (m *MoE) forward(out, h []float32, T, hidden int, hook Hook) error {
 	z := make([]float32, (rows+T)*hidden) // the experts' outputs, then the shared expert's
 	for e, ex := range m.Experts {
 		a, b := p.start[e], p.start[e+1]
-		if err := callHook(hook, ExpertDown(e), g[a*inter:b*inter], b-a, inter); err != nil {
-			return err
+		if hook != nil {
+			if err := m.observeDown(hook, e, g[a*inter:b*inter], p.rowWeight[a:b], h, T); err != nil {
+				return err
+			}
 		}
 		if a == b {
 			continue
@@ -367,6 +416,36 @@ func (m *MoE) forward(out, h []float32, T, hidden int, hook Hook) error {
 		}
 	}
 	return nil
+}
+
+// observeDown hands the hook expert e's down input: act, its routed rows' silu(gate)·up, or
+// with AllTokens that of every token of h [T, Hidden].
+func (m *MoE) observeDown(hook Hook, e int, act []float32, weights []float32, h []float32, T int) error {
+	x := m.Experts[e]
+	if !m.observe.allTokens(e) {
+		return hook(ExpertDown(e), m.observe.weighted(act, weights, x.Down.In), len(weights), x.Down.In)
+	}
+	g, u := make([]float32, T*x.Gate.Out), make([]float32, T*x.Up.Out)
+	x.Gate.Forward(g, h, T)
+	x.Up.Forward(u, h, T)
+	siluMul(g, u)
+	return hook(ExpertDown(e), g, T, x.Down.In)
+}
+
+// weighted returns the rows of x [len(w), cols] as observed: x itself, or under WeightPower p
+// a copy with row i multiplied by w[i]^(p/2).
+func (o expertObserver) weighted(x, w []float32, cols int) []float32 {
+	if o.power == 0 {
+		return x
+	}
+	out := make([]float32, len(x))
+	for i, wi := range w {
+		f := float32(math.Pow(float64(wi), o.power/2))
+		for j, v := range x[i*cols : (i+1)*cols] {
+			out[i*cols+j] = f * v
+		}
+	}
+	return out
 }
 
 // sharedForward writes the shared expert's outputs for h [T, Hidden] into y and its weights,

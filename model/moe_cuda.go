@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/qpack-dev/qpack/cuda"
 )
@@ -42,11 +43,21 @@ func (e *GPU) moe(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) er
 	if err != nil {
 		return err
 	}
+	obs, err := e.observedRows(m, p, hook)
+	if err != nil {
+		return err
+	}
 	for i, ex := range m.Experts {
 		a, b := p.start[i], p.start[i+1]
 		xi := x.Add(4 * a * H)
-		if err := callGPUHook(hook, ExpertGateUp(i), xi, b-a, H); err != nil {
-			return err
+		if hook != nil {
+			in, err := obs.rows("gate_up", xi, a, b, H)
+			if err != nil {
+				return err
+			}
+			if err := hook(ExpertGateUp(i), in, b-a, H); err != nil {
+				return err
+			}
 		}
 		if a == b {
 			continue
@@ -67,8 +78,14 @@ func (e *GPU) moe(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) er
 	}
 	for i, ex := range m.Experts {
 		a, b := p.start[i], p.start[i+1]
-		if err := callGPUHook(hook, ExpertDown(i), gate.Add(4*a*I), b-a, I); err != nil {
-			return err
+		if hook != nil {
+			act, err := obs.rows("down", gate.Add(4*a*I), a, b, I)
+			if err != nil {
+				return err
+			}
+			if err := e.observeDown(hook, g, i, act, b-a, h, rows); err != nil {
+				return err
+			}
 		}
 		if a == b {
 			continue
@@ -83,6 +100,71 @@ func (e *GPU) moe(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) er
 		}
 	}
 	return e.combineExperts(out, z, p, rows)
+}
+
+// observeDown hands the hook expert i's down input: act, its routed rows' silu(gate)·up, or
+// with AllTokens that of every token of h [rows, Hidden].
+func (e *GPU) observeDown(hook GPUHook, g *gpuBlock, i int, act cuda.DevicePtr, n int, h cuda.DevicePtr, rows int) error {
+	m := g.b.MoE
+	x := m.Experts[i]
+	if !m.observe.allTokens(i) {
+		return hook(ExpertDown(i), act, n, x.Down.In)
+	}
+	I := x.Gate.Out
+	gate, err := e.floats("moe.all.gate", rows*I)
+	if err != nil {
+		return err
+	}
+	up, err := e.floats("moe.all.up", rows*I)
+	if err != nil {
+		return err
+	}
+	if err := e.linear(gate, h, g.lin[x.Gate], rows); err != nil {
+		return err
+	}
+	if err := e.linear(up, h, g.lin[x.Up], rows); err != nil {
+		return err
+	}
+	if err := e.elementwise(e.fn.siluMul, rows*I, gate, up, int64(rows*I)); err != nil {
+		return err
+	}
+	return hook(ExpertDown(i), gate, rows, I)
+}
+
+// observedExperts makes the rows an expert's groups observe: the routed rows themselves, or
+// under a WeightPower p copies with row i multiplied by its routing weight^(p/2) (a batched
+// [cols, 1]·[1, 1] product per row), in one buffer per stage reused expert after expert (the
+// hook's work is queued on the stream before the next expert's copy).
+type observedExperts struct {
+	e     *GPU
+	scale cuda.DevicePtr // per row of the plan, 0 when unweighted
+}
+
+func (e *GPU) observedRows(m *MoE, p expertPlan, hook GPUHook) (observedExperts, error) {
+	o := observedExperts{e: e}
+	if hook == nil || m.observe.power == 0 {
+		return o, nil
+	}
+	f := make([]float32, len(p.rowWeight))
+	for i, w := range p.rowWeight {
+		f[i] = float32(math.Pow(float64(w), m.observe.power/2))
+	}
+	var err error
+	o.scale, err = uploadNamed(e, "moe.rowscale", f)
+	return o, err
+}
+
+// rows returns the observed copy of rows [a, b) at x (cols wide).
+func (o observedExperts) rows(stage string, x cuda.DevicePtr, a, b, cols int) (cuda.DevicePtr, error) {
+	if o.scale == 0 || a == b {
+		return x, nil
+	}
+	dst, err := o.e.floats("moe.observed."+stage, (b-a)*cols)
+	if err != nil {
+		return 0, err
+	}
+	return dst, o.e.blas.SgemmStridedBatched(cuda.NoTrans, cuda.NoTrans, cols, 1, 1, 1, x, cols, cols,
+		o.scale.Add(4*a), 1, 1, 0, dst, cols, cols, b-a)
 }
 
 // routeOnHost brings the router's logits of rows tokens (and the shared expert's gate) to the

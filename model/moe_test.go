@@ -422,3 +422,85 @@ func rowsOf(x []float32, rows []int, cols int) []float32 {
 	}
 	return out
 }
+
+// orderRecorder is a recorder that also lists the groups in the order it observed them.
+type orderRecorder struct {
+	*recorder
+	order []Group
+}
+
+func (r *orderRecorder) Observe(block int, g Group, x []float32, rows, cols int) error {
+	if block == 0 {
+		r.order = append(r.order, g)
+	}
+	return r.recorder.Observe(block, g, x, rows, cols)
+}
+
+// TestExpertObservation: with a WeightPower each routed row is observed times its routing
+// weight^(p/2); an expert AllTokens names observes silu(gate)·up of every token as its down
+// input; every gate/up input of a step is observed before its first down input (observe-only
+// and single-step calibrations alike), and the block's outputs do not change.
+func TestExpertObservation(t *testing.T) {
+	js := moeTestConfigs[2].json // a shared expert too
+	r := rand.New(rand.NewPCG(4, 4))
+	cfg := mustConfig(t, js)
+	seqs := [][]int{randomIDs(r, 19, cfg.Vocab), randomIDs(r, 19, cfg.Vocab), randomIDs(r, 19, cfg.Vocab)}
+	all := func(block, e int) bool { return e%2 == 1 }
+	for _, opt := range []CalibrateOptions{
+		{Experts: ExpertObservation{AllTokens: all, WeightPower: 2}},
+		{ObserveOnly: true, Experts: ExpertObservation{AllTokens: all, WeightPower: 1}},
+	} {
+		m := moeModel(t, js, true, 2)
+		rec := &orderRecorder{recorder: newRecorder()}
+		if err := Calibrate(m, seqs, rec, opt); err != nil {
+			t.Fatal(err)
+		}
+		firstDown := slices.IndexFunc(rec.order, func(g Group) bool { return g.Stage() == 3 })
+		lastGateUp := -1
+		for i, g := range rec.order {
+			if g.Stage() == 2 {
+				lastGateUp = i
+			}
+		}
+		if firstDown < 0 || lastGateUp > firstDown {
+			t.Errorf("observe-only %v: a down input observed (at %d) before the last gate/up input (at %d)", opt.ObserveOnly, firstDown, lastGateUp)
+		}
+		b, _ := m.Block(0)
+		for s := range seqs {
+			h := rec.input(t, 0, GroupGateUp, s)
+			T := len(seqs[s])
+			routes := b.MoE.Route(h, T)
+			for e, x := range b.MoE.Experts {
+				var want []float32
+				var tokens []int
+				for j, ex := range routes.Expert {
+					if ex != e {
+						continue
+					}
+					f := float32(math.Pow(float64(routes.Weight[j]), opt.Experts.WeightPower/2))
+					for _, v := range h[j/routes.K*cfg.Hidden : (j/routes.K+1)*cfg.Hidden] {
+						want = append(want, f*v)
+					}
+					tokens = append(tokens, j/routes.K)
+				}
+				where := fmt.Sprintf("observe-only %v, seq %d, expert %d", opt.ObserveOnly, s, e)
+				assertClose(t, where+" gate/up input", rec.input(t, 0, ExpertGateUp(e), s), want, 1e-6)
+				if all(0, e) {
+					act := naiveLinear(h, x.Gate, T)
+					siluMul(act, naiveLinear(h, x.Up, T))
+					assertClose(t, where+" down input over every token", rec.input(t, 0, ExpertDown(e), s), act, 1e-5)
+				} else if n := len(rec.input(t, 0, ExpertDown(e), s)) / x.Down.In; n != len(tokens) {
+					t.Errorf("%s: down input of %d rows, %d routed", where, n, len(tokens))
+				}
+			}
+		}
+		// The next block's inputs are those of a plain calibration.
+		plain := newRecorder()
+		if err := Calibrate(moeModel(t, js, true, 2), seqs, plain, CalibrateOptions{ObserveOnly: opt.ObserveOnly}); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(plain.input(t, 1, GroupQKV, 2), rec.input(t, 1, GroupQKV, 2)) {
+			t.Errorf("observe-only %v: observing the experts changed the next block's input", opt.ObserveOnly)
+		}
+	}
+}
