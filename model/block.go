@@ -224,19 +224,31 @@ var errStopForward = errors.New("model: forward stopped by hook")
 
 // Forward runs the block over x [T, Hidden] in place (one sequence, causal).
 func (b *Block) Forward(x []float32, T int, hook Hook) error {
+	if err := b.attentionHalf(x, T, hook); err != nil {
+		return err
+	}
+	return b.mlpHalf(x, T, hook)
+}
+
+// attentionHalf is x += Attention(norm(x)), the block's first residual step, in place.
+func (b *Block) attentionHalf(x []float32, T int, hook Hook) error {
+	return b.residual(x, T, b.InputNorm, b.Attention, hook)
+}
+
+// mlpHalf is x += MLP(norm(x)), the block's second residual step, in place.
+func (b *Block) mlpHalf(x []float32, T int, hook Hook) error {
+	return b.residual(x, T, b.PostAttnNorm, b.MLP, hook)
+}
+
+func (b *Block) residual(x []float32, T int, norm []float32, f func(out, h []float32, T int, hook Hook) error, hook Hook) error {
 	hid := b.cfg.Hidden
 	if len(x) != T*hid {
 		return fmt.Errorf("model: block %d: input has %d values, want %d×%d", b.Index, len(x), T, hid)
 	}
 	h := make([]float32, T*hid)
 	out := make([]float32, T*hid)
-	rmsNorm(h, x, b.InputNorm, T, hid, b.cfg.RMSNormEps)
-	if err := b.Attention(out, h, T, hook); err != nil {
-		return err
-	}
-	addTo(x, out)
-	rmsNorm(h, x, b.PostAttnNorm, T, hid, b.cfg.RMSNormEps)
-	if err := b.MLP(out, h, T, hook); err != nil {
+	rmsNorm(h, x, norm, T, hid, b.cfg.RMSNormEps)
+	if err := f(out, h, T, hook); err != nil {
 		return err
 	}
 	addTo(x, out)

@@ -86,13 +86,28 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 }
 
 // calibrateBlock observes and updates block b's steps, then runs it with its final weights
-// over hidden in place, making the next block's inputs.
+// over hidden in place, making the next block's inputs. Once no step left updates the
+// attention's groups, every sequence's residual stream after the attention is computed once
+// and the later passes run the MLP half of the block from it: true-sequential calibration
+// then runs the attention twice per block instead of four times.
 func calibrateBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, opt CalibrateOptions) error {
 	if opt.ObserveOnly {
 		return observeBlock(b, seqs, hidden, c)
 	}
-	for _, step := range calibrationSteps(b, opt) {
-		if err := observeStep(b, seqs, hidden, c, step); err != nil {
+	steps := calibrationSteps(b, opt)
+	from, half := hidden, (*Block).Forward // what the observing passes start from and run
+	for i, step := range steps {
+		if &from[0] == &hidden[0] && mlpOnly(steps[i:]) {
+			mid := make([][]float32, len(seqs))
+			for s, seq := range seqs {
+				mid[s] = slices.Clone(hidden[s])
+				if err := b.attentionHalf(mid[s], len(seq), nil); err != nil {
+					return err
+				}
+			}
+			from, half = mid, (*Block).mlpHalf
+		}
+		if err := observeStep(b, seqs, from, c, step, half); err != nil {
 			return err
 		}
 		if err := c.Update(b, step); err != nil {
@@ -100,11 +115,26 @@ func calibrateBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, op
 		}
 	}
 	for s, seq := range seqs {
-		if err := b.Forward(hidden[s], len(seq), nil); err != nil {
+		if err := half(b, from[s], len(seq), nil); err != nil {
 			return err
+		}
+		if &from[s][0] != &hidden[s][0] {
+			copy(hidden[s], from[s])
 		}
 	}
 	return nil
+}
+
+// mlpOnly reports whether steps update only the MLP's (or the experts') groups.
+func mlpOnly(steps [][]Group) bool {
+	for _, st := range steps {
+		for _, g := range st {
+			if g.Stage() < GroupGateUp.Stage() {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // observeBlock runs block b over every sequence in place, reporting the input of each group to
@@ -113,7 +143,7 @@ func calibrateBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, op
 func observeBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator) error {
 	passes := observationPasses(b, b.Groups())
 	for _, early := range passes[:len(passes)-1] {
-		if err := observeStep(b, seqs, hidden, c, early); err != nil {
+		if err := observeStep(b, seqs, hidden, c, early, (*Block).Forward); err != nil {
 			return err
 		}
 	}
@@ -166,10 +196,10 @@ func stepHook[X any](step []Group, observe func(g Group, x X, rows, cols int) er
 	}
 }
 
-// observeStep runs block b on a copy of every sequence's hidden states, reporting the inputs of
-// the step's groups to c and stopping after the last of them (two such passes for some steps
-// of a block of experts, observationPasses).
-func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step []Group) error {
+// observeStep runs block b (or the half of it that run runs) on a copy of every sequence's
+// hidden states, reporting the inputs of the step's groups to c and stopping after the last of
+// them (two such passes for some steps of a block of experts, observationPasses).
+func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step []Group, run func(*Block, []float32, int, Hook) error) error {
 	var scratch []float32
 	for _, pass := range observationPasses(b, step) {
 		hook := stepHook(pass, func(g Group, x []float32, rows, cols int) error {
@@ -180,7 +210,7 @@ func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step 
 		})
 		for s, seq := range seqs {
 			scratch = append(scratch[:0], hidden[s]...)
-			if err := b.Forward(scratch, len(seq), hook); err != nil && !errors.Is(err, errStopForward) {
+			if err := run(b, scratch, len(seq), hook); err != nil && !errors.Is(err, errStopForward) {
 				return err
 			}
 		}
