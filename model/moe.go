@@ -316,9 +316,9 @@ type expertPlan struct {
 	start     []int     // [E+1]
 	token     []int32   // [T·K]: the token of each row
 	rowWeight []float32 // [T·K]: the routing weight of each row
-	pos    []int32   // [T·slots]: the row of Z of each of token t's outputs
-	weight []float32 // [T·slots]: their weights (the shared expert's is filled in later)
-	slots  int       // K, plus one with a shared expert
+	pos       []int32   // [T·slots]: the row of Z of each of token t's outputs
+	weight    []float32 // [T·slots]: their weights (the shared expert's is filled in later)
+	slots     int       // K, plus one with a shared expert
 }
 
 func (r Routes) plan(E int, shared bool) expertPlan {
