@@ -372,33 +372,37 @@ func (m *MoE) forward(out, h []float32, T, hidden int, hook Hook) error {
 	for i, t := range p.token {
 		copy(x[i*hidden:(i+1)*hidden], h[int(t)*hidden:(int(t)+1)*hidden])
 	}
-	g, u := make([]float32, rows*inter), make([]float32, rows*inter)
-	for e, ex := range m.Experts {
+	// Every expert's input is observed before any is computed (and every down input before
+	// any down product), so a pass the hook stops after the last of them computes no more.
+	for e := range m.Experts {
 		a, b := p.start[e], p.start[e+1]
 		if hook != nil {
 			if err := hook(ExpertGateUp(e), m.observe.weighted(x[a*hidden:b*hidden], p.rowWeight[a:b], hidden), b-a, hidden); err != nil {
 				return err
 			}
 		}
-		if a == b {
-			continue
+	}
+	g, u := make([]float32, rows*inter), make([]float32, rows*inter)
+	for e, ex := range m.Experts {
+		if a, b := p.start[e], p.start[e+1]; a < b {
+			ex.Gate.Forward(g[a*inter:b*inter], x[a*hidden:b*hidden], b-a)
+			ex.Up.Forward(u[a*inter:b*inter], x[a*hidden:b*hidden], b-a)
 		}
-		ex.Gate.Forward(g[a*inter:b*inter], x[a*hidden:b*hidden], b-a)
-		ex.Up.Forward(u[a*inter:b*inter], x[a*hidden:b*hidden], b-a)
 	}
 	siluMul(g, u)
-	z := make([]float32, (rows+T)*hidden) // the experts' outputs, then the shared expert's
-	for e, ex := range m.Experts {
+	for e := range m.Experts {
 		a, b := p.start[e], p.start[e+1]
 		if hook != nil {
 			if err := m.observeDown(hook, e, g[a*inter:b*inter], p.rowWeight[a:b], h, T); err != nil {
 				return err
 			}
 		}
-		if a == b {
-			continue
+	}
+	z := make([]float32, (rows+T)*hidden) // the experts' outputs, then the shared expert's
+	for e, ex := range m.Experts {
+		if a, b := p.start[e], p.start[e+1]; a < b {
+			ex.Down.Forward(z[a*hidden:b*hidden], g[a*inter:b*inter], b-a)
 		}
-		ex.Down.Forward(z[a*hidden:b*hidden], g[a*inter:b*inter], b-a)
 	}
 	if m.Shared != nil {
 		if err := m.sharedForward(z[rows*hidden:], p, h, T, hidden, hook); err != nil {

@@ -47,30 +47,47 @@ func (e *GPU) moe(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) er
 	if err != nil {
 		return err
 	}
+	// As MoE.forward: every input observed before any product of its stage.
+	for i := range m.Experts {
+		a, b := p.start[i], p.start[i+1]
+		if hook == nil {
+			break
+		}
+		in, err := obs.rows("gate_up", x.Add(4*a*H), a, b, H)
+		if err != nil {
+			return err
+		}
+		if err := hook(ExpertGateUp(i), in, b-a, H); err != nil {
+			return err
+		}
+	}
 	for i, ex := range m.Experts {
 		a, b := p.start[i], p.start[i+1]
-		xi := x.Add(4 * a * H)
-		if hook != nil {
-			in, err := obs.rows("gate_up", xi, a, b, H)
-			if err != nil {
-				return err
-			}
-			if err := hook(ExpertGateUp(i), in, b-a, H); err != nil {
-				return err
-			}
-		}
 		if a == b {
 			continue
 		}
-		if err := e.linear(gate.Add(4*a*I), xi, g.lin[ex.Gate], b-a); err != nil {
+		if err := e.linear(gate.Add(4*a*I), x.Add(4*a*H), g.lin[ex.Gate], b-a); err != nil {
 			return err
 		}
-		if err := e.linear(up.Add(4*a*I), xi, g.lin[ex.Up], b-a); err != nil {
+		if err := e.linear(up.Add(4*a*I), x.Add(4*a*H), g.lin[ex.Up], b-a); err != nil {
 			return err
 		}
 	}
 	if err := e.elementwise(e.fn.siluMul, n*I, gate, up, int64(n*I)); err != nil {
 		return err
+	}
+	for i := range m.Experts {
+		a, b := p.start[i], p.start[i+1]
+		if hook == nil {
+			break
+		}
+		act, err := obs.rows("down", gate.Add(4*a*I), a, b, I)
+		if err != nil {
+			return err
+		}
+		if err := e.observeDown(hook, g, i, act, b-a, h, rows); err != nil {
+			return err
+		}
 	}
 	z, err := e.floats("moe.z", (n+rows)*H)
 	if err != nil {
@@ -78,15 +95,6 @@ func (e *GPU) moe(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) er
 	}
 	for i, ex := range m.Experts {
 		a, b := p.start[i], p.start[i+1]
-		if hook != nil {
-			act, err := obs.rows("down", gate.Add(4*a*I), a, b, I)
-			if err != nil {
-				return err
-			}
-			if err := e.observeDown(hook, g, i, act, b-a, h, rows); err != nil {
-				return err
-			}
-		}
 		if a == b {
 			continue
 		}
