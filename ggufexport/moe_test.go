@@ -161,7 +161,7 @@ func TestExportMoEF32IsExact(t *testing.T) {
 			if ti, ok := g.Tensor("blk.0.ffn_gate_inp.weight"); !ok || ti.Type != gguf.F32 || ti.Dims[0] != 128 || ti.Dims[1] != 4 {
 				t.Errorf("ffn_gate_inp: %+v", ti)
 			}
-			got, want := ggufPerplexity(t, out, dir, 1), sourcePerplexity(t, dir, dir, 1)
+			got, want := ggufPerplexity(t, out, dir, dir, 1), sourcePerplexity(t, dir, dir, 1)
 			t.Logf("%s: perplexity %.4f", c.family, got)
 			if got != want {
 				t.Fatalf("perplexity of the F32 export %v, source %v", got, want)
@@ -202,7 +202,7 @@ func TestExportMoERepack(t *testing.T) {
 	if merged != 3*4 {
 		t.Errorf("%d merged expert tensors, want 12", merged)
 	}
-	if got, want := ggufPerplexity(t, out, q, 1), sourcePerplexity(t, q, dir, 1); got != want {
+	if got, want := ggufPerplexity(t, out, q, dir, 1), sourcePerplexity(t, q, dir, 1); got != want {
 		t.Fatalf("perplexity of the GGUF %v, of the checkpoint %v", got, want)
 	}
 
