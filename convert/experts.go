@@ -24,6 +24,24 @@ type ExpertOptions struct {
 	RoutingWeighted bool
 }
 
+// ParseExpertCalibration reads --moe-calib (routed, weighted or all) and --moe-min-tokens.
+func ParseExpertCalibration(mode string, minTokens int) (ExpertOptions, error) {
+	o := ExpertOptions{MinTokens: minTokens}
+	switch mode {
+	case "", "routed":
+	case "weighted":
+		o.RoutingWeighted = true
+	case "all":
+		o.AllTokens = true
+	default:
+		return o, fmt.Errorf("--moe-calib %q: want routed, weighted or all", mode)
+	}
+	if minTokens < 0 {
+		return o, fmt.Errorf("--moe-min-tokens %d is negative", minTokens)
+	}
+	return o, nil
+}
+
 // DefaultMinExpertTokens is the fewest routed calibration tokens an expert is calibrated on:
 // below it an expert's Hessian is a few tokens' outer products, which GPTQ would fit closely
 // and generalize from badly, so it is calibrated on every token instead (docs/moe.md).
@@ -117,11 +135,14 @@ func (x *expertRouting) report(what string, b *model.Block, total int) {
 			fallback = append(fallback, fmt.Sprintf("expert %d (%d tokens)", e, n))
 		}
 	}
-	x.logf("%s block %d: calibration tokens routed to experts 0-%d: %s (of %d×%d)\n", what, b.Index, len(b.MoE.Experts)-1,
+	x.logf("%s block %d: calibration tokens routed to experts 0-%d: %s (%d tokens, %d experts each)\n", what, b.Index, len(b.MoE.Experts)-1,
 		strings.Join(counts, " "), total, b.MoE.TopK)
 	switch {
 	case x.opt.AllTokens:
 		x.logf("%s block %d: every expert calibrated on all %d tokens (--moe-calib all)\n", what, b.Index, total)
+	case len(fallback) > 0 && x.opt.RoutingWeighted:
+		x.logf("%s block %d: %s below the minimum of %d: calibrated on all %d tokens instead, unweighted (--moe-min-tokens)\n",
+			what, b.Index, strings.Join(fallback, ", "), x.opt.MinTokens, total)
 	case len(fallback) > 0:
 		x.logf("%s block %d: %s below the minimum of %d: calibrated on all %d tokens instead (--moe-min-tokens)\n",
 			what, b.Index, strings.Join(fallback, ", "), x.opt.MinTokens, total)

@@ -59,7 +59,7 @@ func checkAgainstCPU(t *testing.T, method Method, s quant.Scheme, imatrix, clip 
 	if err != nil {
 		t.Fatal(err)
 	}
-	imp, _, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, func(string, ...any) {})
+	imp, _, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, ExpertOptions{}, func(string, ...any) {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func TestGPUKQuantSameBytes(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if opt.importance, _, err = measureImportance(context.Background(), tiny, calib, DeviceCPU, func(string, ...any) {}); err != nil {
+				if opt.importance, _, err = measureImportance(context.Background(), tiny, calib, DeviceCPU, ExpertOptions{}, func(string, ...any) {}); err != nil {
 					t.Fatal(err)
 				}
 			}
