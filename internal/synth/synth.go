@@ -8,12 +8,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
 
 	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/npy"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
@@ -30,7 +32,13 @@ type Config struct {
 	// Experts, when set, makes every MLP a mixture of that many experts of Intermediate each
 	// (Mixtral's layout and config), ExpertsPerToken of them per token.
 	Experts, ExpertsPerToken int
+	// CalibIDs, when set, also writes calib_ids.npy: that many random token ids, calibration
+	// data for the model (it has no tokenizer).
+	CalibIDs int
 }
+
+// CalibIDsFile is the name of the calibration ids Write adds when Config.CalibIDs is set.
+const CalibIDsFile = "calib_ids.npy"
 
 // Mixtral8x7B is the shape of Mixtral-8x7B.
 var Mixtral8x7B = Config{Layers: 32, Hidden: 4096, Intermediate: 14336, Heads: 32, KVHeads: 8, Vocab: 32000, Experts: 8, ExpertsPerToken: 2}
@@ -41,7 +49,7 @@ var Llama2_7B = Config{Layers: 32, Hidden: 4096, Intermediate: 11008, Heads: 32,
 // Write creates dir with config.json and the weights.
 func Write(dir string, c Config) error {
 	if c.Layers <= 0 || c.Hidden <= 0 || c.Intermediate <= 0 || c.Heads <= 0 || c.KVHeads <= 0 || c.Vocab <= 0 ||
-		c.Hidden%c.Heads != 0 || c.Heads%c.KVHeads != 0 || c.Experts < 0 || (c.Experts > 0 && (c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.Experts)) {
+		c.Hidden%c.Heads != 0 || c.Heads%c.KVHeads != 0 || c.Experts < 0 || c.CalibIDs < 0 || (c.Experts > 0 && (c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.Experts)) {
 		return fmt.Errorf("synth: invalid shape %+v", c)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -52,6 +60,16 @@ func Write(dir string, c Config) error {
 	}
 	if err := writeConfig(dir, c); err != nil {
 		return err
+	}
+	if c.CalibIDs > 0 {
+		r := rand.New(rand.NewPCG(c.Seed, 0x5eed))
+		ids := make([]int32, c.CalibIDs)
+		for i := range ids {
+			ids[i] = int32(r.IntN(c.Vocab))
+		}
+		if err := os.WriteFile(filepath.Join(dir, CalibIDsFile), npy.EncodeInt32s(ids), 0o644); err != nil {
+			return err
+		}
 	}
 	_, err := safetensors.WriteCheckpoint(dir, tensors(c), nil, c.MaxShard)
 	return err

@@ -5,9 +5,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/npy"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
@@ -81,7 +83,7 @@ func TestSeedDeterminesWeights(t *testing.T) {
 // TestWriteExperts: with experts the checkpoint is a Mixtral the engine loads, every block a
 // mixture of experts routed top-k.
 func TestWriteExperts(t *testing.T) {
-	cfg := Config{Layers: 2, Hidden: 64, Intermediate: 48, Heads: 4, KVHeads: 2, Vocab: 100, Seed: 3, Experts: 5, ExpertsPerToken: 2}
+	cfg := Config{Layers: 2, Hidden: 64, Intermediate: 48, Heads: 4, KVHeads: 2, Vocab: 100, Seed: 3, Experts: 5, ExpertsPerToken: 2, CalibIDs: 300}
 	dir := t.TempDir()
 	if err := Write(dir, cfg); err != nil {
 		t.Fatal(err)
@@ -104,6 +106,14 @@ func TestWriteExperts(t *testing.T) {
 	}
 	if logits, err := m.Logits([]int{1, 2, 3}); err != nil || len(logits) != 3*100 {
 		t.Fatalf("forward: %v, %d logits", err, len(logits))
+	}
+	a, err := npy.ReadFile(filepath.Join(dir, CalibIDsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := a.Ints()
+	if err != nil || len(ids) != 300 || slices.Min(ids) < 0 || slices.Max(ids) >= 100 || slices.Min(ids) == slices.Max(ids) {
+		t.Errorf("calibration ids: %d of them in [%d, %d] (%v)", len(ids), slices.Min(ids), slices.Max(ids), err)
 	}
 	if err := Write(t.TempDir(), Config{Layers: 1, Hidden: 32, Intermediate: 8, Heads: 4, KVHeads: 4, Vocab: 8, Experts: 2, ExpertsPerToken: 3}); err == nil {
 		t.Errorf("3 experts per token of 2 should fail")
