@@ -1,126 +1,18 @@
 package ggufexport
 
 import (
-	"encoding/binary"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/qpack-dev/qpack/alloc"
 	"github.com/qpack-dev/qpack/convert"
 	"github.com/qpack-dev/qpack/gguf"
-	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/internal/moetest"
 	"github.com/qpack-dev/qpack/quant"
-	"github.com/qpack-dev/qpack/safetensors"
 )
-
-// moeVariant writes the tiny model as a mixture of experts of the given family (F32): each
-// block's MLP becomes 4 experts, expert e the dense MLP with every weight scaled by its own
-// 1 ± 0.3 noise, routed top-2 by a random router; qwen2_moe adds q/k/v biases and a shared
-// expert (the dense MLP) with its gate, qwen3_moe q/k norms. Deterministic: a fixed seed.
-func moeVariant(t *testing.T, family string, edit func(map[string]any)) string {
-	t.Helper()
-	src := tinyDir(t)
-	dir := copyModel(t, src)
-	in, err := safetensors.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	arch := map[string]string{"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[family]
-	editConfig(t, dir, func(c map[string]any) {
-		c["model_type"], c["architectures"] = family, []string{arch}
-		c["num_local_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"] = 4, 2, 384
-		c["norm_topk_prob"] = family != "qwen2_moe"
-		if family == "qwen2_moe" {
-			c["shared_expert_intermediate_size"] = 384
-		}
-		if edit != nil {
-			edit(c)
-		}
-	})
-	cfg, err := model.LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rand.New(rand.NewPCG(2024, 5))
-	var ts []safetensors.WriterTensor
-	put := func(name string, shape []int, v []float32) {
-		b := make([]byte, 4*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-		}
-		ts = append(ts, safetensors.BytesTensor(name, safetensors.F32, shape, b))
-	}
-	random := func(n int, std, mean float64) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(mean + std*r.NormFloat64())
-		}
-		return v
-	}
-	noisy := func(w []float32) []float32 {
-		out := make([]float32, len(w))
-		for i, x := range w {
-			out[i] = x * float32(1+0.3*r.NormFloat64())
-		}
-		return out
-	}
-	h := cfg.Hidden
-	for _, name := range in.Names() {
-		v, _ := in.Float32(name)
-		shape, _ := in.Shape(name)
-		tn := model.ParseTensorName(name)
-		if !strings.Contains(name, ".mlp.") {
-			put(name, shape, v)
-			continue
-		}
-		if tn.Role != model.RoleMLPGate { // each block's experts are written once, at its gate_proj
-			continue
-		}
-		p := strings.TrimSuffix(name, "gate_proj.weight")
-		up, _ := in.Float32(p + "up_proj.weight")
-		down, _ := in.Float32(p + "down_proj.weight")
-		n := cfg.MoENames(tn.Block, func(string) bool { return family == "mixtral" })
-		put(n.Router+".weight", []int{4, h}, random(4*h, 3/math.Sqrt(float64(h)), 0))
-		for e := range 4 {
-			put(n.Gate[e]+".weight", shape, noisy(v))
-			put(n.Up[e]+".weight", shape, noisy(up))
-			put(n.Down[e]+".weight", []int{shape[1], shape[0]}, noisy(down))
-		}
-		if n.SharedGate != "" {
-			put(n.Shared[0]+".weight", shape, v)
-			put(n.Shared[1]+".weight", shape, up)
-			put(n.Shared[2]+".weight", []int{shape[1], shape[0]}, down)
-			put(n.SharedGate+".weight", []int{1, h}, random(h, 0.1, 0))
-		}
-	}
-	for i := range cfg.Layers {
-		p := "model.layers." + strconv.Itoa(i) + ".self_attn."
-		if family == "qwen2_moe" {
-			kv := cfg.KVHeads * cfg.HeadDim
-			for _, m := range []struct {
-				name string
-				n    int
-			}{{"q_proj", h}, {"k_proj", kv}, {"v_proj", kv}} {
-				put(p+m.name+".bias", []int{m.n}, random(m.n, 0.05, 0))
-			}
-		}
-		if cfg.QKNorm {
-			put(p+"q_norm.weight", []int{cfg.HeadDim}, random(cfg.HeadDim, 0.1, 1))
-			put(p+"k_norm.weight", []int{cfg.HeadDim}, random(cfg.HeadDim, 0.1, 1))
-		}
-	}
-	os.Remove(filepath.Join(dir, "model.safetensors"))
-	if _, err := safetensors.WriteCheckpoint(dir, ts, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 // TestExportMoEF32IsExact: each family's experts merge into ffn_*_exps [experts, N, K] (the
 // router F32, Qwen2-MoE's shared expert and its gate as *_shexp), with the experts' KVs, and
@@ -136,7 +28,7 @@ func TestExportMoEF32IsExact(t *testing.T) {
 		{"mixtral", "llama", 3 + 4*10, 65.010545}, {"qwen2_moe", "qwen2moe", 3 + 4*(10+3+4), 102.098080},
 		{"qwen3_moe", "qwen3moe", 3 + 4*(10+2), 0}} {
 		t.Run(c.family, func(t *testing.T) {
-			dir := moeVariant(t, c.family, nil)
+			dir := moetest.FromDense(t, tinyDir(t), c.family, nil)
 			out := filepath.Join(t.TempDir(), "m.gguf")
 			entries, err := Export(dir, out, Options{Type: "f32", EmbedType: "f32"})
 			if err != nil {
@@ -177,7 +69,7 @@ func TestExportMoEF32IsExact(t *testing.T) {
 // merged expert tensor losslessly as Q4_0; experts of one block with different schemes are
 // refused by name unless --requantize.
 func TestExportMoERepack(t *testing.T) {
-	dir := moeVariant(t, "mixtral", nil)
+	dir := moetest.FromDense(t, tinyDir(t), "mixtral", nil)
 	q := filepath.Join(t.TempDir(), "q")
 	opt := convert.DefaultOptions()
 	opt.Alloc = convert.Uniform(quant.Scheme{Bits: 4, GroupSize: 32, Sym: true})
@@ -240,7 +132,7 @@ func TestExportMoERefusals(t *testing.T) {
 		{"qwen2_moe", "norm_topk_prob is true", func(c map[string]any) { c["norm_topk_prob"] = true }},
 		{"qwen3_moe", "block 0 has a dense MLP", func(c map[string]any) { c["decoder_sparse_step"] = 2 }},
 	} {
-		dir := moeVariant(t, c.family, c.edit)
+		dir := moetest.FromDense(t, tinyDir(t), c.family, c.edit)
 		out := filepath.Join(t.TempDir(), "m.gguf")
 		if _, err := Export(dir, out, Options{}); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want %q", c.family, err, c.want)
