@@ -16,9 +16,12 @@ type Hessian struct {
 	K int       // input features (width of each row of x)
 	N int       // rows accumulated
 	H []float64 // K×K, row-major, symmetric
-
-	xt []float64 // scratch: the last batch transposed (K×rows), kept between calls
 }
+
+// scratch holds the batches transposed by Add (K×rows float64), shared by every Hessian: a
+// mixture of experts accumulates two per expert at once, and a scratch kept by each would hold
+// as much memory again as the Hessians.
+var scratch sync.Pool
 
 // NewHessian returns an empty Hessian for inputs of width k.
 func NewHessian(k int) *Hessian { return &Hessian{K: k, H: make([]float64, k*k)} }
@@ -36,10 +39,15 @@ func (h *Hessian) Add(x []float32, rows, k int) error {
 	if i := fp.FirstNonFinite(x); i >= 0 {
 		return fmt.Errorf("gptq: hessian: activation at row %d, column %d is %g", i/k, i%k, x[i])
 	}
-	h.xt = transpose(h.xt, x, rows, k)
+	buf, _ := scratch.Get().(*[]float64)
+	if buf == nil {
+		buf = new([]float64)
+	}
+	*buf = transpose(*buf, x, rows, k)
 	total := h.N + rows
 	decay, gain := float64(h.N)/float64(total), 2/float64(total)
-	syrkUpper(h.H, h.xt, k, rows, decay, gain)
+	syrkUpper(h.H, *buf, k, rows, decay, gain)
+	scratch.Put(buf)
 	mirrorUpper(h.H, k)
 	h.N = total
 	return nil
