@@ -89,11 +89,27 @@ func (c *Config) maxBlockLinears() int {
 	return n
 }
 
-// linears is how many decoder linears the model has.
+// allLinears is how many linears the blocks have.
+func (c *Config) allLinears() int {
+	n := 0
+	for i := range c.Layers {
+		n += c.blockLinears(i)
+	}
+	return n
+}
+
+// linears is how many decoder linears the model has, routers and shared-expert gates left out
+// (the linears quantization targets, Role.IsLinear): the probe's progress total.
 func (c *Config) linears() int {
 	n := 0
 	for i := range c.Layers {
 		n += c.blockLinears(i)
+		if c.SparseBlock(i) {
+			n-- // the router
+			if c.MoE.SharedIntermediate > 0 {
+				n-- // the shared expert's gate
+			}
+		}
 	}
 	return n
 }

@@ -59,7 +59,7 @@ func linearKL(m *Model, eng probeEngine, slotBytes int64, replace Replacement, m
 	}()
 	perBlock := m.Config.maxBlockLinears()
 	L := m.Config.Layers
-	streams := int(min(int64(m.Config.linears()), max(int64(perBlock), memBytes/slotBytes-2)))
+	streams := int(min(int64(m.Config.allLinears()), max(int64(perBlock), memBytes/slotBytes-2)))
 	resume := streams + 1
 	if err := eng.alloc(streams + 2); err != nil {
 		return nil, err
