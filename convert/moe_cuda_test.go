@@ -42,7 +42,7 @@ func TestGPUExperts(t *testing.T) {
 			if !strings.Contains(log, "block 3: calibration tokens routed to experts 0-3:") || !strings.Contains(log, "on cuda") {
 				t.Errorf("log:\n%s", log)
 			}
-			compareWeightedErrors(t, src, opt, gpuDir, cpuDir)
+			compareWeightedErrors(t, src, opt, gpuDir, cpuDir, 0.05, 4*(4+3*4+3)) // attention, 4 experts, the shared expert
 			ids := filepath.Join(tiny, "heldout_ids.npy")
 			var ppl [2]float64
 			for i, dir := range []string{gpuDir, cpuDir} {
@@ -59,9 +59,9 @@ func TestGPUExperts(t *testing.T) {
 	}
 }
 
-// compareWeightedErrors wants every quantized linear's activation-weighted relative error in
-// gpuDir within 5% of cpuDir's.
-func compareWeightedErrors(t *testing.T, src string, opt Options, gpuDir, cpuDir string) {
+// compareWeightedErrors wants the activation-weighted relative error of each of the want
+// quantized linears of src in gpuDir within tol (relative) of cpuDir's.
+func compareWeightedErrors(t *testing.T, src string, opt Options, gpuDir, cpuDir string, tol float64, want int) {
 	t.Helper()
 	calib, err := opt.calibration(src)
 	if err != nil {
@@ -102,12 +102,12 @@ func compareWeightedErrors(t *testing.T, src string, opt Options, gpuDir, cpuDir
 		cw, _ := cc.Float32(name)
 		eg := quant.WeightedRelativeError(w, gw, info.Shape[0], info.Shape[1], v)
 		ec := quant.WeightedRelativeError(w, cw, info.Shape[0], info.Shape[1], v)
-		if !(eg <= 1.05*ec && ec <= 1.05*eg) {
+		if !(eg <= (1+tol)*ec && ec <= (1+tol)*eg) {
 			t.Errorf("%s: weighted error %.4g after the GPU conversion, %.4g after the CPU's", name, eg, ec)
 		}
 		compared++
 	}
-	if want := 4 * (4 + 3*4 + 3); compared != want { // attention, 4 experts, the shared expert
+	if compared != want {
 		t.Errorf("compared %d linears, want %d", compared, want)
 	}
 }

@@ -263,17 +263,36 @@ func TestGPUCalibrateMatchesCPU(t *testing.T) {
 
 func testGPUCalibrate(t *testing.T, js string, trueSeq bool, experts ExpertObservation) {
 	cfg := mustConfig(t, strings.Replace(js, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
+	opt := CalibrateOptions{TrueSequential: trueSeq, Experts: experts}
+	compareGPUCalibration(t, cfg, false, opt, opt)
+}
+
+// TestGPUObserveOnlyMatchesCPU: an observe-only calibration on the GPU (one pass per block)
+// sees the same group inputs as the CPU's two-pass calibration with unchanged weights.
+func TestGPUObserveOnlyMatchesCPU(t *testing.T) {
+	for _, tc := range gpuTestConfigs {
+		t.Run(tc.name, func(t *testing.T) {
+			compareGPUCalibration(t, mustConfig(t, tc.json), tc.bias, CalibrateOptions{}, CalibrateOptions{ObserveOnly: true})
+		})
+	}
+}
+
+// compareGPUCalibration calibrates a fresh random model of cfg on the CPU with cpuOpt and on the
+// GPU with gpuOpt (in chunks of 50 tokens), each observer replacing the weights it updates
+// unless gpuOpt observes only, and wants every group's Gram matrix of the two within 1e-5.
+func compareGPUCalibration(t *testing.T, cfg *Config, bias bool, cpuOpt, gpuOpt CalibrateOptions) {
 	e := openGPU(t, cfg, GPUOptions{}, 50)
 	r := freshRand(t)
-	w := randomWeights(cfg, false, !cfg.TieEmbeddings, r)
+	w := randomWeights(cfg, bias, !cfg.TieEmbeddings, r)
 	seqs := make([][]int, 5)
 	for i := range seqs {
 		seqs[i] = randomIDs(r, 23, cfg.Vocab)
 	}
 	onCPU, onGPU := newGramRecorder(e), newGramRecorder(e)
+	onCPU.observeOnly, onGPU.observeOnly = gpuOpt.ObserveOnly, gpuOpt.ObserveOnly
 	for _, run := range []func(m *Model) error{
-		func(m *Model) error { return Calibrate(m, seqs, onCPU, CalibrateOptions{TrueSequential: trueSeq}) },
-		func(m *Model) error { return e.Calibrate(m, seqs, onGPU, CalibrateOptions{TrueSequential: trueSeq}) },
+		func(m *Model) error { return Calibrate(m, seqs, onCPU, cpuOpt) },
+		func(m *Model) error { return e.Calibrate(m, seqs, onGPU, gpuOpt) },
 	} {
 		m, err := Load(cfg, w)
 		if err != nil {
@@ -290,45 +309,6 @@ func testGPUCalibrate(t *testing.T, js string, trueSeq bool, experts ExpertObser
 		if rel := relativeDiff(onGPU.grams[key], want); !(rel < 1e-5) {
 			t.Errorf("%s: Gram matrix relative error %.2e", key, rel)
 		}
-	}
-}
-
-// TestGPUObserveOnlyMatchesCPU: an observe-only calibration on the GPU (one pass per block)
-// sees the same group inputs as the CPU's two-pass calibration with unchanged weights.
-func TestGPUObserveOnlyMatchesCPU(t *testing.T) {
-	for _, tc := range gpuTestConfigs {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := mustConfig(t, tc.json)
-			e := openGPU(t, cfg, GPUOptions{}, 50)
-			r := freshRand(t)
-			w := randomWeights(cfg, tc.bias, !cfg.TieEmbeddings, r)
-			seqs := make([][]int, 5)
-			for i := range seqs {
-				seqs[i] = randomIDs(r, 23, cfg.Vocab)
-			}
-			onCPU, onGPU := newGramRecorder(e), newGramRecorder(e)
-			onCPU.observeOnly, onGPU.observeOnly = true, true
-			for _, run := range []func(m *Model) error{
-				func(m *Model) error { return Calibrate(m, seqs, onCPU, CalibrateOptions{}) },
-				func(m *Model) error { return e.Calibrate(m, seqs, onGPU, CalibrateOptions{ObserveOnly: true}) },
-			} {
-				m, err := Load(cfg, w)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := run(m); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if len(onGPU.grams) != groupCount(cfg) {
-				t.Fatalf("GPU calibration observed %d groups, want %d", len(onGPU.grams), groupCount(cfg))
-			}
-			for key, want := range onCPU.cpu {
-				if rel := relativeDiff(onGPU.grams[key], want); !(rel < 1e-5) {
-					t.Errorf("%s: Gram matrix relative error %.2e", key, rel)
-				}
-			}
-		})
 	}
 }
 

@@ -445,11 +445,16 @@ func (m *MoE) observeDown(hook Hook, e int, act []float32, weights []float32, h 
 	if !m.observe.allTokens(e) {
 		return hook(ExpertDown(e), m.observe.weighted(act, weights, x.Down.In), len(weights), x.Down.In)
 	}
+	return hook(ExpertDown(e), x.activation(h, T), T, x.Down.In)
+}
+
+// activation is silu(gate(h))·up(h) for h [T, Hidden]: the expert's down input.
+func (x *Expert) activation(h []float32, T int) []float32 {
 	g, u := make([]float32, T*x.Gate.Out), make([]float32, T*x.Up.Out)
 	x.Gate.Forward(g, h, T)
 	x.Up.Forward(u, h, T)
 	siluMul(g, u)
-	return hook(ExpertDown(e), g, T, x.Down.In)
+	return g
 }
 
 // weighted returns the rows of x [len(w), cols] as observed: x itself, or under WeightPower p
@@ -472,10 +477,7 @@ func (o expertObserver) weighted(x, w []float32, cols int) []float32 {
 // sigmoid(SharedGate·h), into p (Qwen2-MoE).
 func (m *MoE) sharedForward(y []float32, p expertPlan, h []float32, T, hidden int, hook Hook) error {
 	x := m.Shared
-	g, u := make([]float32, T*x.Gate.Out), make([]float32, T*x.Up.Out)
-	x.Gate.Forward(g, h, T)
-	x.Up.Forward(u, h, T)
-	siluMul(g, u)
+	g := x.activation(h, T)
 	if err := callHook(hook, GroupDown, g, T, x.Down.In); err != nil {
 		return err
 	}

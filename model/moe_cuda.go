@@ -118,25 +118,32 @@ func (e *GPU) observeDown(hook GPUHook, g *gpuBlock, i int, act cuda.DevicePtr, 
 	if !m.observe.allTokens(i) {
 		return hook(ExpertDown(i), act, n, x.Down.In)
 	}
-	I := x.Gate.Out
-	gate, err := e.floats("moe.all.gate", rows*I)
+	act, err := e.expertActivation(x, g, h, rows, "moe.all")
 	if err != nil {
 		return err
 	}
-	up, err := e.floats("moe.all.up", rows*I)
+	return hook(ExpertDown(i), act, rows, x.Down.In)
+}
+
+// expertActivation computes silu(gate(h))·up(h) of expert x for h [rows, Hidden] into the
+// work buffers name.gate (returned) and name.up.
+func (e *GPU) expertActivation(x *Expert, g *gpuBlock, h cuda.DevicePtr, rows int, name string) (cuda.DevicePtr, error) {
+	I := x.Gate.Out
+	gate, err := e.floats(name+".gate", rows*I)
 	if err != nil {
-		return err
+		return 0, err
+	}
+	up, err := e.floats(name+".up", rows*I)
+	if err != nil {
+		return 0, err
 	}
 	if err := e.linear(gate, h, g.lin[x.Gate], rows); err != nil {
-		return err
+		return 0, err
 	}
 	if err := e.linear(up, h, g.lin[x.Up], rows); err != nil {
-		return err
+		return 0, err
 	}
-	if err := e.elementwise(e.fn.siluMul, rows*I, gate, up, int64(rows*I)); err != nil {
-		return err
-	}
-	return hook(ExpertDown(i), gate, rows, I)
+	return gate, e.elementwise(e.fn.siluMul, rows*I, gate, up, int64(rows*I))
 }
 
 // observedExperts makes the rows an expert's groups observe: the routed rows themselves, or
@@ -215,25 +222,11 @@ func (e *GPU) routeOnHost(h cuda.DevicePtr, g *gpuBlock, rows int) (expertPlan, 
 // sharedExpert writes the shared expert's outputs for h [rows, Hidden] into y.
 func (e *GPU) sharedExpert(y, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) error {
 	x := g.b.MoE.Shared
-	I := x.Gate.Out
-	gate, err := e.floats("moe.shared.gate", rows*I)
+	gate, err := e.expertActivation(x, g, h, rows, "moe.shared")
 	if err != nil {
 		return err
 	}
-	up, err := e.floats("moe.shared.up", rows*I)
-	if err != nil {
-		return err
-	}
-	if err := e.linear(gate, h, g.lin[x.Gate], rows); err != nil {
-		return err
-	}
-	if err := e.linear(up, h, g.lin[x.Up], rows); err != nil {
-		return err
-	}
-	if err := e.elementwise(e.fn.siluMul, rows*I, gate, up, int64(rows*I)); err != nil {
-		return err
-	}
-	if err := callGPUHook(hook, GroupDown, gate, rows, I); err != nil {
+	if err := callGPUHook(hook, GroupDown, gate, rows, x.Down.In); err != nil {
 		return err
 	}
 	return e.linear(y, gate, g.lin[x.Down], rows)
