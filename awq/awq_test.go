@@ -68,11 +68,26 @@ func randomModel(t *testing.T, js string, bias bool, r *rand.Rand) *model.Model 
 			ones(p+"self_attn.q_norm.weight", hd)
 			ones(p+"self_attn.k_norm.weight", hd)
 		}
-		for _, l := range []struct {
+		type linear struct {
 			name    string
 			out, in int
-		}{{"self_attn.q_proj", q, h}, {"self_attn.k_proj", kv, h}, {"self_attn.v_proj", kv, h}, {"self_attn.o_proj", h, q},
-			{"mlp.gate_proj", cfg.Intermediate, h}, {"mlp.up_proj", cfg.Intermediate, h}, {"mlp.down_proj", h, cfg.Intermediate}} {
+		}
+		linears := []linear{{"self_attn.q_proj", q, h}, {"self_attn.k_proj", kv, h}, {"self_attn.v_proj", kv, h}, {"self_attn.o_proj", h, q},
+			{"mlp.gate_proj", cfg.Intermediate, h}, {"mlp.up_proj", cfg.Intermediate, h}, {"mlp.down_proj", h, cfg.Intermediate}}
+		if cfg.SparseBlock(i) {
+			n, mi, si := cfg.MoENames(i, func(string) bool { return false }), cfg.MoE.Intermediate, cfg.MoE.SharedIntermediate
+			linears = append(linears[:4], linear{n.Router, cfg.MoE.Experts, h})
+			for e := range cfg.MoE.Experts {
+				linears = append(linears, linear{n.Gate[e], mi, h}, linear{n.Up[e], mi, h}, linear{n.Down[e], h, mi})
+			}
+			if si > 0 {
+				linears = append(linears, linear{n.Shared[0], si, h}, linear{n.Shared[1], si, h}, linear{n.Shared[2], h, si}, linear{n.SharedGate, 1, h})
+			}
+			for j := 4; j < len(linears); j++ {
+				linears[j].name = strings.TrimPrefix(linears[j].name, p)
+			}
+		}
+		for _, l := range linears {
 			set(p+l.name+".weight", 1/math.Sqrt(float64(l.in)), l.out, l.in)
 			if bias && (l.name == "self_attn.q_proj" || l.name == "self_attn.k_proj" || l.name == "self_attn.v_proj") {
 				set(p+l.name+".bias", 0.1, l.out)
@@ -116,6 +131,33 @@ func assertLogitsClose(t *testing.T, got, want []float32, tol float64) {
 	if rel := math.Sqrt(num / den); !(rel <= tol) {
 		t.Errorf("logits changed by folding: relative difference %.3g > %.g", rel, tol)
 	}
+}
+
+// Folding the scales into a mixture of experts (router, shared expert and every expert's gate/up
+// behind the post-attention norm; each expert's down behind its up) leaves its function unchanged.
+func TestFoldKeepsLogitsMoE(t *testing.T) {
+	js := `{"model_type": "qwen2_moe", "hidden_size": 64, "intermediate_size": 80, "num_hidden_layers": 2,
+		"num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 89, "num_experts": 5,
+		"num_experts_per_tok": 2, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40}`
+	r := rand.New(rand.NewPCG(9, 3))
+	m := randomModel(t, js, true, r)
+	ids := make([]int, 23)
+	for i := range ids {
+		ids[i] = r.IntN(m.Config.Vocab)
+	}
+	want, err := m.Logits(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// qkv, o (no GQA), the gate/up of the router, shared expert and 5 experts, 5 downs, the shared down
+	if pairs := foldRandomScales(t, m, r); pairs != 2*(3+5+1) {
+		t.Errorf("%d pairs scaled, want %d", pairs, 2*(3+5+1))
+	}
+	got, err := m.Logits(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertLogitsClose(t, got, want, 5e-6)
 }
 
 // Folding the scales leaves the unquantized model's function unchanged, for every family.

@@ -4,21 +4,43 @@ import "github.com/qpack-dev/qpack/model"
 
 // Pair is a group of linears that share one input, with the op before them that absorbs 1/s:
 // an RMSNorm weight (Norm) or a linear whose output rows are the group's input channels (Prev).
+// Also lists more groups that read the same input (Group's, or rows of it) and so are scaled
+// with it: the experts' gate/up behind a mixture of experts' post-attention norm.
 type Pair struct {
 	Group model.Group
+	Also  []model.Group
 	Norm  []float32
 	Prev  *model.Linear
 }
 
-// Pairs lists what AWQ scales in a block (docs/reference/algorithms.md §2.3): input norm → q/k/v; v → o only
-// when o's input is v's output channel for channel (no GQA), as AutoAWQ does; post-attention
-// norm → gate/up; up → down.
+// Groups is the pair's group followed by Also.
+func (p Pair) Groups() []model.Group { return append([]model.Group{p.Group}, p.Also...) }
+
+// Pairs lists what AWQ scales in a block (docs/reference/algorithms.md §2.3): input norm →
+// q/k/v; v → o only when o's input is v's output channel for channel (no GQA), as AutoAWQ does;
+// post-attention norm → gate/up; up → down. In a mixture of experts the post-attention norm
+// scales the router, the shared expert's gate/up and every expert's gate/up with one scale (as
+// AutoAWQ's Mixtral does), and each expert's up scales its own down.
 func Pairs(b *model.Block) []Pair {
 	pairs := []Pair{{Group: model.GroupQKV, Norm: b.InputNorm}}
 	if b.V.Out == b.O.In {
 		pairs = append(pairs, Pair{Group: model.GroupO, Prev: b.V})
 	}
-	return append(pairs, Pair{Group: model.GroupGateUp, Norm: b.PostAttnNorm}, Pair{Group: model.GroupDown, Prev: b.Up})
+	if b.MoE == nil {
+		return append(pairs, Pair{Group: model.GroupGateUp, Norm: b.PostAttnNorm}, Pair{Group: model.GroupDown, Prev: b.Up})
+	}
+	gateUp := Pair{Group: model.GroupGateUp, Norm: b.PostAttnNorm}
+	for e := range b.MoE.Experts {
+		gateUp.Also = append(gateUp.Also, model.ExpertGateUp(e))
+	}
+	pairs = append(pairs, gateUp)
+	for e, x := range b.MoE.Experts {
+		pairs = append(pairs, Pair{Group: model.ExpertDown(e), Prev: x.Up})
+	}
+	if sh := b.MoE.Shared; sh != nil {
+		pairs = append(pairs, Pair{Group: model.GroupDown, Prev: sh.Up})
+	}
+	return pairs
 }
 
 // Fold scales the pair's input channels by s: the preceding op's outputs (and bias) are divided
@@ -34,7 +56,9 @@ func Fold(b *model.Block, p Pair, s []float32) {
 			DivideRows(p.Prev.Bias, p.Prev.Out, 1, s)
 		}
 	}
-	for _, l := range b.Linears(p.Group) {
-		ScaleColumns(l.W, l.Out, l.In, s)
+	for _, g := range p.Groups() {
+		for _, l := range b.Linears(g) {
+			ScaleColumns(l.W, l.Out, l.In, s)
+		}
 	}
 }

@@ -111,13 +111,14 @@ func (s *awqScaler) close() {
 }
 
 // foldable says whether a block tensor is one that folding scales can change: the two norms and
-// the seven linears' weights and biases.
+// the linears' weights and biases (a mixture of experts' router, experts and shared expert with
+// its gate included).
 func foldable(name string) bool {
 	t := model.ParseTensorName(name)
-	if t.Block < 0 || t.Expert >= 0 {
+	if t.Block < 0 {
 		return false
 	}
-	if t.Role.IsLinear() {
+	if t.Role.IsLinear() || t.Role == model.RoleRouter || strings.HasSuffix(t.Module, ".shared_expert_gate") {
 		return t.Param == "weight" || t.Param == "bias"
 	}
 	return strings.HasSuffix(name, ".input_layernorm.weight") || strings.HasSuffix(name, ".post_attention_layernorm.weight")
@@ -139,15 +140,18 @@ func (s *awqScaler) calibrate(m *model.Model, seqs [][]int, opt model.CalibrateO
 	}
 	stride := max(total/s.tokens, 1)
 	s.total = total
-	opt.Steps = [][]model.Group{model.Groups}
-	opt.ObserveOnly = !s.gptq
-	if s.gptq {
-		gsteps := [][]model.Group{model.Groups}
-		if opt.TrueSequential {
-			gsteps = [][]model.Group{{model.GroupQKV}, {model.GroupO}, {model.GroupGateUp}, {model.GroupDown}}
+	trueSequential := opt.TrueSequential
+	opt.Steps = func(b *model.Block) [][]model.Group {
+		steps := [][]model.Group{b.Groups()}
+		if !s.gptq {
+			return steps
 		}
-		opt.Steps = append(opt.Steps, gsteps...)
+		if trueSequential {
+			return append(steps, b.Stages()...)
+		}
+		return append(steps, b.Groups())
 	}
+	opt.ObserveOnly = !s.gptq
 	s.stride = stride
 	start := time.Now()
 	var err error
@@ -178,7 +182,9 @@ func (s *awqScaler) Observe(block int, g model.Group, x []float32, rows, cols in
 	if in.Inputs == nil {
 		in = hostInputs{&awq.Inputs{Stride: s.stride}}
 		s.inputs[key] = in
+		s.r.experts.start(block, g)
 	}
+	s.r.experts.add(block, g, rows)
 	if err := in.Add(x, rows, cols); err != nil {
 		return fmt.Errorf("input of %s: %w", strings.Join(g.Modules(), ", "), err)
 	}
@@ -201,7 +207,9 @@ func (s *awqScaler) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, rows,
 			return fmt.Errorf("block %d, input of %s: %w", block, strings.Join(g.Modules(), ", "), err)
 		}
 		s.inputs[key] = in
+		s.r.experts.start(block, g)
 	}
+	s.r.experts.add(block, g, rows)
 	return in.in.Add(s.r.gpu.e, s.gpu, x, rows)
 }
 
@@ -235,6 +243,7 @@ func (s *awqScaler) Update(b *model.Block, groups []model.Group) error {
 		// The next block's pass overwrites the inputs: the searches must be done with them.
 		defer s.gpu.Synchronize()
 	}
+	s.r.experts.report("awq", b, s.total)
 	if err := s.scaleBlock(b); err != nil {
 		s.r.fail(err)
 		return err
@@ -242,17 +251,17 @@ func (s *awqScaler) Update(b *model.Block, groups []model.Group) error {
 	s.deliverKept(b)
 	if s.gptq {
 		s.scaled[b.Index] = true
-		s.dropInputs(b.Index)
+		s.dropInputs(b)
 		return nil
 	}
 	err := s.quantizeBlock(b)
-	s.dropInputs(b.Index)
+	s.dropInputs(b)
 	return err
 }
 
-func (s *awqScaler) dropInputs(block int) {
-	for _, g := range model.Groups {
-		delete(s.inputs, hessianKey(block, g))
+func (s *awqScaler) dropInputs(b *model.Block) {
+	for _, g := range b.Groups() {
+		delete(s.inputs, hessianKey(b.Index, g))
 	}
 }
 
@@ -264,11 +273,15 @@ func (s *awqScaler) scaleBlock(b *model.Block) error {
 	pairs := awq.Pairs(b)
 	scales := make([][]float32, len(pairs))
 	for i, p := range pairs {
-		ls := s.linears(b, p.Group)
+		var ls []awq.Linear
+		var block []*model.Linear
+		for _, g := range p.Groups() {
+			ls, block = append(ls, s.linears(b, g)...), append(block, b.Linears(g)...)
+		}
 		if !anyPlanned(ls) {
 			continue
 		}
-		s.onGPU(b.Linears(p.Group), ls)
+		s.onGPU(block, ls)
 		in := s.inputs[hessianKey(b.Index, p.Group)]
 		if in == nil || in.rows() == 0 {
 			return fmt.Errorf("block %d: no calibration inputs reached %s", b.Index, p.Group)
@@ -291,8 +304,12 @@ func (s *awqScaler) scaleBlock(b *model.Block) error {
 			continue
 		}
 		awq.Fold(b, p, sc)
-		if err := s.inputs[hessianKey(b.Index, p.Group)].divide(sc); err != nil {
-			return err
+		for _, g := range p.Groups() {
+			if in := s.inputs[hessianKey(b.Index, g)]; in != nil {
+				if err := in.divide(sc); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil
@@ -332,10 +349,11 @@ func anyPlanned(ls []awq.Linear) bool {
 }
 
 // quantizeBlock clips (all but q and k, whose errors meet in the q·k product) and quantizes each
-// planned linear of the scaled block, puts the dequantized weights back and delivers them.
+// planned linear of the scaled block, puts the dequantized weights back and delivers them. An
+// expert calibrated on every token clips its gate/up on every token's inputs.
 func (s *awqScaler) quantizeBlock(b *model.Block) error {
-	for _, g := range model.Groups {
-		in := s.inputs[hessianKey(b.Index, g)]
+	for _, g := range b.Groups() {
+		in := s.inputs[hessianKey(b.Index, s.r.experts.source(b.Index, g))]
 		for _, l := range s.linears(b, g) {
 			if l.Scheme == nil {
 				continue
@@ -367,7 +385,7 @@ func (s *awqScaler) quantizeLinear(b *model.Block, l awq.Linear, in groupInputs)
 	if err != nil {
 		return err
 	}
-	ml, err := b.Linear(l.Name[strings.LastIndexByte(l.Name, '.')+1:])
+	ml, err := b.Linear(l.Name)
 	if err != nil {
 		return err
 	}
@@ -391,11 +409,9 @@ func (s *awqScaler) deliverKept(b *model.Block) {
 	}
 	send(p+"input_layernorm.weight", b.InputNorm)
 	send(p+"post_attention_layernorm.weight", b.PostAttnNorm)
-	for _, g := range model.Groups {
-		for _, l := range b.Linears(g) {
-			send(l.Name+".weight", l.W)
-			send(l.Name+".bias", l.Bias)
-		}
+	for _, l := range b.AllLinears() {
+		send(l.Name+".weight", l.W)
+		send(l.Name+".bias", l.Bias)
 	}
 }
 

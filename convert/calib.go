@@ -71,11 +71,13 @@ type channelEnergy struct {
 	blocks  int               // blocks in the model, for the progress lines
 	logf    func(format string, args ...any)
 	ctx     context.Context // stops the pass between blocks when done
+	experts *expertRouting  // which experts' statistics come from every token
+	total   int             // calibration tokens
 }
 
-func newChannelEnergy(ctx context.Context, blocks int, logf func(format string, args ...any)) *channelEnergy {
+func newChannelEnergy(ctx context.Context, blocks, total int, experts ExpertOptions, logf func(format string, args ...any)) *channelEnergy {
 	return &channelEnergy{sums: map[string][]float64{}, abs: map[string][]float64{}, tokens: map[string]int{}, modules: map[string]string{},
-		blocks: blocks, logf: logf, ctx: ctx}
+		blocks: blocks, logf: logf, ctx: ctx, experts: newExpertRouting(experts, logf), total: total}
 }
 
 func energyKey(block int, g model.Group) string { return fmt.Sprintf("%d/%s", block, g) }
@@ -87,7 +89,9 @@ func (e *channelEnergy) Observe(block int, g model.Group, x []float32, rows, col
 		s = make([]float64, cols)
 		e.sums[key] = s
 		e.abs[key] = make([]float64, cols)
+		e.experts.start(block, g)
 	}
+	e.experts.add(block, g, rows)
 	if err := model.AddChannelStats(s, e.abs[key], x, rows, cols); err != nil {
 		return fmt.Errorf("block %d, input of %s: %w", block, g, err)
 	}
@@ -95,11 +99,13 @@ func (e *channelEnergy) Observe(block int, g model.Group, x []float32, rows, col
 	return nil
 }
 
-// Update records which modules read each observed input; the weights stay as they are.
+// Update records which modules read each observed input (an expert calibrated on every token
+// reads GroupGateUp's); the weights stay as they are.
 func (e *channelEnergy) Update(b *model.Block, groups []model.Group) error {
+	e.experts.report("plan", b, e.total)
 	for _, g := range groups {
 		for _, l := range b.Linears(g) {
-			e.modules[l.Name] = energyKey(b.Index, g)
+			e.modules[l.Name] = energyKey(b.Index, e.experts.source(b.Index, g))
 		}
 	}
 	e.logf("plan: activation statistics of block %d/%d\n", b.Index+1, e.blocks)
@@ -146,7 +152,9 @@ func (g *gpuChannelEnergy) ObserveGPU(block int, gr model.Group, x cuda.DevicePt
 			return err
 		}
 		g.sums[key], g.abs[key] = make([]float64, cols), make([]float64, cols)
+		g.experts.start(block, gr)
 	}
+	g.experts.add(block, gr, rows)
 	g.tokens[key] += rows
 	return g.e.AddChannelStats(p, p.Add(8*cols), x, rows, cols)
 }
@@ -195,7 +203,7 @@ func firstNonFinite64(v []float64) int {
 // measureImportance runs the model over the calibration sequences — on the GPU when device
 // allows, each block once (observing only) — and returns each decoder linear's input-channel
 // energy (mean x²) and mean |x|, logging a line per block.
-func measureImportance(ctx context.Context, src string, c *Calibration, device string, logf func(format string, args ...any)) (energy, meanAbs map[string][]float32, err error) {
+func measureImportance(ctx context.Context, src string, c *Calibration, device string, experts ExpertOptions, logf func(format string, args ...any)) (energy, meanAbs map[string][]float32, err error) {
 	m, err := model.Open(src)
 	if err != nil {
 		return nil, nil, err
@@ -209,8 +217,8 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device s
 		return nil, nil, err
 	}
 	start, where := time.Now(), "the CPU"
-	e := newChannelEnergy(ctx, m.Config.Layers, logf)
-	opt := model.CalibrateOptions{ReleaseBlocks: true, ObserveOnly: true}
+	e := newChannelEnergy(ctx, m.Config.Layers, len(c.seqs)*c.SeqLen, experts, logf)
+	opt := model.CalibrateOptions{ReleaseBlocks: true, ObserveOnly: true, Experts: e.experts.observation()}
 	if dev == nil {
 		err = model.Calibrate(m, c.seqs, e, opt)
 	} else {

@@ -67,7 +67,7 @@ func quantConfig(f packing.Format, items []Item) packing.Config {
 	c := packing.Config{Format: f.Name(), Scheme: main}
 	for _, it := range items {
 		isWeight := strings.HasSuffix(it.Info.Name, ".weight") && len(it.Info.Shape) == 2
-		if it.Scheme == nil && isWeight && (it.Role.IsLinear() || it.Role == model.RoleClassifier) {
+		if it.Scheme == nil && isWeight && keptLinear(it) {
 			c.Ignore = append(c.Ignore, it.Module)
 		}
 		if it.Scheme != nil && it.Role == model.RoleClassifier {
@@ -75,6 +75,18 @@ func quantConfig(f packing.Format, items []Item) packing.Config {
 		}
 	}
 	return c
+}
+
+// keptLinear says whether an item is a linear module that loaders would quantize unless told
+// not to: a decoder linear, lm_head, a mixture of experts' router, a shared expert's gate.
+func keptLinear(it Item) bool {
+	switch it.Role {
+	case model.RoleClassifier, model.RoleRouter:
+		return true
+	case model.RoleOther:
+		return strings.HasSuffix(it.Module, ".shared_expert_gate")
+	}
+	return it.Role.IsLinear()
 }
 
 // writeModelConfigs writes config.json with its quantization_config (and, for GPTQ, the same

@@ -160,9 +160,12 @@ type ggufPlan struct {
 // types and the types of token_embd and output, and checks that they fit, all before any
 // expensive work.
 func prepareGGUF(ck *safetensors.Checkpoint, opt *Options) (*ggufPlan, error) {
-	l, err := ggufexport.NewLayout(ck.Dir, opt.GGUF.TokenizerPre)
+	l, err := ggufexport.NewLayout(ck.Dir, opt.GGUF.TokenizerPre, func(name string) bool { _, ok := ck.Info(name); return ok })
 	if err != nil {
 		return nil, err
+	}
+	if l.Config.IsMoE() {
+		return nil, fmt.Errorf("%s: --format gguf does not write a mixture of experts yet (llama.cpp merges each block's experts into one tensor per projection); convert with --format qpack, then `qpack export gguf`, which merges them", ck.Dir)
 	}
 	p := &ggufPlan{layout: l, roleOf: map[string]ggufexport.Role{}, name: opt.GGUF.Name}
 	var tensors []ftype.Tensor

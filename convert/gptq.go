@@ -49,6 +49,8 @@ type blockRunner struct {
 	ctx     context.Context // the conversion's: result stops waiting when it is done
 	awq     *awqScaler      // set for --method awq and awq+gptq: it drives the calibration
 	gpuPeak uint64          // the most GPU memory in use during a calibration on the GPU
+	experts *expertRouting  // which experts are calibrated on which tokens
+	tokens  int             // calibration tokens, for the experts' log lines
 
 	mu      sync.Mutex
 	results map[string]chan gptqResult
@@ -58,7 +60,8 @@ type blockRunner struct {
 // each one against the method before any calibration (Method.Takes, and GPTQ's row lengths).
 func newBlockRunner(opt Options, items []Item, logf func(string, ...any)) (*blockRunner, error) {
 	r := &blockRunner{method: opt.Method, schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
-		results: map[string]chan gptqResult{}, ctx: opt.context(), opt: opt.gptq(), globals: opt.globals}
+		results: map[string]chan gptqResult{}, ctx: opt.context(), opt: opt.gptq(), globals: opt.globals,
+		experts: newExpertRouting(opt.Experts, logf)}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue
@@ -112,7 +115,8 @@ func (r *blockRunner) run(src string, calib *Calibration, trueSequential bool) {
 	m, err := model.Open(src)
 	if err == nil {
 		defer m.Close()
-		opt := model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true}
+		r.tokens = calib.Samples * calib.SeqLen
+		opt := model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true, Experts: r.experts.observation()}
 		if r.awq != nil {
 			err = r.awq.calibrate(m, calib.seqs, opt)
 		} else if r.dev != nil {
@@ -152,6 +156,11 @@ func (r *blockRunner) Observe(block int, g model.Group, x []float32, rows, cols 
 	if h == nil {
 		h = gptq.NewHessian(cols)
 		r.hess[key] = h
+		r.experts.start(block, g)
+	}
+	r.experts.add(block, g, rows)
+	if rows == 0 { // an expert no token of this sequence was routed to
+		return nil
 	}
 	if err := h.Add(x, rows, cols); err != nil {
 		return fmt.Errorf("block %d, input of %s: %w", block, g, err)
@@ -160,23 +169,65 @@ func (r *blockRunner) Observe(block int, g model.Group, x []float32, rows, cols 
 }
 
 // Update quantizes each planned linear of the groups with its group's Hessian and puts the
-// dequantized weights back, so the next groups and blocks see the quantization error.
+// dequantized weights back, so the next groups and blocks see the quantization error. The
+// gate/up of an expert calibrated on every token use GroupGateUp's Hessian (expertRouting).
 func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 	if r.gpu != nil {
 		defer func(start time.Time) { r.gpu.solve += time.Since(start) }(time.Now())
 	}
-	for _, g := range groups {
-		solve, release, err := r.hessianOf(b.Index, g)
-		if err != nil {
+	sources := make([]model.Group, len(groups))
+	users := map[model.Group]int{}
+	for i, g := range groups {
+		sources[i] = r.experts.source(b.Index, g)
+		users[sources[i]]++
+		if _, ok := g.Expert(); ok {
+			r.experts.report(r.method.String(), b, r.tokens)
+		}
+	}
+	solves := map[model.Group]solveFunc{}
+	releases := map[model.Group]func(){}
+	defer func() {
+		for _, release := range releases {
+			release()
+		}
+	}()
+	for i, g := range groups {
+		src := sources[i]
+		if solves[src] == nil {
+			solve, release, err := r.hessianOf(b.Index, src)
+			if err != nil {
+				return err
+			}
+			solves[src], releases[src] = solve, release
+		}
+		if err := r.updateGroup(b, g, solves[src]); err != nil {
 			return err
 		}
-		err = r.updateGroup(b, g, solve)
-		release() // K² values: free as soon as the group is done
-		if err != nil {
-			return err
+		if users[src]--; users[src] == 0 { // K² values: free as soon as their groups are done
+			releases[src]()
+			delete(releases, src)
+		}
+	}
+	for _, g := range groups { // the routed Hessians of experts calibrated on every token
+		if src := r.experts.source(b.Index, g); src != g {
+			r.dropHessian(b.Index, g)
 		}
 	}
 	return nil
+}
+
+// dropHessian frees the Hessian gathered for group g of block, when another group's is used.
+func (r *blockRunner) dropHessian(block int, g model.Group) {
+	key := hessianKey(block, g)
+	if r.gpu != nil {
+		if gr := r.gpu.grams[key]; gr != nil {
+			r.gpu.e.Synchronize()
+			r.dev.Free(gr.sum)
+			delete(r.gpu.grams, key)
+		}
+		return
+	}
+	delete(r.hess, key)
 }
 
 // solveFunc runs GPTQ on one linear with its group's Hessian; global is an NVFP4 linear's
@@ -191,7 +242,7 @@ func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), er
 	}
 	key := hessianKey(block, g)
 	h := r.hess[key]
-	if h == nil {
+	if h == nil || h.N == 0 {
 		return nil, nil, fmt.Errorf("block %d: no calibration inputs reached %s", block, g)
 	}
 	delete(r.hess, key)

@@ -72,9 +72,14 @@ func (r *blockRunner) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, row
 		}
 		gr = &deviceGram{sum: p, k: cols}
 		r.gpu.grams[key] = gr
+		r.experts.start(block, g)
 		if err := r.dev.Fill32(p, 0, cols*cols); err != nil {
 			return err
 		}
+	}
+	r.experts.add(block, g, rows)
+	if rows == 0 { // an expert no token of this chunk was routed to
+		return nil
 	}
 	gr.n += rows
 	return r.gpu.e.AddGram(gr.sum, x, rows, cols)
@@ -85,7 +90,7 @@ func (r *blockRunner) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, row
 func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), error) {
 	key := hessianKey(block, g)
 	gr := r.gpu.grams[key]
-	if gr == nil {
+	if gr == nil || gr.n == 0 {
 		return nil, nil, fmt.Errorf("block %d: no calibration inputs reached %s", block, g)
 	}
 	delete(r.gpu.grams, key)

@@ -1,16 +1,12 @@
 package convert
 
 import (
-	"context"
 	"strings"
 	"testing"
 
 	"github.com/qpack-dev/qpack/internal/gputest"
 	"github.com/qpack-dev/qpack/internal/testenv"
-	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
-	"github.com/qpack-dev/qpack/quantized"
-	"github.com/qpack-dev/qpack/safetensors"
 )
 
 // TestGPUCPUSolvedGPTQ: GPTQ with --imatrix or --clip on --device cuda solves on the GPU
@@ -55,44 +51,5 @@ func checkAgainstCPU(t *testing.T, method Method, s quant.Scheme, imatrix, clip 
 	if strings.HasPrefix(where, "on cuda:") && strings.Contains(log, "on cpu") {
 		t.Errorf("some linears ran on the CPU:\n%s", log)
 	}
-	calib, err := opt.calibration(tiny)
-	if err != nil {
-		t.Fatal(err)
-	}
-	imp, _, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, func(string, ...any) {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gc, err := quantized.Open(gpuDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gc.Close()
-	cc, _ := quantized.Open(cpuDir)
-	defer cc.Close()
-	in, _ := safetensors.Open(tiny)
-	defer in.Close()
-	compared := 0
-	for _, name := range in.Names() {
-		v, ok := imp[model.ParseTensorName(name).Module]
-		if !ok || !strings.HasSuffix(name, ".weight") {
-			continue
-		}
-		info, _ := in.Info(name)
-		w, _ := in.Float32(name)
-		gw, err := gc.Float32(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cw, _ := cc.Float32(name)
-		eg := quant.WeightedRelativeError(w, gw, info.Shape[0], info.Shape[1], v)
-		ec := quant.WeightedRelativeError(w, cw, info.Shape[0], info.Shape[1], v)
-		if !(eg <= 1.03*ec && ec <= 1.03*eg) {
-			t.Errorf("%s: weighted error %.4g with GPU Hessians, %.4g on the CPU", name, eg, ec)
-		}
-		compared++
-	}
-	if compared != 28 {
-		t.Errorf("compared %d linears, want 28", compared)
-	}
+	compareWeightedErrors(t, tiny, opt, gpuDir, cpuDir, 0.03, 28)
 }

@@ -20,7 +20,10 @@ func linearNames(src string) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	names, err := ggufexport.TensorNames(cfg)
+	if cfg.IsMoE() {
+		return nil, fmt.Errorf("%s: llama.cpp's importance-matrix files hold a mixture of experts' entries per merged tensor of experts, which qpack does not read or write yet; calibrate with --calib instead", src)
+	}
+	names, err := ggufexport.TensorNames(cfg, func(string) bool { return false }) // no experts: names need no checkpoint
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", src, err)
 	}
@@ -89,7 +92,7 @@ func WriteImatrix(src, dst string, o ImatrixOptions) error {
 		return err
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(o.Log, format, args...) }
-	imp, _, err := measureImportance(o.Ctx, src, calib, o.Device, logf)
+	imp, _, err := measureImportance(o.Ctx, src, calib, o.Device, ExpertOptions{}, logf)
 	if err != nil {
 		return err
 	}

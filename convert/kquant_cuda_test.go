@@ -37,7 +37,7 @@ func checkGPUSameBytes(t *testing.T, s quant.Scheme) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if opt.importance, _, err = measureImportance(context.Background(), tiny, calib, DeviceCPU, func(string, ...any) {}); err != nil {
+				if opt.importance, _, err = measureImportance(context.Background(), tiny, calib, DeviceCPU, ExpertOptions{}, func(string, ...any) {}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -42,6 +42,8 @@ type Options struct {
 	GPTQ GPTQOptions
 	// AWQ tunes --method awq and awq+gptq, which need Calib.
 	AWQ AWQOptions
+	// Experts says how a mixture of experts' experts are calibrated.
+	Experts ExpertOptions
 	// Alloc says how the allocator chooses each tensor's scheme (strategy, ladder, overrides,
 	// budget, whether embeddings and lm_head are candidates).
 	Alloc alloc.Options

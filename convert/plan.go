@@ -81,7 +81,7 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	var meanAbs map[string][]float32
 	if importance == nil && calib != nil && needsMeasurement(opt.Alloc) {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-		if importance, meanAbs, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, logf); err != nil {
+		if importance, meanAbs, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, opt.Experts, logf); err != nil {
 			return nil, err
 		}
 	}

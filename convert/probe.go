@@ -56,8 +56,8 @@ func outputCoefficients(ctx context.Context, src string, c *Calibration, importa
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if !probed[model.ParseTensorName(l.Name+".weight").Block] {
-			return nil, nil
+		if t := model.ParseTensorName(l.Name + ".weight"); !probed[t.Block] || !t.Role.IsLinear() {
+			return nil, nil // routers and shared-expert gates are kept
 		}
 		q, err := blockwise.Quantize(l.W, l.Out, l.In, probeScheme, blockwise.Options{})
 		if err != nil {

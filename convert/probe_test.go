@@ -29,7 +29,7 @@ func TestOutputProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	imp, _, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, nop)
+	imp, _, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, ExpertOptions{}, nop)
 	if err != nil {
 		t.Fatal(err)
 	}

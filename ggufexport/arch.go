@@ -11,9 +11,11 @@ import (
 	"github.com/qpack-dev/qpack/model"
 )
 
-// archOf maps a Hugging Face model_type to llama.cpp's architecture name. Mistral is written
-// as llama, as convert_hf_to_gguf.py does; llama-architecture q/k rows are permuted.
-var archOf = map[string]string{"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+// archOf maps a Hugging Face model_type to llama.cpp's architecture name. Mistral and Mixtral
+// are written as llama, as convert_hf_to_gguf.py does; llama-architecture q/k rows are
+// permuted. qwen3moe is newer than some llama.cpp builds (moe.md).
+var archOf = map[string]string{"llama": "llama", "mistral": "llama", "qwen2": "qwen2",
+	"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
 
 // extraConfig holds the config.json keys model.Config does not keep.
 type extraConfig struct {
@@ -83,8 +85,42 @@ func hyperparameters(arch string, c *model.Config, e extraConfig) ([]gguf.KV, er
 			return nil, fmt.Errorf("block %d uses sliding-window attention (%d tokens), which the %s GGUF architecture does not carry", i, w, arch)
 		}
 	}
-	if c.QKNorm {
+	if c.QKNorm && arch != "qwen3moe" {
 		return nil, fmt.Errorf("q/k norms (qwen3) are not exported")
+	}
+	if c.IsMoE() {
+		moe, err := moeHyperparameters(arch, c)
+		if err != nil {
+			return nil, err
+		}
+		kvs = append(kvs, moe...)
+	}
+	return kvs, nil
+}
+
+// moeHyperparameters are the experts' KVs (llama.cpp LLM_KV_EXPERT_*), after checking that the
+// architecture computes the model's routing: llama (Mixtral) and qwen3moe renormalize the top-k
+// weights, qwen2moe does not, and all three have experts in every block.
+func moeHyperparameters(arch string, c *model.Config) ([]gguf.KV, error) {
+	kv := func(k string, v any) gguf.KV { return gguf.KV{Key: arch + "." + k, Value: v} }
+	m := c.MoE
+	for i := range c.Layers {
+		if !c.SparseBlock(i) {
+			return nil, fmt.Errorf("block %d has a dense MLP (mlp_only_layers, decoder_sparse_step): llama.cpp's %s has experts in every block", i, arch)
+		}
+	}
+	if norm := arch != "qwen2moe"; m.NormTopK != norm {
+		return nil, fmt.Errorf("norm_topk_prob is %v, but llama.cpp's %s always computes it as %v", m.NormTopK, arch, norm)
+	}
+	if m.SharedIntermediate > 0 && arch != "qwen2moe" {
+		return nil, fmt.Errorf("a shared expert has no tensors in llama.cpp's %s", arch)
+	}
+	kvs := []gguf.KV{kv("expert_count", uint32(m.Experts)), kv("expert_used_count", uint32(m.TopK))}
+	if arch != "llama" { // llama's experts are feed_forward_length wide
+		kvs = append(kvs, kv("expert_feed_forward_length", uint32(m.Intermediate)))
+	}
+	if m.SharedIntermediate > 0 {
+		kvs = append(kvs, kv("expert_shared_feed_forward_length", uint32(m.SharedIntermediate)))
 	}
 	return kvs, nil
 }
@@ -120,10 +156,16 @@ type role struct {
 	linear   bool
 	heads    int
 	optional bool
+	// experts, for a merged expert tensor (ffn_gate_exps …, [Experts, N, K]), lists the Hugging
+	// Face weights it holds, expert by expert; hf is then empty.
+	experts []string
+	f32     bool // stored as F32 whatever the options: routers, as convert_hf_to_gguf.py writes them
+	flat    bool // a [1, K] weight stored as the vector [K] llama.cpp reads (ffn_gate_inp_shexp)
 }
 
-// roles lists the model's tensors in the order convert_hf_to_gguf.py writes them.
-func roles(arch string, c *model.Config) []role {
+// roles lists the model's tensors in the order convert_hf_to_gguf.py writes them; has says
+// whether the checkpoint holds a tensor (the experts' names depend on its layout).
+func roles(arch string, c *model.Config, has func(name string) bool) []role {
 	permute := arch == "llama"
 	qh, kh := 0, 0
 	if permute {
@@ -141,15 +183,52 @@ func roles(arch string, c *model.Config) []role {
 			role{gguf: b + "attn_v.weight", hf: p + "self_attn.v_proj.weight", linear: true},
 			role{gguf: b + "attn_v.bias", hf: p + "self_attn.v_proj.bias", optional: true},
 			role{gguf: b + "attn_output.weight", hf: p + "self_attn.o_proj.weight", linear: true},
-			role{gguf: b + "ffn_norm.weight", hf: p + "post_attention_layernorm.weight"},
+		)
+		if c.QKNorm {
+			rs = append(rs, role{gguf: b + "attn_q_norm.weight", hf: p + "self_attn.q_norm.weight"},
+				role{gguf: b + "attn_k_norm.weight", hf: p + "self_attn.k_norm.weight"})
+		}
+		rs = append(rs, role{gguf: b + "ffn_norm.weight", hf: p + "post_attention_layernorm.weight"})
+		if c.SparseBlock(i) {
+			rs = append(rs, expertRoles(b, c.MoENames(i, has))...)
+			continue
+		}
+		rs = append(rs,
 			role{gguf: b + "ffn_gate.weight", hf: p + "mlp.gate_proj.weight", linear: true},
 			role{gguf: b + "ffn_up.weight", hf: p + "mlp.up_proj.weight", linear: true},
 			role{gguf: b + "ffn_down.weight", hf: p + "mlp.down_proj.weight", linear: true},
 		)
 	}
 	rs = append(rs, role{gguf: "output_norm.weight", hf: "model.norm.weight"})
-	if !c.TieEmbeddings {
+	switch {
+	case !c.TieEmbeddings:
 		rs = append(rs, role{gguf: "output.weight", hf: "lm_head.weight"})
+	case arch == "qwen2moe": // its loader requires output (no fallback to token_embd)
+		rs = append(rs, role{gguf: "output.weight", hf: "model.embed_tokens.weight"})
+	}
+	return rs
+}
+
+// expertRoles are a sparse block's tensors (gguf-py's MODEL_TENSOR.FFN_*_EXP[S], *_SHEXP): the
+// router, the experts merged per projection, and a shared expert with its gate.
+func expertRoles(b string, n model.ExpertNames) []role {
+	weights := func(modules []string) []string {
+		w := make([]string, len(modules))
+		for i, m := range modules {
+			w[i] = m + ".weight"
+		}
+		return w
+	}
+	rs := []role{{gguf: b + "ffn_gate_inp.weight", hf: n.Router + ".weight", f32: true},
+		{gguf: b + "ffn_gate_exps.weight", linear: true, experts: weights(n.Gate)},
+		{gguf: b + "ffn_down_exps.weight", linear: true, experts: weights(n.Down)},
+		{gguf: b + "ffn_up_exps.weight", linear: true, experts: weights(n.Up)},
+	}
+	if n.SharedGate != "" {
+		rs = append(rs, role{gguf: b + "ffn_gate_inp_shexp.weight", hf: n.SharedGate + ".weight", f32: true, flat: true},
+			role{gguf: b + "ffn_gate_shexp.weight", hf: n.Shared[0] + ".weight", linear: true},
+			role{gguf: b + "ffn_down_shexp.weight", hf: n.Shared[2] + ".weight", linear: true},
+			role{gguf: b + "ffn_up_shexp.weight", hf: n.Shared[1] + ".weight", linear: true})
 	}
 	return rs
 }

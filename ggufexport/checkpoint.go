@@ -39,23 +39,28 @@ func Dequantize(path, dst string, dtype safetensors.DType, overwrite bool, maxSh
 	}
 	w := newWeights(f, cfg)
 	var tensors []safetensors.WriterTensor
-	for _, r := range roles(w.arch(), cfg) {
-		shape, ok := w.Shape(r.hf)
-		if !ok {
-			if r.optional {
-				continue
-			}
-			return fmt.Errorf("%s: no tensor %s (for %s)", path, r.gguf, r.hf)
+	for _, r := range roles(w.arch(), cfg, func(string) bool { return w.arch() == "llama" }) {
+		names := []string{r.hf}
+		if r.experts != nil {
+			names = r.experts // a merged tensor: each expert is a tensor of the checkpoint
 		}
-		name := r.hf
-		tensors = append(tensors, safetensors.WriterTensor{Name: name, DType: dtype, Shape: shape, WriteTo: func(out io.Writer) error {
-			v, err := w.Float32(name)
-			if err != nil {
-				return err
+		for _, name := range names {
+			shape, ok := w.Shape(name)
+			if !ok {
+				if r.optional {
+					continue
+				}
+				return fmt.Errorf("%s: no tensor %s (for %s)", path, r.gguf, name)
 			}
-			_, err = out.Write(safetensors.EncodeFloat32(dtype, v))
-			return err
-		}})
+			tensors = append(tensors, safetensors.WriterTensor{Name: name, DType: dtype, Shape: shape, WriteTo: func(out io.Writer) error {
+				v, err := w.Float32(name)
+				if err != nil {
+					return err
+				}
+				_, err = out.Write(safetensors.EncodeFloat32(dtype, v))
+				return err
+			}})
+		}
 	}
 	if maxShard == 0 {
 		maxShard = 5e9

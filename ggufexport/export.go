@@ -43,15 +43,15 @@ type Entry struct {
 // Export writes the checkpoint at src as a GGUF v3 file at dst and returns what it did per
 // tensor. Nothing is written at dst unless the whole file is.
 func Export(src, dst string, o Options) ([]Entry, error) {
-	l, err := NewLayout(src, o.TokenizerPre)
-	if err != nil {
-		return nil, err
-	}
 	c, err := quantized.Open(src)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
+	l, err := NewLayout(src, o.TokenizerPre, func(name string) bool { _, ok := c.Shape(name); return ok })
+	if err != nil {
+		return nil, err
+	}
 	p := planner{c: c, opts: o}
 	if p.linear, err = parseType(o.Type, "--type"); err != nil {
 		return nil, err
@@ -151,6 +151,9 @@ func (p *planner) tensors(l *Layout) ([]gguf.Tensor, []Entry, error) {
 
 // tensor plans one role; an absent optional tensor returns a zero Tensor.
 func (p *planner) tensor(r role) (gguf.Tensor, string, error) {
+	if r.experts != nil {
+		return p.merged(r)
+	}
 	prefix := strings.TrimSuffix(r.hf, ".weight")
 	if r.linear {
 		if p.c.Format != nil && p.c.IsModule(prefix) {
@@ -164,8 +167,9 @@ func (p *planner) tensor(r role) (gguf.Tensor, string, error) {
 		}
 		return gguf.Tensor{}, "", fmt.Errorf("tensor %s (for %s) is missing", r.hf, r.gguf)
 	}
-	typ := gguf.F32 // norms and biases
+	typ := gguf.F32 // norms, biases, routers
 	switch {
+	case r.f32:
 	case r.linear:
 		typ = p.linear
 	case r.gguf == "output.weight":
@@ -175,6 +179,12 @@ func (p *planner) tensor(r role) (gguf.Tensor, string, error) {
 	}
 	if err := checkRows(r, shape, typ); err != nil {
 		return gguf.Tensor{}, "", err
+	}
+	if r.flat {
+		if len(shape) != 2 || shape[0] != 1 {
+			return gguf.Tensor{}, "", fmt.Errorf("tensor %s has shape %v; [1, K] expected for %s", r.hf, shape, r.gguf)
+		}
+		shape = shape[1:]
 	}
 	load := func() ([]float32, error) { return p.c.Float32(r.hf) }
 	how := "converted"

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/qpack-dev/qpack/ftype"
 	"github.com/qpack-dev/qpack/gguf"
@@ -31,15 +34,16 @@ type Role struct {
 }
 
 // NewLayout reads the checkpoint's config.json and tokenizer.json; tokenizerPre, when set,
-// overrides the detected tokenizer.ggml.pre.
-func NewLayout(src, tokenizerPre string) (*Layout, error) {
+// overrides the detected tokenizer.ggml.pre; has says whether the checkpoint holds a tensor (a
+// mixture of experts' names depend on its layout, Mixtral's or Qwen's).
+func NewLayout(src, tokenizerPre string, has func(name string) bool) (*Layout, error) {
 	cfg, err := model.LoadConfig(src)
 	if err != nil {
 		return nil, err
 	}
 	arch, ok := archOf[cfg.ModelType]
 	if !ok {
-		return nil, fmt.Errorf("%s: model_type %q has no GGUF export (llama, mistral, qwen2 do)", src, cfg.ModelType)
+		return nil, fmt.Errorf("%s: model_type %q has no GGUF export (%s do)", src, cfg.ModelType, strings.Join(slices.Sorted(maps.Keys(archOf)), ", "))
 	}
 	extra, err := readExtraConfig(src)
 	if err != nil {
@@ -53,7 +57,7 @@ func NewLayout(src, tokenizerPre string) (*Layout, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Layout{Src: src, Arch: arch, Config: cfg, kvs: append(kvs, tokKVs...), roles: roles(arch, cfg)}, nil
+	return &Layout{Src: src, Arch: arch, Config: cfg, kvs: append(kvs, tokKVs...), roles: roles(arch, cfg, has)}, nil
 }
 
 // Roles lists the layout's tensors in file order (rope_freqs, when the model has one, comes
@@ -121,15 +125,19 @@ func PermuteRows(b []byte, rowBytes, heads int) []byte {
 }
 
 // TensorNames maps each Hugging Face tensor name of a model of architecture cfg to its
-// llama.cpp name ("model.layers.0.self_attn.q_proj.weight" → "blk.0.attn_q.weight").
-func TensorNames(cfg *model.Config) (map[string]string, error) {
+// llama.cpp name ("model.layers.0.self_attn.q_proj.weight" → "blk.0.attn_q.weight"); has
+// says whether the checkpoint holds a tensor. Experts, which llama.cpp merges into one tensor
+// per projection and block, have no name of their own and are left out.
+func TensorNames(cfg *model.Config, has func(name string) bool) (map[string]string, error) {
 	arch, ok := archOf[cfg.ModelType]
 	if !ok {
-		return nil, fmt.Errorf("model_type %q has no llama.cpp names here (llama, mistral, qwen2 do)", cfg.ModelType)
+		return nil, fmt.Errorf("model_type %q has no llama.cpp names here (%s do)", cfg.ModelType, strings.Join(slices.Sorted(maps.Keys(archOf)), ", "))
 	}
 	out := map[string]string{}
-	for _, r := range roles(arch, cfg) {
-		out[r.hf] = r.gguf
+	for _, r := range roles(arch, cfg, has) {
+		if r.hf != "" {
+			out[r.hf] = r.gguf
+		}
 	}
 	return out, nil
 }

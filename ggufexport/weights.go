@@ -12,7 +12,14 @@ import (
 // It is how tests check an export end to end, and lets qpack evaluate a GGUF file.
 type Weights struct {
 	f     *gguf.File
-	roles map[string]role // Hugging Face name → role
+	roles map[string]slot // Hugging Face name → where it is stored
+}
+
+// slot is a Hugging Face tensor's place in the file: its role, and for an expert its index in
+// the merged tensor.
+type slot struct {
+	role
+	expert int
 }
 
 // OpenWeights opens a GGUF file written for the architecture of cfg.
@@ -31,9 +38,14 @@ func OpenWeights(path string, cfg *model.Config) (*Weights, error) {
 }
 
 func newWeights(f *gguf.File, cfg *model.Config) *Weights {
-	w := &Weights{f: f, roles: map[string]role{}}
-	for _, r := range roles(w.arch(), cfg) {
-		w.roles[r.hf] = r
+	w := &Weights{f: f, roles: map[string]slot{}}
+	arch := w.arch()
+	mixtral := func(string) bool { return arch == "llama" } // experts under Mixtral's names
+	for _, r := range roles(arch, cfg, mixtral) {
+		w.roles[r.hf] = slot{role: r}
+		for e, hf := range r.experts {
+			w.roles[hf] = slot{role: r, expert: e}
+		}
 	}
 	return w
 }
@@ -48,24 +60,31 @@ func (w *Weights) arch() string {
 	return s
 }
 
-func (w *Weights) info(name string) (role, gguf.TensorInfo, bool) {
+func (w *Weights) info(name string) (slot, gguf.TensorInfo, bool) {
 	r, ok := w.roles[name]
-	if !ok {
-		return role{}, gguf.TensorInfo{}, false
+	if !ok || (r.hf == "" && r.experts == nil) {
+		return slot{}, gguf.TensorInfo{}, false
 	}
 	t, ok := w.f.Tensor(r.gguf)
 	return r, t, ok
 }
 
-// Shape returns the tensor's PyTorch shape.
+// Shape returns the tensor's PyTorch shape (an expert's [N, K] within its merged tensor).
 func (w *Weights) Shape(name string) ([]int, bool) {
-	_, t, ok := w.info(name)
+	r, t, ok := w.info(name)
 	if !ok {
 		return nil, false
 	}
-	shape := make([]int, len(t.Dims))
-	for i, d := range t.Dims {
-		shape[len(t.Dims)-1-i] = int(d)
+	dims := t.Dims
+	switch {
+	case r.experts != nil:
+		dims = dims[:2]
+	case r.flat:
+		dims = append(dims, 1)
+	}
+	shape := make([]int, len(dims))
+	for i, d := range dims {
+		shape[len(dims)-1-i] = int(d)
 	}
 	return shape, true
 }
@@ -79,6 +98,10 @@ func (w *Weights) Float32(name string) ([]float32, error) {
 	b, err := w.f.Bytes(t)
 	if err != nil {
 		return nil, err
+	}
+	if r.experts != nil {
+		size := int(t.Dims[1]) * t.Type.RowBytes(int(t.Dims[0]))
+		b = b[r.expert*size : (r.expert+1)*size]
 	}
 	v, err := decode(t, b)
 	if err != nil {

@@ -7,7 +7,10 @@ import (
 )
 
 // Group is a set of linear modules of a decoder block that read the same input, so they share
-// one calibration Hessian XᵀX.
+// one calibration Hessian XᵀX. A dense block has the four below; a mixture-of-experts block has
+// GroupQKV, GroupO, GroupGateUp (every token's normed hidden state: the router's input, and the
+// shared expert's), two groups per expert (ExpertGateUp, ExpertDown: the inputs of the tokens
+// routed to it) and, with a shared expert, GroupDown (its down_proj's input).
 type Group int
 
 const (
@@ -17,33 +20,65 @@ const (
 	GroupDown                // down_proj: silu(gate)·up
 )
 
-// Groups lists the groups in the order a block's forward pass reaches them.
+// Groups lists the groups of a dense block in the order its forward pass reaches them.
 var Groups = []Group{GroupQKV, GroupO, GroupGateUp, GroupDown}
+
+// ExpertGateUp is the group of expert e's gate and up projections.
+func ExpertGateUp(e int) Group { return Group(4 + 2*e) }
+
+// ExpertDown is the group of expert e's down projection.
+func ExpertDown(e int) Group { return Group(5 + 2*e) }
+
+// Expert returns the expert of an expert's group.
+func (g Group) Expert() (int, bool) {
+	if g < 4 {
+		return 0, false
+	}
+	return int(g-4) / 2, true
+}
+
+// Stage is where in the block the group's input is made: 0 q/k/v, 1 o, 2 the MLP's (or the
+// experts') gate and up, 3 their down. Groups of one stage can be quantized together: none
+// reads another's output.
+func (g Group) Stage() int {
+	if _, ok := g.Expert(); ok {
+		return 2 + int(g-4)%2
+	}
+	return int(g)
+}
 
 var groupNames = [...]string{"qkv", "o", "gate_up", "down"}
 var groupModules = [...][]string{{"q_proj", "k_proj", "v_proj"}, {"o_proj"}, {"gate_proj", "up_proj"}, {"down_proj"}}
 
 func (g Group) String() string {
-	if g >= 0 && int(g) < len(groupNames) {
+	if e, ok := g.Expert(); ok {
+		return "expert" + strconv.Itoa(e) + "." + groupNames[g.Stage()]
+	}
+	if g >= 0 {
 		return groupNames[g]
 	}
 	return "group(" + strconv.Itoa(int(g)) + ")"
 }
 
-// Modules names the group's linears as they appear in tensor names ("q_proj", ...).
-func (g Group) Modules() []string { return groupModules[g] }
+// Modules names the group's linears as they appear in dense blocks' tensor names ("q_proj", ...;
+// an expert's as Qwen names them).
+func (g Group) Modules() []string { return groupModules[g.Stage()] }
 
 // Hook, when non-nil, receives the input x [rows, cols] of each linear group during a block's
-// forward pass; x is the forward's own buffer, valid only during the call. An error stops the pass.
+// forward pass, in the order of Block.Groups; x is the forward's own buffer, valid only during
+// the call. An expert's groups are reported even when no token was routed to it (rows 0). An
+// error stops the pass.
 type Hook func(g Group, x []float32, rows, cols int) error
 
-// Block is one decoder block: pre-norm attention and a SiLU-gated MLP, each with a residual.
+// Block is one decoder block: pre-norm attention and a SiLU-gated MLP (or a mixture of
+// experts), each with a residual.
 type Block struct {
 	Index                   int
 	InputNorm, PostAttnNorm []float32 // [Hidden]
 	QNorm, KNorm            []float32 // [HeadDim], qwen3 only
 	Q, K, V, O              *Linear
-	Gate, Up, Down          *Linear
+	Gate, Up, Down          *Linear // the dense MLP; nil in a mixture-of-experts block
+	MoE                     *MoE    // the experts; nil in a dense block
 
 	cfg  *Config
 	rope *ropeTable
@@ -68,14 +103,22 @@ func loadBlock(cfg *Config, w Weights, rope *ropeTable, i int) (*Block, error) {
 			return nil, err
 		}
 	}
-	linears := []struct {
+	type linear struct {
 		dst     **Linear
 		module  string
 		out, in int
-	}{
+	}
+	linears := []linear{
 		{&b.Q, "self_attn.q_proj", q, h}, {&b.K, "self_attn.k_proj", kv, h}, {&b.V, "self_attn.v_proj", kv, h},
-		{&b.O, "self_attn.o_proj", h, q}, {&b.Gate, "mlp.gate_proj", cfg.Intermediate, h},
-		{&b.Up, "mlp.up_proj", cfg.Intermediate, h}, {&b.Down, "mlp.down_proj", h, cfg.Intermediate},
+		{&b.O, "self_attn.o_proj", h, q},
+	}
+	if cfg.SparseBlock(i) {
+		if b.MoE, err = loadMoE(cfg, w, i); err != nil {
+			return nil, err
+		}
+	} else {
+		linears = append(linears, linear{&b.Gate, "mlp.gate_proj", cfg.Intermediate, h},
+			linear{&b.Up, "mlp.up_proj", cfg.Intermediate, h}, linear{&b.Down, "mlp.down_proj", h, cfg.Intermediate})
 	}
 	for _, l := range linears {
 		if *l.dst, err = loadLinear(w, p+l.module, l.out, l.in); err != nil {
@@ -97,13 +140,47 @@ func loadLinear(w Weights, module string, out, in int) (*Linear, error) {
 	return l, nil
 }
 
-// Linears returns the group's modules, in the order of g.Modules().
+// Groups lists the block's groups in the order its forward pass reaches them.
+func (b *Block) Groups() []Group {
+	if b.MoE == nil {
+		return Groups
+	}
+	var gs []Group
+	for _, st := range b.Stages() {
+		gs = append(gs, st...)
+	}
+	return gs
+}
+
+// Stages lists the block's groups stage by stage (Group.Stage), in forward order: what
+// true-sequential calibration quantizes together.
+func (b *Block) Stages() [][]Group {
+	if b.MoE == nil {
+		return [][]Group{{GroupQKV}, {GroupO}, {GroupGateUp}, {GroupDown}}
+	}
+	gateUp, down := []Group{GroupGateUp}, []Group{}
+	for e := range b.MoE.Experts {
+		gateUp, down = append(gateUp, ExpertGateUp(e)), append(down, ExpertDown(e))
+	}
+	if b.MoE.Shared != nil {
+		down = append(down, GroupDown)
+	}
+	return [][]Group{{GroupQKV}, {GroupO}, gateUp, down}
+}
+
+// Linears returns the group's modules: in a dense block in the order of g.Modules(); in a
+// mixture-of-experts block see MoE.linears.
 func (b *Block) Linears(g Group) []*Linear {
 	switch g {
 	case GroupQKV:
 		return []*Linear{b.Q, b.K, b.V}
 	case GroupO:
 		return []*Linear{b.O}
+	}
+	if b.MoE != nil {
+		return b.MoE.linears(g)
+	}
+	switch g {
 	case GroupGateUp:
 		return []*Linear{b.Gate, b.Up}
 	case GroupDown:
@@ -112,9 +189,27 @@ func (b *Block) Linears(g Group) []*Linear {
 	return nil
 }
 
-// Linear returns the module with the short name ("q_proj", ..., "down_proj").
+// AllLinears lists every linear of the block, group by group in forward order.
+func (b *Block) AllLinears() []*Linear {
+	var ls []*Linear
+	for _, g := range b.Groups() {
+		ls = append(ls, b.Linears(g)...)
+	}
+	return ls
+}
+
+// Linear returns the module with the full name ("model.layers.0.mlp.experts.3.down_proj"), or
+// of a dense block's attention and MLP the short one ("q_proj", ..., "down_proj").
 func (b *Block) Linear(module string) (*Linear, error) {
+	for _, l := range b.AllLinears() {
+		if l.Name == module {
+			return l, nil
+		}
+	}
 	for _, g := range Groups {
+		if b.MoE != nil && g.Stage() >= GroupGateUp.Stage() {
+			break
+		}
 		for i, name := range g.Modules() {
 			if name == module {
 				return b.Linears(g)[i], nil
@@ -206,8 +301,12 @@ func (b *Block) attend(h []float32, T int, hook Hook) ([]float32, error) {
 	return a, nil
 }
 
-// MLP is down(silu(gate(h))·up(h)) on the normed input h [T, Hidden]; it writes out [T, Hidden].
+// MLP is down(silu(gate(h))·up(h)), or the mixture of experts, on the normed input h
+// [T, Hidden]; it writes out [T, Hidden].
 func (b *Block) MLP(out, h []float32, T int, hook Hook) error {
+	if b.MoE != nil {
+		return b.MoE.forward(out, h, T, b.cfg.Hidden, hook)
+	}
 	if err := callHook(hook, GroupGateUp, h, T, b.cfg.Hidden); err != nil {
 		return err
 	}

@@ -37,8 +37,9 @@ type gpuBlock struct {
 	b                          *Block
 	mem                        cuda.DevicePtr
 	inNorm, postNorm           cuda.DevicePtr
-	qNorm, kNorm               cuda.DevicePtr // qwen3 only
-	q, k, v, o, gate, up, down gpuLinear
+	qNorm, kNorm               cuda.DevicePtr         // qwen3 only
+	q, k, v, o, gate, up, down *gpuLinear             // gate, up, down are nil in a mixture-of-experts block
+	lin                        map[*Linear]*gpuLinear // every linear of the block (the experts' too)
 }
 
 // uploadBlock copies b's current weights to the GPU.
@@ -47,20 +48,22 @@ func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
 		dst  *cuda.DevicePtr
 		data []float32
 	}
-	g := &gpuBlock{b: b}
+	g := &gpuBlock{b: b, lin: map[*Linear]*gpuLinear{}}
 	parts := []part{{&g.inNorm, b.InputNorm}, {&g.postNorm, b.PostAttnNorm}}
 	if e.cfg.QKNorm {
 		parts = append(parts, part{&g.qNorm, b.QNorm}, part{&g.kNorm, b.KNorm})
 	}
-	for _, l := range []struct {
-		dst *gpuLinear
-		src *Linear
-	}{{&g.q, b.Q}, {&g.k, b.K}, {&g.v, b.V}, {&g.o, b.O}, {&g.gate, b.Gate}, {&g.up, b.Up}, {&g.down, b.Down}} {
-		*l.dst = gpuLinear{name: l.src.Name, out: l.src.Out, in: l.src.In}
-		parts = append(parts, part{&l.dst.w, l.src.W})
-		if l.src.Bias != nil {
-			parts = append(parts, part{&l.dst.bias, l.src.Bias})
+	for _, l := range b.AllLinears() {
+		d := &gpuLinear{name: l.Name, out: l.Out, in: l.In}
+		g.lin[l] = d
+		parts = append(parts, part{&d.w, l.W})
+		if l.Bias != nil {
+			parts = append(parts, part{&d.bias, l.Bias})
 		}
+	}
+	g.q, g.k, g.v, g.o = g.lin[b.Q], g.lin[b.K], g.lin[b.V], g.lin[b.O]
+	if b.MoE == nil {
+		g.gate, g.up, g.down = g.lin[b.Gate], g.lin[b.Up], g.lin[b.Down]
 	}
 	const align = 256
 	offsets, total := make([]int, len(parts)), 0
@@ -101,14 +104,13 @@ func (e *GPU) refreshWeights(g *gpuBlock, groups []Group) error {
 	if err := up(g.postNorm, g.b.PostAttnNorm, "post-attention norm"); err != nil {
 		return err
 	}
-	dst := map[*Linear]*gpuLinear{g.b.Q: &g.q, g.b.K: &g.k, g.b.V: &g.v, g.b.O: &g.o, g.b.Gate: &g.gate, g.b.Up: &g.up, g.b.Down: &g.down}
 	for _, gr := range groups {
 		for _, l := range g.b.Linears(gr) {
-			if err := up(dst[l].w, l.W, l.Name+" weights"); err != nil {
+			if err := up(g.lin[l].w, l.W, l.Name+" weights"); err != nil {
 				return err
 			}
 			if l.Bias != nil {
-				if err := up(dst[l].bias, l.Bias, l.Name+" bias"); err != nil {
+				if err := up(g.lin[l].bias, l.Bias, l.Name+" bias"); err != nil {
 					return err
 				}
 			}
@@ -202,7 +204,7 @@ func (e *GPU) attention(out, h cuda.DevicePtr, g *gpuBlock, S, T int, hook GPUHo
 	for _, p := range []struct {
 		y cuda.DevicePtr
 		l *gpuLinear
-	}{{q, &g.q}, {k, &g.k}, {v, &g.v}} {
+	}{{q, g.q}, {k, g.k}, {v, g.v}} {
 		if err := e.linear(p.y, h, p.l, rows); err != nil {
 			return err
 		}
@@ -257,11 +259,14 @@ func (e *GPU) attention(out, h cuda.DevicePtr, g *gpuBlock, S, T int, hook GPUHo
 	if err := callGPUHook(hook, GroupO, a, rows, c.Heads*D); err != nil {
 		return err
 	}
-	return e.linear(out, a, &g.o, rows)
+	return e.linear(out, a, g.o, rows)
 }
 
-// mlp is Block.MLP: down(silu(gate(h))·up(h)).
+// mlp is Block.MLP: down(silu(gate(h))·up(h)), or the mixture of experts.
 func (e *GPU) mlp(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) error {
+	if g.b.MoE != nil {
+		return e.moe(out, h, g, rows, hook)
+	}
 	c := e.cfg
 	if err := callGPUHook(hook, GroupGateUp, h, rows, c.Hidden); err != nil {
 		return err
@@ -274,10 +279,10 @@ func (e *GPU) mlp(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) er
 	if err != nil {
 		return err
 	}
-	if err := e.linear(gate, h, &g.gate, rows); err != nil {
+	if err := e.linear(gate, h, g.gate, rows); err != nil {
 		return err
 	}
-	if err := e.linear(up, h, &g.up, rows); err != nil {
+	if err := e.linear(up, h, g.up, rows); err != nil {
 		return err
 	}
 	if err := e.elementwise(e.fn.siluMul, rows*c.Intermediate, gate, up, int64(rows*c.Intermediate)); err != nil {
@@ -286,7 +291,7 @@ func (e *GPU) mlp(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) er
 	if err := callGPUHook(hook, GroupDown, gate, rows, c.Intermediate); err != nil {
 		return err
 	}
-	return e.linear(out, gate, &g.down, rows)
+	return e.linear(out, gate, g.down, rows)
 }
 
 func callGPUHook(hook GPUHook, g Group, x cuda.DevicePtr, rows, cols int) error {

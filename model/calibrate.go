@@ -36,10 +36,12 @@ type CalibrateOptions struct {
 	// calibrator that only gathers statistics, or AWQ, which (as AutoAWQ) feeds every block the
 	// unquantized model's activations. TrueSequential and Steps do not apply.
 	ObserveOnly bool
-	// Steps, when set, lists the groups observed and updated together, in order, instead of
-	// TrueSequential's choice; a group may appear in several steps (AWQ scales a block with all
-	// four groups observed, then GPTQ quantizes it group by group: awq+gptq).
-	Steps [][]Group
+	// Experts says how the groups of experts are observed (mixture-of-experts blocks).
+	Experts ExpertObservation
+	// Steps, when set, lists the groups of block b observed and updated together, in order,
+	// instead of TrueSequential's choice; a group may appear in several steps (AWQ scales a
+	// block with all its groups observed, then GPTQ quantizes it group by group: awq+gptq).
+	Steps func(b *Block) [][]Group
 }
 
 // Calibrate runs m block by block over the calibration sequences, the sequential pipeline of
@@ -47,7 +49,9 @@ type CalibrateOptions struct {
 // resident. For each block it
 //
 //  1. runs the block on every sequence, handing the inputs of the groups of the current step to
-//     c.Observe (the pass stops after the last group the step needs);
+//     c.Observe (the pass stops after the last group the step needs; in a mixture-of-experts
+//     block each expert's groups see the tokens routed to it, none for an expert no token
+//     chose);
 //  2. calls c.Update(block, step groups), which may replace their weights;
 //  3. after the last step, runs the block with its final (e.g. quantized) weights to make the
 //     next block's inputs, so quantization error propagates as it will at inference.
@@ -63,39 +67,16 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 		}
 		hidden[s] = x
 	}
-	steps := calibrationSteps(opt)
 	for i := range m.Config.Layers {
 		b, err := m.Block(i)
 		if err != nil {
 			return err
 		}
-		if opt.ObserveOnly {
-			if err := observeBlock(b, seqs, hidden, c); err != nil {
-				return err
-			}
-			if opt.ReleaseBlocks {
-				m.ReleaseBlock(i)
-			}
-			continue
-		}
-		// Each sequence's attention output, computed once the q/k/v weights are final: the later
-		// steps and the block's last pass start from it.
-		attn := make([][]float32, len(seqs))
-		for _, step := range steps {
-			if err := observeStep(b, seqs, hidden, c, step, attn); err != nil {
-				return err
-			}
-			if err := c.Update(b, step); err != nil {
-				return fmt.Errorf("model: calibration update of block %d: %w", i, err)
-			}
-			if slices.Contains(step, GroupQKV) { // the update may have changed q/k/v or the norm
-				clear(attn)
-			}
-		}
-		for s, seq := range seqs {
-			if err := b.forward(hidden[s], len(seq), nil, &attn[s]); err != nil {
-				return err
-			}
+		reset := b.observing(opt.Experts)
+		err = calibrateBlock(b, seqs, hidden, c, opt)
+		reset()
+		if err != nil {
+			return err
 		}
 		if opt.ReleaseBlocks {
 			m.ReleaseBlock(i)
@@ -104,10 +85,50 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 	return nil
 }
 
+// calibrateBlock observes and updates block b's steps, then runs it with its final weights
+// over hidden in place, making the next block's inputs. Each sequence's attention output is
+// kept once q/k/v are final (Block.forward): the later steps and the last pass start from it,
+// so true-sequential calibration computes the attention once per block after the q/k/v step.
+func calibrateBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, opt CalibrateOptions) error {
+	if opt.ObserveOnly {
+		return observeBlock(b, seqs, hidden, c)
+	}
+	attn := make([][]float32, len(seqs))
+	run := func(s int, x []float32, hook Hook) error { return b.forward(x, len(seqs[s]), hook, &attn[s]) }
+	for _, step := range calibrationSteps(b, opt) {
+		if err := observeStep(b, seqs, hidden, c, step, run); err != nil {
+			return err
+		}
+		if err := c.Update(b, step); err != nil {
+			return fmt.Errorf("model: calibration update of block %d: %w", b.Index, err)
+		}
+		if slices.Contains(step, GroupQKV) { // the update may have changed q/k/v or the norm
+			clear(attn)
+		}
+	}
+	for s := range seqs {
+		if err := run(s, hidden[s], nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // observeBlock runs block b over every sequence in place, reporting the input of each group to
-// c, then calls c.Update with every group: ObserveOnly's single pass.
+// c, then calls c.Update with every group: ObserveOnly's single pass (in a block of experts,
+// a pass on copies for the gate/up inputs first, observationPasses).
 func observeBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator) error {
+	passes := observationPasses(b, b.Groups())
+	for _, early := range passes[:len(passes)-1] {
+		if err := observeStep(b, seqs, hidden, c, early, func(s int, x []float32, hook Hook) error { return b.Forward(x, len(seqs[s]), hook) }); err != nil {
+			return err
+		}
+	}
+	last := passes[len(passes)-1]
 	hook := func(g Group, x []float32, rows, cols int) error {
+		if !slices.Contains(last, g) {
+			return nil
+		}
 		if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
 			return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
 		}
@@ -118,21 +139,21 @@ func observeBlock(b *Block, seqs [][]int, hidden [][]float32, c Calibrator) erro
 			return err
 		}
 	}
-	if err := c.Update(b, Groups); err != nil {
+	if err := c.Update(b, b.Groups()); err != nil {
 		return fmt.Errorf("model: calibration update of block %d: %w", b.Index, err)
 	}
 	return nil
 }
 
-// calibrationSteps lists the groups observed and updated together, in order.
-func calibrationSteps(opt CalibrateOptions) [][]Group {
-	if len(opt.Steps) > 0 {
-		return opt.Steps
+// calibrationSteps lists the groups of b observed and updated together, in order.
+func calibrationSteps(b *Block, opt CalibrateOptions) [][]Group {
+	if opt.Steps != nil {
+		return opt.Steps(b)
 	}
 	if opt.TrueSequential {
-		return [][]Group{{GroupQKV}, {GroupO}, {GroupGateUp}, {GroupDown}}
+		return b.Stages()
 	}
-	return [][]Group{Groups}
+	return [][]Group{b.Groups()}
 }
 
 // stepHook wraps observe so that it sees only the inputs of the step's groups, and stops the
@@ -152,22 +173,46 @@ func stepHook[X any](step []Group, observe func(g Group, x X, rows, cols int) er
 	}
 }
 
-// observeStep runs block b on a copy of every sequence's hidden states, reporting the inputs of
-// the step's groups to c and stopping after the last of them; attn caches each sequence's
-// attention output (Block.forward).
-func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step []Group, attn [][]float32) error {
-	hook := stepHook(step, func(g Group, x []float32, rows, cols int) error {
-		if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
-			return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
-		}
-		return nil
-	})
+// observeStep runs block b (or the half of it that run runs) on a copy of every sequence's
+// hidden states, reporting the inputs of the step's groups to c and stopping after the last of
+// them (two such passes for some steps of a block of experts, observationPasses).
+func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step []Group, run func(s int, x []float32, hook Hook) error) error {
 	var scratch []float32
-	for s, seq := range seqs {
-		scratch = append(scratch[:0], hidden[s]...)
-		if err := b.forward(scratch, len(seq), hook, &attn[s]); err != nil && !errors.Is(err, errStopForward) {
-			return err
+	for _, pass := range observationPasses(b, step) {
+		hook := stepHook(pass, func(g Group, x []float32, rows, cols int) error {
+			if err := c.Observe(b.Index, g, x, rows, cols); err != nil {
+				return fmt.Errorf("model: calibration of block %d, %s: %w", b.Index, g, err)
+			}
+			return nil
+		})
+		for s := range seqs {
+			scratch = append(scratch[:0], hidden[s]...)
+			if err := run(s, scratch, hook); err != nil && !errors.Is(err, errStopForward) {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// observationPasses splits a step of a block of experts that observes gate/up and down inputs
+// into two passes, the down inputs after every gate/up input, so that a calibrator has
+// counted each expert's tokens when it chooses how its down input is observed
+// (ExpertObservation.AllTokens).
+func observationPasses(b *Block, step []Group) [][]Group {
+	if b.MoE == nil {
+		return [][]Group{step}
+	}
+	var early, down []Group
+	for _, g := range step {
+		if g.Stage() == GroupDown.Stage() {
+			down = append(down, g)
+		} else {
+			early = append(early, g)
+		}
+	}
+	if len(early) == 0 || len(down) == 0 {
+		return [][]Group{step}
+	}
+	return [][]Group{early, down}
 }

@@ -28,7 +28,6 @@ func (e *GPU) Calibrate(m *Model, seqs [][]int, c GPUCalibrator, opt CalibrateOp
 		return fmt.Errorf("model: calibration: %w", err)
 	}
 	defer x.Free()
-	steps := calibrationSteps(opt)
 	for i := range m.Config.Layers {
 		b, err := m.Block(i)
 		if err != nil {
@@ -39,7 +38,10 @@ func (e *GPU) Calibrate(m *Model, seqs [][]int, c GPUCalibrator, opt CalibrateOp
 		if opt.ObserveOnly {
 			calibrate = e.observeBlock
 		}
-		if err := calibrate(b, x, c, steps); err != nil {
+		reset := b.observing(opt.Experts)
+		err = calibrate(b, x, c, calibrationSteps(b, opt))
+		reset()
+		if err != nil {
 			return fmt.Errorf("model: calibration of block %d: %w", i, err)
 		}
 		if opt.ReleaseBlocks {
@@ -68,10 +70,7 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 				return err
 			}
 		}
-		hook := stepHook(step, func(gr Group, p cuda.DevicePtr, rows, cols int) error {
-			return c.ObserveGPU(b.Index, gr, p, rows, cols)
-		})
-		if err := e.observe(g, x, hook, keep); err != nil {
+		if err := e.observeStep(g, x, c, step, keep); err != nil {
 			return err
 		}
 		if err := c.Update(b, step); err != nil {
@@ -87,15 +86,45 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 	return e.forwardBlock(g, x, nil)
 }
 
+// observeStep runs block g on copies of x, handing c the inputs of the step's groups (in two
+// passes for some steps of a block of experts, observationPasses); keep applies to the last.
+func (e *GPU) observeStep(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, step []Group, keep *mlpState) error {
+	passes := observationPasses(g.b, step)
+	for i, pass := range passes {
+		hook := stepHook(pass, func(gr Group, p cuda.DevicePtr, rows, cols int) error {
+			return c.ObserveGPU(g.b.Index, gr, p, rows, cols)
+		})
+		k := keep
+		if i < len(passes)-1 {
+			k = nil
+		}
+		if err := e.observe(g, x, hook, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // observeBlock is ObserveOnly's single pass: b runs over x in place, each group's input handed
-// to c, then c.Update sees every group.
+// to c, then c.Update sees every group (in a block of experts, a pass on copies for the
+// gate/up inputs first, observationPasses).
 func (e *GPU) observeBlock(b *Block, x *DeviceBatch, c GPUCalibrator, _ [][]Group) error {
 	g, err := e.uploadBlock(b)
 	if err != nil {
 		return err
 	}
 	defer e.freeBlock(g)
+	passes := observationPasses(b, b.Groups())
+	for _, early := range passes[:len(passes)-1] {
+		if err := e.observeStep(g, x, c, early, nil); err != nil {
+			return err
+		}
+	}
+	last := passes[len(passes)-1]
 	hook := func(gr Group, p cuda.DevicePtr, rows, cols int) error {
+		if !slices.Contains(last, gr) {
+			return nil
+		}
 		return c.ObserveGPU(b.Index, gr, p, rows, cols)
 	}
 	if err := e.forwardBlock(g, x, hook); err != nil {
@@ -106,7 +135,7 @@ func (e *GPU) observeBlock(b *Block, x *DeviceBatch, c GPUCalibrator, _ [][]Grou
 	}
 	e.current = g // Update may read the weights where they are (LinearWeights)
 	defer func() { e.current = nil }()
-	return c.Update(b, Groups)
+	return c.Update(b, b.Groups())
 }
 
 // LinearWeights returns where the block being calibrated holds l's weights on the GPU (row-major
@@ -117,7 +146,7 @@ func (e *GPU) LinearWeights(l *Linear) (w cuda.DevicePtr, ok bool) {
 	if g == nil {
 		return 0, false
 	}
-	for _, d := range []*gpuLinear{&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down} {
+	for _, d := range g.lin {
 		if d.name == l.Name && d.out == l.Out && d.in == l.In {
 			return d.w, true
 		}
@@ -207,7 +236,7 @@ func (e *GPU) finishFromMLPState(g *gpuBlock, x *DeviceBatch, keep *mlpState) er
 		if err != nil {
 			return err
 		}
-		if err := e.linear(out, keep.act.Add(s*actRowBytes), &g.down, rows); err != nil {
+		if err := e.linear(out, keep.act.Add(s*actRowBytes), g.down, rows); err != nil {
 			return err
 		}
 		if err := e.elementwise(e.fn.add, rows*e.cfg.Hidden, x.X.Add(s*rowBytes), out, int64(rows*e.cfg.Hidden)); err != nil {

@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -362,6 +363,68 @@ func TestCalibrateObserveOnly(t *testing.T) {
 	for key, want := range twoPass.inputs {
 		if !slices.Equal(onePass.inputs[key], want) {
 			t.Fatalf("%s: the observing pass saw a different input", key)
+		}
+	}
+}
+
+// scalingCalibrator scales every updated linear by 0.9, so each step's replacement shows in
+// what later steps and blocks observe.
+func scalingCalibrator() *recorder {
+	rec := newRecorder()
+	rec.replace = func(b *Block, groups []Group) error {
+		return setAll(b, groups, func(l *Linear) []float32 {
+			w := slices.Clone(l.W)
+			for i := range w {
+				w[i] *= 0.9
+			}
+			return w
+		})
+	}
+	return rec
+}
+
+// TestCalibrateReusesAttention: true-sequential calibration, which runs the attention half of
+// a block once for its MLP steps, observes exactly what running every step's pass through the
+// whole block observes, for a dense model and a mixture of experts.
+func TestCalibrateReusesAttention(t *testing.T) {
+	for _, js := range []string{gpuTestConfigs[0].json, moeTestConfigs[1].json} {
+		cfg := mustConfig(t, js)
+		r := rand.New(rand.NewPCG(6, 6))
+		w := randomWeights(cfg, false, true, r)
+		seqs := [][]int{randomIDs(r, 17, cfg.Vocab), randomIDs(r, 17, cfg.Vocab)}
+		got, want := scalingCalibrator(), scalingCalibrator()
+		m, _ := Load(cfg, w)
+		if err := Calibrate(m, seqs, got, CalibrateOptions{TrueSequential: true}); err != nil {
+			t.Fatal(err)
+		}
+		ref, _ := Load(cfg, w)
+		hidden := make([][]float32, len(seqs))
+		for s, seq := range seqs {
+			hidden[s], _ = ref.Embedding(seq)
+		}
+		for i := range cfg.Layers {
+			b, _ := ref.Block(i)
+			for _, step := range b.Stages() {
+				if err := observeStep(b, seqs, hidden, want, step, func(s int, x []float32, hook Hook) error { return b.Forward(x, len(seqs[s]), hook) }); err != nil {
+					t.Fatal(err)
+				}
+				if err := want.Update(b, step); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for s, seq := range seqs {
+				if err := b.Forward(hidden[s], len(seq), nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if len(got.inputs) != len(want.inputs) {
+			t.Fatalf("%s: %d inputs observed, want %d", cfg.ModelType, len(got.inputs), len(want.inputs))
+		}
+		for key, x := range want.inputs {
+			if !slices.Equal(got.inputs[key], x) {
+				t.Errorf("%s: %s observed differently", cfg.ModelType, key)
+			}
 		}
 	}
 }

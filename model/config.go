@@ -11,10 +11,10 @@ import (
 
 // Config is the architecture of a decoder-only model, read from a Hugging Face config.json.
 type Config struct {
-	ModelType     string // "llama", "mistral", "qwen2", "qwen3"
+	ModelType     string // "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"
 	Architecture  string // e.g. "LlamaForCausalLM"; empty when config.json names none
 	Hidden        int    // hidden_size
-	Intermediate  int    // intermediate_size (MLP width)
+	Intermediate  int    // intermediate_size (MLP width; Mixtral: each expert's)
 	Layers        int    // num_hidden_layers
 	Heads         int    // num_attention_heads
 	KVHeads       int    // num_key_value_heads (GQA); equals Heads when absent
@@ -26,7 +26,29 @@ type Config struct {
 	Rope          Rope
 	// SlidingWindow[i] is the attention window of block i in tokens, 0 for full causal attention.
 	SlidingWindow []int
+	// MoE describes the mixture-of-experts MLPs; its Experts is 0 in a dense model.
+	MoE MoEConfig
 }
+
+// MoEConfig is the mixture-of-experts part of a Config (Mixtral, Qwen2-MoE, Qwen3-MoE).
+type MoEConfig struct {
+	Experts      int  // num_local_experts (Mixtral) or num_experts (Qwen)
+	TopK         int  // num_experts_per_tok: experts each token is routed to
+	Intermediate int  // each expert's MLP width: moe_intermediate_size (Mixtral: intermediate_size)
+	NormTopK     bool // the top-k routing weights are renormalized to sum to 1 (norm_topk_prob; Mixtral always)
+	// SharedIntermediate is the width of the shared expert every token goes through, scaled by a
+	// sigmoid gate (Qwen2-MoE's shared_expert_intermediate_size); 0 when there is none.
+	SharedIntermediate int
+	// Sparse[i] says whether block i has experts; the others have a dense MLP of Intermediate
+	// (Qwen's decoder_sparse_step and mlp_only_layers).
+	Sparse []bool
+}
+
+// SparseBlock reports whether block i's MLP is a mixture of experts.
+func (c *Config) SparseBlock(i int) bool { return i >= 0 && i < len(c.MoE.Sparse) && c.MoE.Sparse[i] }
+
+// IsMoE reports whether the model has mixture-of-experts blocks.
+func (c *Config) IsMoE() bool { return c.MoE.Experts > 0 }
 
 // Rope holds the rotary embedding parameters.
 type Rope struct {
@@ -49,6 +71,10 @@ var supportedFamilies = map[string]string{
 	"mistral": "MistralForCausalLM",
 	"qwen2":   "Qwen2ForCausalLM",
 	"qwen3":   "Qwen3ForCausalLM",
+	// Mixtures of experts (moe.go).
+	"mixtral":   "MixtralForCausalLM",
+	"qwen2_moe": "Qwen2MoeForCausalLM",
+	"qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 func supportedList() string {
@@ -81,6 +107,15 @@ type rawConfig struct {
 	UseSliding      *bool           `json:"use_sliding_window"`
 	MaxWindowLayers *int            `json:"max_window_layers"`
 	LayerTypes      []string        `json:"layer_types"`
+
+	NumExperts         *int  `json:"num_experts"`
+	NumLocalExperts    *int  `json:"num_local_experts"`
+	ExpertsPerToken    *int  `json:"num_experts_per_tok"`
+	MoEIntermediate    *int  `json:"moe_intermediate_size"`
+	NormTopK           *bool `json:"norm_topk_prob"`
+	SharedIntermediate *int  `json:"shared_expert_intermediate_size"`
+	SparseStep         *int  `json:"decoder_sparse_step"`
+	MLPOnlyLayers      []int `json:"mlp_only_layers"`
 }
 
 type rawRope struct {
@@ -153,7 +188,7 @@ func ParseConfig(data []byte) (*Config, error) {
 	if r.Tie != nil {
 		c.TieEmbeddings = *r.Tie
 	}
-	c.QKNorm = c.ModelType == "qwen3"
+	c.QKNorm = c.ModelType == "qwen3" || c.ModelType == "qwen3_moe"
 	rope, err := parseRope(&r)
 	if err != nil {
 		return nil, err
@@ -161,6 +196,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	c.Rope = rope
 	c.SlidingWindow, err = slidingWindows(&r, c.Layers)
 	if err != nil {
+		return nil, err
+	}
+	if c.MoE, err = parseMoE(&r, c.Layers); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -257,9 +295,9 @@ func slidingWindows(r *rawConfig, layers int) ([]int, error) {
 			}
 		}
 		sliding = func(i int) bool { return r.LayerTypes[i] == "sliding_attention" }
-	case r.ModelType == "mistral":
+	case r.ModelType == "mistral" || r.ModelType == "mixtral":
 		sliding = func(i int) bool { return window > 0 }
-	case r.ModelType == "qwen2" || r.ModelType == "qwen3":
+	case r.ModelType == "qwen2" || r.ModelType == "qwen3" || r.ModelType == "qwen2_moe" || r.ModelType == "qwen3_moe":
 		if r.UseSliding != nil && *r.UseSliding {
 			from := 0
 			if r.MaxWindowLayers != nil {

@@ -148,9 +148,13 @@ func randomWeights(cfg *Config, bias, lmHead bool, r *rand.Rand) *MapWeights {
 		set(p+"self_attn.k_proj.weight", kv, h)
 		set(p+"self_attn.v_proj.weight", kv, h)
 		set(p+"self_attn.o_proj.weight", h, q)
-		set(p+"mlp.gate_proj.weight", cfg.Intermediate, h)
-		set(p+"mlp.up_proj.weight", cfg.Intermediate, h)
-		set(p+"mlp.down_proj.weight", h, cfg.Intermediate)
+		if cfg.SparseBlock(i) {
+			randomExperts(cfg, i, set)
+		} else {
+			set(p+"mlp.gate_proj.weight", cfg.Intermediate, h)
+			set(p+"mlp.up_proj.weight", cfg.Intermediate, h)
+			set(p+"mlp.down_proj.weight", h, cfg.Intermediate)
+		}
 		if bias {
 			set(p+"self_attn.q_proj.bias", q)
 			set(p+"self_attn.k_proj.bias", kv)

@@ -55,6 +55,26 @@ var gpuTestConfigs = []struct {
 		"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 211}`, false},
 	{"mistral-window", `{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
 		"num_attention_heads": 8, "num_key_value_heads": 1, "vocab_size": 97, "sliding_window": 5}`, false},
+	// and the mixtures of experts of moe_test.go
+	{"mixtral", moeTestConfigs[0].json, moeTestConfigs[0].bias},
+	{"qwen3_moe", moeTestConfigs[1].json, moeTestConfigs[1].bias},
+	{"qwen2_moe", moeTestConfigs[2].json, moeTestConfigs[2].bias},
+}
+
+// groupCount is how many linear groups the blocks of cfg have (Block.Groups).
+func groupCount(cfg *Config) int {
+	n := 0
+	for i := range cfg.Layers {
+		switch {
+		case !cfg.SparseBlock(i):
+			n += 4
+		case cfg.MoE.SharedIntermediate == 0:
+			n += 3 + 2*cfg.MoE.Experts // qkv, o, every token's gate_up input, two per expert
+		default:
+			n += 4 + 2*cfg.MoE.Experts // and the shared expert's down
+		}
+	}
+	return n
 }
 
 // freshRand is a generator seeded from the clock (logged, to reproduce a failure).
@@ -224,41 +244,27 @@ func (r *gramRecorder) Update(b *Block, groups []Group) error {
 
 // TestGPUCalibrateMatchesCPU: the Gram matrices of every group's inputs gathered on the GPU
 // (several chunks of sequences) equal those of the CPU calibration, with weights replaced
-// between groups (true-sequential) or per block.
+// between groups (true-sequential) or per block, for a dense model and a mixture of experts
+// with a shared expert.
 func TestGPUCalibrateMatchesCPU(t *testing.T) {
-	for _, trueSeq := range []bool{false, true} {
-		t.Run(fmt.Sprintf("true-sequential=%v", trueSeq), func(t *testing.T) {
-			cfg := mustConfig(t, strings.Replace(gpuTestConfigs[0].json, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
-			e := openGPU(t, cfg, GPUOptions{}, 50)
-			r := freshRand(t)
-			w := randomWeights(cfg, false, true, r)
-			seqs := make([][]int, 5)
-			for i := range seqs {
-				seqs[i] = randomIDs(r, 23, cfg.Vocab)
-			}
-			onCPU, onGPU := newGramRecorder(e), newGramRecorder(e)
-			for _, run := range []func(m *Model) error{
-				func(m *Model) error { return Calibrate(m, seqs, onCPU, CalibrateOptions{TrueSequential: trueSeq}) },
-				func(m *Model) error { return e.Calibrate(m, seqs, onGPU, CalibrateOptions{TrueSequential: trueSeq}) },
-			} {
-				m, err := Load(cfg, w)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := run(m); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if len(onGPU.grams) != 4*cfg.Layers {
-				t.Fatalf("GPU calibration observed %d groups, want %d", len(onGPU.grams), 4*cfg.Layers)
-			}
-			for key, want := range onCPU.cpu {
-				if rel := relativeDiff(onGPU.grams[key], want); !(rel < 1e-5) {
-					t.Errorf("%s: Gram matrix relative error %.2e", key, rel)
-				}
-			}
-		})
+	observed := ExpertObservation{AllTokens: func(block, e int) bool { return (block+e)%3 == 0 }, WeightPower: 2}
+	for _, tc := range []struct {
+		name, json string
+		experts    ExpertObservation
+	}{{"llama", gpuTestConfigs[0].json, ExpertObservation{}}, {"qwen2_moe", moeTestConfigs[2].json, ExpertObservation{}},
+		{"qwen2_moe/all-tokens+weighted", moeTestConfigs[2].json, observed}} {
+		for _, trueSeq := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/true-sequential=%v", tc.name, trueSeq), func(t *testing.T) {
+				testGPUCalibrate(t, tc.json, trueSeq, tc.experts)
+			})
+		}
 	}
+}
+
+func testGPUCalibrate(t *testing.T, js string, trueSeq bool, experts ExpertObservation) {
+	cfg := mustConfig(t, strings.Replace(js, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
+	opt := CalibrateOptions{TrueSequential: trueSeq, Experts: experts}
+	compareGPUCalibration(t, cfg, false, opt, opt)
 }
 
 // TestGPUObserveOnlyMatchesCPU: an observe-only calibration on the GPU (one pass per block)
@@ -266,37 +272,43 @@ func TestGPUCalibrateMatchesCPU(t *testing.T) {
 func TestGPUObserveOnlyMatchesCPU(t *testing.T) {
 	for _, tc := range gpuTestConfigs {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := mustConfig(t, tc.json)
-			e := openGPU(t, cfg, GPUOptions{}, 50)
-			r := freshRand(t)
-			w := randomWeights(cfg, tc.bias, !cfg.TieEmbeddings, r)
-			seqs := make([][]int, 5)
-			for i := range seqs {
-				seqs[i] = randomIDs(r, 23, cfg.Vocab)
-			}
-			onCPU, onGPU := newGramRecorder(e), newGramRecorder(e)
-			onCPU.observeOnly, onGPU.observeOnly = true, true
-			for _, run := range []func(m *Model) error{
-				func(m *Model) error { return Calibrate(m, seqs, onCPU, CalibrateOptions{}) },
-				func(m *Model) error { return e.Calibrate(m, seqs, onGPU, CalibrateOptions{ObserveOnly: true}) },
-			} {
-				m, err := Load(cfg, w)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := run(m); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if len(onGPU.grams) != 4*cfg.Layers {
-				t.Fatalf("GPU calibration observed %d groups, want %d", len(onGPU.grams), 4*cfg.Layers)
-			}
-			for key, want := range onCPU.cpu {
-				if rel := relativeDiff(onGPU.grams[key], want); !(rel < 1e-5) {
-					t.Errorf("%s: Gram matrix relative error %.2e", key, rel)
-				}
-			}
+			compareGPUCalibration(t, mustConfig(t, tc.json), tc.bias, CalibrateOptions{}, CalibrateOptions{ObserveOnly: true})
 		})
+	}
+}
+
+// compareGPUCalibration calibrates a fresh random model of cfg on the CPU with cpuOpt and on the
+// GPU with gpuOpt (in chunks of 50 tokens), each observer replacing the weights it updates
+// unless gpuOpt observes only, and wants every group's Gram matrix of the two within 1e-5.
+func compareGPUCalibration(t *testing.T, cfg *Config, bias bool, cpuOpt, gpuOpt CalibrateOptions) {
+	e := openGPU(t, cfg, GPUOptions{}, 50)
+	r := freshRand(t)
+	w := randomWeights(cfg, bias, !cfg.TieEmbeddings, r)
+	seqs := make([][]int, 5)
+	for i := range seqs {
+		seqs[i] = randomIDs(r, 23, cfg.Vocab)
+	}
+	onCPU, onGPU := newGramRecorder(e), newGramRecorder(e)
+	onCPU.observeOnly, onGPU.observeOnly = gpuOpt.ObserveOnly, gpuOpt.ObserveOnly
+	for _, run := range []func(m *Model) error{
+		func(m *Model) error { return Calibrate(m, seqs, onCPU, cpuOpt) },
+		func(m *Model) error { return e.Calibrate(m, seqs, onGPU, gpuOpt) },
+	} {
+		m, err := Load(cfg, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(onGPU.grams) != groupCount(cfg) {
+		t.Fatalf("GPU calibration observed %d groups, want %d", len(onGPU.grams), groupCount(cfg))
+	}
+	for key, want := range onCPU.cpu {
+		if rel := relativeDiff(onGPU.grams[key], want); !(rel < 1e-5) {
+			t.Errorf("%s: Gram matrix relative error %.2e", key, rel)
+		}
 	}
 }
 
@@ -312,8 +324,11 @@ func relativeDiff(got, want []float64) float64 {
 // TestGPUProbeLogits: the GPU forward pass of the shared models against transformers' logits,
 // within the acceptance bound (1e-3 × max |logit|) with float32 and with TF32 GEMMs.
 func TestGPUProbeLogits(t *testing.T) {
-	for _, dir := range []string{tinyDir, smallLlamaDir} {
+	for _, dir := range []string{tinyDir, smallLlamaDir, tinyMoEDir} {
 		m := openModel(t, dir)
+		if dir == tinyMoEDir { // its experts' routing is the most sensitive to TF32: the bf16 reference's frequencies
+			m = openBF16Reference(t, dir)
+		}
 		for _, tf32 := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/tf32=%v", dir, tf32), func(t *testing.T) {
 				e := openGPU(t, m.Config, GPUOptions{TF32: tf32}, 0)
@@ -324,13 +339,13 @@ func TestGPUProbeLogits(t *testing.T) {
 }
 
 // TestGPUPerplexity: the reference perplexities (64×512 held-out tokens) on the GPU, within the
-// acceptance bounds (tiny 58.92 ± 0.05, small-llama 8.657 ± 0.005).
+// acceptance bounds (tiny 58.92 ± 0.05, small-llama 8.657 ± 0.005, tiny-moe 9.887 ± 0.01).
 func TestGPUPerplexity(t *testing.T) {
 	for _, tc := range []struct {
 		dir  string
 		open func(testing.TB, string) *Model
 		tol  float64
-	}{{tinyDir, openModel, 0.05}, {smallLlamaDir, openBF16Reference, 0.005}} {
+	}{{tinyDir, openModel, 0.05}, {smallLlamaDir, openBF16Reference, 0.005}, {tinyMoEDir, openBF16Reference, 0.01}} {
 		m := tc.open(t, tc.dir)
 		e := openGPU(t, m.Config, GPUOptions{}, 0)
 		res, err := e.Perplexity(m, heldoutIDs(t, tc.dir), 512, 64)

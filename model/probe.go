@@ -57,9 +57,9 @@ func linearKL(m *Model, eng probeEngine, slotBytes int64, replace Replacement, m
 			err = cerr
 		}
 	}()
-	const perBlock = 7 // a decoder block's linears
+	perBlock := m.Config.maxBlockLinears()
 	L := m.Config.Layers
-	streams := int(min(int64(perBlock*L), max(perBlock, memBytes/slotBytes-2)))
+	streams := int(min(int64(m.Config.allLinears()), max(int64(perBlock), memBytes/slotBytes-2)))
 	resume := streams + 1
 	if err := eng.alloc(streams + 2); err != nil {
 		return nil, err
@@ -112,7 +112,7 @@ func linearKL(m *Model, eng probeEngine, slotBytes int64, replace Replacement, m
 				m.ReleaseBlock(j)
 			}
 			if p.linears != nil {
-				progress.report(done+len(names), perBlock*L)
+				progress.report(done+len(names), m.Config.linears())
 			}
 		}
 		for i, name := range names {
@@ -132,7 +132,7 @@ func linearKL(m *Model, eng probeEngine, slotBytes int64, replace Replacement, m
 }
 
 // prepared is a block read for probing with the replacements of its linears (linears and
-// weights in Groups order; linears non-nil when the block is probed).
+// weights in Block.AllLinears order; linears non-nil when the block is probed).
 type prepared struct {
 	block   *Block
 	linears []*Linear
@@ -159,18 +159,16 @@ func prepareBlock(m *Model, j int, replace Replacement) <-chan prepared {
 			return
 		}
 		p := prepared{block: b, linears: []*Linear{}}
-		for _, g := range Groups {
-			for _, l := range b.Linears(g) {
-				w, err := replace(l)
-				if err == nil && w != nil && len(w) != l.Out*l.In {
-					err = fmt.Errorf("model: probe: %s: replacement has %d values, want %d×%d", l.Name, len(w), l.Out, l.In)
-				}
-				if err != nil {
-					ch <- prepared{err: err}
-					return
-				}
-				p.linears, p.weights = append(p.linears, l), append(p.weights, w)
+		for _, l := range b.AllLinears() {
+			w, err := replace(l)
+			if err == nil && w != nil && len(w) != l.Out*l.In {
+				err = fmt.Errorf("model: probe: %s: replacement has %d values, want %d×%d", l.Name, len(w), l.Out, l.In)
 			}
+			if err != nil {
+				ch <- prepared{err: err}
+				return
+			}
+			p.linears, p.weights = append(p.linears, l), append(p.weights, w)
 		}
 		ch <- p
 	}()

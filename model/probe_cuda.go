@@ -58,8 +58,7 @@ func (p *gpuProbe) enter(b *Block) (err error) {
 	if p.block, err = p.e.uploadBlock(b); err != nil {
 		return err
 	}
-	g := p.block
-	p.lin = map[*Linear]*gpuLinear{b.Q: &g.q, b.K: &g.k, b.V: &g.v, b.O: &g.o, b.Gate: &g.gate, b.Up: &g.up, b.Down: &g.down}
+	p.lin = p.block.lin
 	return nil
 }
 

@@ -33,9 +33,16 @@ func probeSeqs(r *rand.Rand, n, T, vocab int) [][]int {
 }
 
 // TestLinearKLMatchesWholeModel: each probe's KL equals the one measured by running the whole
-// model with that linear replaced, and splitting the probe into sweeps changes nothing.
+// model with that linear replaced (a dense model's, and every expert's and router's of a
+// mixture of experts), and splitting the probe into sweeps changes nothing.
 func TestLinearKLMatchesWholeModel(t *testing.T) {
-	cfg := mustConfig(t, strings.Replace(gpuTestConfigs[0].json, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
+	for _, js := range []string{gpuTestConfigs[0].json, moeTestConfigs[0].json} {
+		cfg := mustConfig(t, strings.Replace(js, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
+		testLinearKLMatchesWholeModel(t, cfg)
+	}
+}
+
+func testLinearKLMatchesWholeModel(t *testing.T, cfg *Config) {
 	r := rand.New(rand.NewPCG(11, 12))
 	m := randomModel(t, cfg, false, r)
 	seqs := probeSeqs(r, 2, 9, cfg.Vocab)
@@ -44,18 +51,24 @@ func TestLinearKLMatchesWholeModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(one) != 7*cfg.Layers {
-		t.Fatalf("%d probes, want %d", len(one), 7*cfg.Layers)
+	if len(one) != cfg.allLinears() {
+		t.Fatalf("%d probes, want %d", len(one), cfg.allLinears())
 	}
 	ref := wholeModelKLs(t, m, seqs, replace)
+	unused := 0 // experts no token of the sequences reached: KL 0 both ways
 	for name, want := range ref {
 		got := one[name]
-		if want <= 0 || math.Abs(got-want) > 1e-9*want {
+		if want == 0 && got == 0 {
+			unused++
+		} else if want <= 0 || math.Abs(got-want) > 1e-9*want {
 			t.Errorf("%s: probe KL %g, whole model %g", name, got, want)
 		}
 	}
-	// 9 slots (7 streams): one block's probes per sweep.
-	swept, err := LinearKL(m, seqs, replace, 9*streamBytes(m, seqs), nil)
+	if unused > len(ref)/4 {
+		t.Errorf("%d of %d probes measured nothing", unused, len(ref))
+	}
+	// One block's probes per sweep (and the reference and resume slots).
+	swept, err := LinearKL(m, seqs, replace, int64(cfg.maxBlockLinears()+2)*streamBytes(m, seqs), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +90,8 @@ func wholeModelKLs(t *testing.T, m *Model, seqs [][]int, replace Replacement) ma
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, g := range Groups {
-			for _, l := range b.Linears(g) {
+		for _, l := range b.AllLinears() {
+			{
 				w, _ := replace(l)
 				var st tokenStats
 				for _, seq := range seqs {

@@ -140,3 +140,22 @@ func (a *Array) Float32s() ([]float32, error) {
 	}
 	return out, nil
 }
+
+// EncodeInt32s returns a version-1 .npy file of the one-dimensional int32 array v, its header
+// padded so that the data starts at a multiple of 64 bytes, as NumPy writes it.
+func EncodeInt32s(v []int32) []byte {
+	header := fmt.Sprintf("{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }", len(v))
+	pad := 64 - (10+len(header)+1)%64
+	if pad == 64 {
+		pad = 0
+	}
+	header += strings.Repeat(" ", pad) + "\n"
+	b := make([]byte, 0, 10+len(header)+4*len(v))
+	b = append(b, "\x93NUMPY\x01\x00"...)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(header)))
+	b = append(b, header...)
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint32(b, uint32(x))
+	}
+	return b
+}

@@ -53,3 +53,28 @@ func TestDecodeRejectsBadInput(t *testing.T) {
 		}
 	}
 }
+
+func TestEncodeInt32sRoundTrip(t *testing.T) {
+	want := []int{0, 7, -3, 31999, 1 << 30}
+	v := make([]int32, len(want))
+	for i, x := range want {
+		v[i] = int32(x)
+	}
+	b := EncodeInt32s(v)
+	if off := 10 + (int(b[8]) | int(b[9])<<8); off%64 != 0 {
+		t.Errorf("data starts at byte %d, not a multiple of 64", off)
+	}
+	a, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.Ints()
+	if err != nil || a.DType != "i4" || len(a.Shape) != 1 || a.Shape[0] != len(want) {
+		t.Fatalf("decoded %+v, %v", a, err)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("element %d: %d, want %d", i, got[i], want[i])
+		}
+	}
+}

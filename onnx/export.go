@@ -78,6 +78,9 @@ func Export(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.IsMoE() {
+		return nil, fmt.Errorf("%s: %s is a mixture of experts (%d experts, %d per token); the ONNX export writes dense decoders only (its graph has no routing); export GGUF instead (qpack export gguf), whose llama.cpp architectures run the experts", src, cfg.ModelType, cfg.MoE.Experts, cfg.MoE.TopK)
+	}
 	ck, err := quantized.Open(src)
 	if err != nil {
 		return nil, err

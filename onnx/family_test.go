@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/internal/synth"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/safetensors"
 )
@@ -117,5 +118,22 @@ func TestExportFamilies(t *testing.T) {
 			}
 			checkExport(t, q, ids, Options{})
 		})
+	}
+}
+
+// TestExportRefusesExperts: a mixture of experts is refused up front with what to use instead,
+// and nothing is written.
+func TestExportRefusesExperts(t *testing.T) {
+	src := t.TempDir()
+	if err := synth.Write(src, synth.Config{Layers: 1, Hidden: 32, Intermediate: 16, Heads: 2, KVHeads: 2, Vocab: 40, Experts: 4, ExpertsPerToken: 2}); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "out")
+	_, err := Export(src, dst, Options{})
+	if err == nil || !strings.Contains(err.Error(), "mixture of experts (4 experts, 2 per token)") || !strings.Contains(err.Error(), "gguf") {
+		t.Fatalf("error %v, want the mixture of experts refused", err)
+	}
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Errorf("%s exists after a refused export", dst)
 	}
 }

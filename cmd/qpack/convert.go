@@ -27,6 +27,8 @@ func planFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "static-groups", Usage: "gptq: fit group parameters before any update (trivial g_idx even with --act-order)"},
 		&cli.Float64Flag{Name: "damp", Value: 0.01, Usage: "gptq: damping as a fraction of the mean Hessian diagonal (raised ×10 when the Hessian will not factor)"},
 		&cli.BoolFlag{Name: "no-true-sequential", Usage: "gptq: quantize a block's linears all at once instead of q/k/v, o, gate/up, down in turn"},
+		&cli.StringFlag{Name: "moe-calib", Value: "routed", Usage: "mixtures of experts: calibrate each expert on the tokens routed to it (routed), on them weighted by the square of their routing weight (weighted), or on every token (all)"},
+		&cli.IntFlag{Name: "moe-min-tokens", Value: convert.DefaultMinExpertTokens, Usage: "mixtures of experts: an expert that fewer calibration tokens were routed to (in its block) is calibrated on every token instead; the log says which"},
 		&cli.IntFlag{Name: "bits", Value: 4, Usage: "code width of the integer grid: 2 to 8 (5–7 in format qpack only)"},
 		&cli.IntFlag{Name: "group-size", Value: 128, Usage: "input channels per scale; -1 or 0 for one group per output channel"},
 		&cli.BoolFlag{Name: "sym", Usage: "symmetric grid (the default)"},
@@ -144,6 +146,9 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	opt.GPTQ = convert.GPTQOptions{Damp: c.Float64("damp"), ActOrder: c.Bool("act-order"), StaticGroups: c.Bool("static-groups"),
 		TrueSequential: !c.Bool("no-true-sequential")}
 	opt.AWQ = convert.AWQOptions{SearchTokens: c.Int("awq-search-tokens"), NoClip: c.Bool("awq-no-clip"), Duo: c.Bool("awq-duo")}
+	if opt.Experts, err = convert.ParseExpertCalibration(c.String("moe-calib"), c.Int("moe-min-tokens")); err != nil {
+		return opt, err
+	}
 	opt.OutputProbe = c.Bool("output-probe")
 	opt.Calib = convert.CalibOptions{File: c.String("calib"), Samples: c.Int("calib-samples"), SeqLen: c.Int("calib-seqlen")}
 	if opt.Calib.File != "" { // calibration runs forward passes

@@ -1,5 +1,6 @@
-// Package synth writes synthetic Llama-shaped checkpoints of any size with random BF16 weights,
-// one tensor in memory at a time, for memory and speed measurements at 7B scale and beyond.
+// Package synth writes synthetic Llama-shaped (or, with experts, Mixtral-shaped) checkpoints of
+// any size with random BF16 weights, one tensor in memory at a time, for memory and speed
+// measurements at 7B scale and beyond.
 package synth
 
 import (
@@ -7,12 +8,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
 
 	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/npy"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
@@ -26,7 +29,19 @@ type Config struct {
 	Vocab        int
 	MaxShard     int64 // bytes per output shard; 0 = 5 GB
 	Seed         uint64
+	// Experts, when set, makes every MLP a mixture of that many experts of Intermediate each
+	// (Mixtral's layout and config), ExpertsPerToken of them per token.
+	Experts, ExpertsPerToken int
+	// CalibIDs, when set, also writes calib_ids.npy: that many random token ids, calibration
+	// data for the model (it has no tokenizer).
+	CalibIDs int
 }
+
+// CalibIDsFile is the name of the calibration ids Write adds when Config.CalibIDs is set.
+const CalibIDsFile = "calib_ids.npy"
+
+// Mixtral8x7B is the shape of Mixtral-8x7B.
+var Mixtral8x7B = Config{Layers: 32, Hidden: 4096, Intermediate: 14336, Heads: 32, KVHeads: 8, Vocab: 32000, Experts: 8, ExpertsPerToken: 2}
 
 // Llama2_7B is the shape of Llama-2-7B.
 var Llama2_7B = Config{Layers: 32, Hidden: 4096, Intermediate: 11008, Heads: 32, KVHeads: 32, Vocab: 32000}
@@ -34,7 +49,7 @@ var Llama2_7B = Config{Layers: 32, Hidden: 4096, Intermediate: 11008, Heads: 32,
 // Write creates dir with config.json and the weights.
 func Write(dir string, c Config) error {
 	if c.Layers <= 0 || c.Hidden <= 0 || c.Intermediate <= 0 || c.Heads <= 0 || c.KVHeads <= 0 || c.Vocab <= 0 ||
-		c.Hidden%c.Heads != 0 || c.Heads%c.KVHeads != 0 {
+		c.Hidden%c.Heads != 0 || c.Heads%c.KVHeads != 0 || c.Experts < 0 || c.CalibIDs < 0 || (c.Experts > 0 && (c.ExpertsPerToken < 1 || c.ExpertsPerToken > c.Experts)) {
 		return fmt.Errorf("synth: invalid shape %+v", c)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -46,6 +61,16 @@ func Write(dir string, c Config) error {
 	if err := writeConfig(dir, c); err != nil {
 		return err
 	}
+	if c.CalibIDs > 0 {
+		r := rand.New(rand.NewPCG(c.Seed, 0x5eed))
+		ids := make([]int32, c.CalibIDs)
+		for i := range ids {
+			ids[i] = int32(r.IntN(c.Vocab))
+		}
+		if err := os.WriteFile(filepath.Join(dir, CalibIDsFile), npy.EncodeInt32s(ids), 0o644); err != nil {
+			return err
+		}
+	}
 	_, err := safetensors.WriteCheckpoint(dir, tensors(c), nil, c.MaxShard)
 	return err
 }
@@ -56,6 +81,10 @@ func writeConfig(dir string, c Config) error {
 		"intermediate_size": c.Intermediate, "num_hidden_layers": c.Layers, "num_attention_heads": c.Heads,
 		"num_key_value_heads": c.KVHeads, "vocab_size": c.Vocab, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
 		"max_position_embeddings": 4096, "hidden_act": "silu", "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+	}
+	if c.Experts > 0 {
+		cfg["architectures"], cfg["model_type"] = []string{"MixtralForCausalLM"}, "mixtral"
+		cfg["num_local_experts"], cfg["num_experts_per_tok"] = c.Experts, c.ExpertsPerToken
 	}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
 	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644)
@@ -79,9 +108,19 @@ func tensors(c Config) []safetensors.WriterTensor {
 		add(p+"self_attn.v_proj.weight", kv, h)
 		add(p+"self_attn.o_proj.weight", h, h)
 		norm(p + "post_attention_layernorm.weight")
-		add(p+"mlp.gate_proj.weight", c.Intermediate, h)
-		add(p+"mlp.up_proj.weight", c.Intermediate, h)
-		add(p+"mlp.down_proj.weight", h, c.Intermediate)
+		if c.Experts == 0 {
+			add(p+"mlp.gate_proj.weight", c.Intermediate, h)
+			add(p+"mlp.up_proj.weight", c.Intermediate, h)
+			add(p+"mlp.down_proj.weight", h, c.Intermediate)
+			continue
+		}
+		add(p+"block_sparse_moe.gate.weight", c.Experts, h)
+		for e := range c.Experts {
+			x := fmt.Sprintf("%sblock_sparse_moe.experts.%d.", p, e)
+			add(x+"w1.weight", c.Intermediate, h)
+			add(x+"w2.weight", h, c.Intermediate)
+			add(x+"w3.weight", c.Intermediate, h)
+		}
 	}
 	norm("model.norm.weight")
 	add("lm_head.weight", c.Vocab, h)

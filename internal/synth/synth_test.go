@@ -5,9 +5,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/npy"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
@@ -75,5 +77,45 @@ func TestSeedDeterminesWeights(t *testing.T) {
 	}
 	if err := Write(t.TempDir(), Config{Layers: 1, Hidden: 30, Intermediate: 8, Heads: 4, KVHeads: 4, Vocab: 8}); err == nil {
 		t.Errorf("hidden not divisible by heads should fail")
+	}
+}
+
+// TestWriteExperts: with experts the checkpoint is a Mixtral the engine loads, every block a
+// mixture of experts routed top-k.
+func TestWriteExperts(t *testing.T) {
+	cfg := Config{Layers: 2, Hidden: 64, Intermediate: 48, Heads: 4, KVHeads: 2, Vocab: 100, Seed: 3, Experts: 5, ExpertsPerToken: 2, CalibIDs: 300}
+	dir := t.TempDir()
+	if err := Write(dir, cfg); err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c := m.Config
+	if c.ModelType != "mixtral" || c.MoE.Experts != 5 || c.MoE.TopK != 2 || c.MoE.Intermediate != 48 || !c.SparseBlock(1) {
+		t.Fatalf("config %+v", c)
+	}
+	b, err := m.Block(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.MoE == nil || len(b.MoE.Experts) != 5 || b.MoE.Experts[4].Down.In != 48 {
+		t.Fatalf("block 1 experts: %+v", b.MoE)
+	}
+	if logits, err := m.Logits([]int{1, 2, 3}); err != nil || len(logits) != 3*100 {
+		t.Fatalf("forward: %v, %d logits", err, len(logits))
+	}
+	a, err := npy.ReadFile(filepath.Join(dir, CalibIDsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := a.Ints()
+	if err != nil || len(ids) != 300 || slices.Min(ids) < 0 || slices.Max(ids) >= 100 || slices.Min(ids) == slices.Max(ids) {
+		t.Errorf("calibration ids: %d of them in [%d, %d] (%v)", len(ids), slices.Min(ids), slices.Max(ids), err)
+	}
+	if err := Write(t.TempDir(), Config{Layers: 1, Hidden: 32, Intermediate: 8, Heads: 4, KVHeads: 4, Vocab: 8, Experts: 2, ExpertsPerToken: 3}); err == nil {
+		t.Errorf("3 experts per token of 2 should fail")
 	}
 }
