@@ -233,10 +233,15 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device s
 	return e.importance(), e.meanAbs(), nil
 }
 
+// calibrationTF32 lets the GPU's calibration passes round GEMM inputs to TF32 (several times
+// faster; the statistics only weigh errors). Tests that compare the GPU's choices with the CPU's
+// on mixtures of experts turn it off, so that each token's top-k experts are the same on both.
+var calibrationTF32 = true
+
 // calibrateOnGPU runs the observing passes on the GPU with TF32 GEMMs (the statistics only
 // weigh errors; the GPTQ rows in the README measured no loss from TF32 capture).
 func (e *channelEnergy) calibrateOnGPU(dev *cuda.Device, m *model.Model, seqs [][]int, opt model.CalibrateOptions) error {
-	eng, err := model.NewGPU(dev, m.Config, model.GPUOptions{TF32: true})
+	eng, err := model.NewGPU(dev, m.Config, model.GPUOptions{TF32: calibrationTF32})
 	if err != nil {
 		return err
 	}

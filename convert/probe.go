@@ -87,7 +87,7 @@ func outputCoefficients(ctx context.Context, src string, c *Calibration, importa
 		defer dev.Close()
 		where = dev.Info().Name
 		var eng *model.GPU
-		if eng, err = model.NewGPU(dev, m.Config, model.GPUOptions{TF32: true}); err != nil {
+		if eng, err = model.NewGPU(dev, m.Config, model.GPUOptions{TF32: calibrationTF32}); err != nil {
 			return nil, err
 		}
 		defer eng.Close()
