@@ -247,7 +247,7 @@ func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), er
 	}
 	delete(r.hess, key)
 	solve := func(w []float32, n, k int, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
-		return r.quantize(w, n, k, h.H, s, global)
+		return r.quantize(w, n, k, h.Matrix(), s, global)
 	}
 	return solve, func() {}, nil
 }

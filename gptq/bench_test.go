@@ -64,6 +64,25 @@ func BenchmarkHessianAdd(b *testing.B) {
 	b.ReportMetric(float64(rows)*k*k/b.Elapsed().Seconds()*float64(b.N)/1e9, "GMAC/s")
 }
 
+// BenchmarkHessianAddExpert: the batches of a fine-grained mixture of experts, each expert's
+// share of one 2048-token sequence (Qwen3-30B-A3B: width 2048, 128 experts, top 8, so 128 rows
+// each on average), then H read once, as GPTQ does after the last sequence.
+func BenchmarkHessianAddExpert(b *testing.B) {
+	const rows, k, batches = 128, 2048, 16
+	x := correlatedActivations(rand.New(rand.NewPCG(3, 3)), rows, k)
+	b.ResetTimer()
+	for b.Loop() {
+		h := NewHessian(k)
+		for range batches {
+			if err := h.Add(x, rows, k); err != nil {
+				b.Fatal(err)
+			}
+		}
+		h.Matrix()
+	}
+	b.ReportMetric(float64(batches*rows)*k*k/b.Elapsed().Seconds()*float64(b.N)/1e9, "GMAC/s")
+}
+
 // BenchmarkTrailingUpdate: one block's update of 1024 rows × 4096 later columns.
 func BenchmarkTrailingUpdate(b *testing.B) {
 	const n, k, bs = 1024, 4224, 128

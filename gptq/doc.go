@@ -5,7 +5,7 @@
 //
 //	h := gptq.NewHessian(k)
 //	for each calibration batch x[rows, k]: h.Add(x, rows, k)   // H = 2/n Σ xᵀx, float64
-//	t, stats, err := gptq.Quantize(w, n, k, h.H, quant.Scheme{Bits: 4, GroupSize: 128, Sym: true},
+//	t, stats, err := gptq.Quantize(w, n, k, h.Matrix(), quant.Scheme{Bits: 4, GroupSize: 128, Sym: true},
 //		gptq.Options{ActOrder: true})
 //
 // Hessians collected in parallel combine with Merge. Quantize returns a quant.Tensor (codes in

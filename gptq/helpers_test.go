@@ -54,7 +54,7 @@ func testHessian(t testing.TB, r *rand.Rand, k int) []float64 {
 			t.Fatal(err)
 		}
 	}
-	return h.H
+	return h.Matrix()
 }
 
 // proxyLoss is tr(ΔW H ΔWᵀ) computed directly, with ΔW = W − Q (dead columns of W as zero),

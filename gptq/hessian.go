@@ -11,13 +11,28 @@ import (
 // n input rows (tokens) seen so far, in float64. The zero value is ready for use; its width is
 // fixed by the first Add or Merge.
 type Hessian struct {
-	K int       // input features (width of each row of x)
-	N int       // rows accumulated
-	H []float64 // K×K, row-major, symmetric
+	K int // input features (width of each row of x)
+	N int // rows accumulated
+
+	h []float64 // K×K, row-major; below the diagonal only once mirrored
+	// stale: Add updated the upper triangle only. A mixture of experts adds one small batch
+	// per expert and sequence, and mirroring K² values after each would cost as much as the
+	// rank-k update itself (docs/moe.md), so Matrix mirrors once, when H is read.
+	stale bool
 }
 
 // NewHessian returns an empty Hessian for inputs of width k.
-func NewHessian(k int) *Hessian { return &Hessian{K: k, H: make([]float64, k*k)} }
+func NewHessian(k int) *Hessian { return &Hessian{K: k, h: make([]float64, k*k)} }
+
+// Matrix returns H, K×K, row-major and symmetric (nil before any input). It is the Hessian's
+// own storage, not a copy: a later Add or Merge changes it.
+func (h *Hessian) Matrix() []float64 {
+	if h.stale {
+		mirrorUpper(h.h, h.K)
+		h.stale = false
+	}
+	return h.h
+}
 
 // Add accumulates a batch x[rows, k] (row-major, one token per row) as the reference does:
 // H *= n/(n+rows); H += 2/(n+rows)·xᵀx, on all cores (blas.SyrkT64: products in float32,
@@ -35,8 +50,8 @@ func (h *Hessian) Add(x []float32, rows, k int) error {
 	}
 	total := h.N + rows
 	decay, gain := float64(h.N)/float64(total), 2/float64(total)
-	blas.SyrkT64(k, rows, gain, x, k, decay, h.H, k)
-	mirrorUpper(h.H, k)
+	blas.SyrkT64(k, rows, gain, x, k, decay, h.h, k)
+	h.stale = true
 	h.N = total
 	return nil
 }
@@ -47,17 +62,18 @@ func (h *Hessian) Merge(o *Hessian) error {
 	if err := h.checkWidth(o.K); err != nil {
 		return err
 	}
-	if len(o.H) != o.K*o.K {
-		return fmt.Errorf("gptq: hessian merge: %d values for width %d", len(o.H), o.K)
+	if len(o.h) != o.K*o.K {
+		return fmt.Errorf("gptq: hessian merge: %d values for width %d", len(o.h), o.K)
 	}
 	total := h.N + o.N
 	if total == 0 {
 		return nil
 	}
 	a, b := float64(h.N)/float64(total), float64(o.N)/float64(total)
-	for i, v := range o.H {
-		h.H[i] = a*h.H[i] + b*v
+	for i, v := range o.h { // the upper triangles are current; the lower ones once mirrored
+		h.h[i] = a*h.h[i] + b*v
 	}
+	h.stale = h.stale || o.stale
 	h.N = total
 	return nil
 }
@@ -67,11 +83,11 @@ func (h *Hessian) checkWidth(k int) error {
 	if k <= 0 {
 		return fmt.Errorf("gptq: hessian: width %d must be positive", k)
 	}
-	if h.K == 0 && h.H == nil {
-		h.K, h.H = k, make([]float64, k*k)
+	if h.K == 0 && h.h == nil {
+		h.K, h.h = k, make([]float64, k*k)
 	}
-	if k != h.K || len(h.H) != k*k {
-		return fmt.Errorf("gptq: hessian of width %d (%d values) given inputs of width %d", h.K, len(h.H), k)
+	if k != h.K || len(h.h) != k*k {
+		return fmt.Errorf("gptq: hessian of width %d (%d values) given inputs of width %d", h.K, len(h.h), k)
 	}
 	return nil
 }

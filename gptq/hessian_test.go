@@ -45,7 +45,7 @@ func TestHessianAdd(t *testing.T) {
 			if h.N != tokens {
 				t.Errorf("k=%d %s: N = %d, want %d", k, name, h.N, tokens)
 			}
-			for i, v := range h.H {
+			for i, v := range h.Matrix() {
 				if math.Abs(v-want[i]) > bound[i] {
 					t.Fatalf("k=%d %s: H[%d,%d] = %g, want %g", k, name, i/k, i%k, v, want[i])
 				}
@@ -72,5 +72,43 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHessianReadBetweenAdds: Add updates the upper triangle and Matrix mirrors it when H is
+// read, so reading H between batches, or merging a read Hessian with an unread one, gives
+// exactly the matrix of adding every batch and reading once.
+func TestHessianReadBetweenAdds(t *testing.T) {
+	const k, rows = 40, 7
+	x := correlatedActivations(rand.New(rand.NewPCG(5, 5)), 3*rows, k)
+	batch := func(i int) []float32 { return x[i*rows*k : (i+1)*rows*k] }
+	var once, read, merged, other Hessian
+	for i := range 3 {
+		must(t, once.Add(batch(i), rows, k))
+	}
+	for i := range 3 {
+		must(t, read.Add(batch(i), rows, k))
+		read.Matrix()
+	}
+	must(t, merged.Add(batch(0), rows, k))
+	merged.Matrix()
+	must(t, other.Add(batch(1), rows, k))
+	must(t, other.Add(batch(2), rows, k))
+	must(t, merged.Merge(&other))
+	want := once.Matrix()
+	for i := range k {
+		for j := range i {
+			if want[i*k+j] != want[j*k+i] {
+				t.Fatalf("H[%d,%d] = %g, H[%d,%d] = %g: not symmetric", i, j, want[i*k+j], j, i, want[j*k+i])
+			}
+		}
+	}
+	for name, h := range map[string]*Hessian{"read between batches": &read, "merged": &merged} {
+		got := h.Matrix()
+		for i := range want {
+			if d := math.Abs(got[i] - want[i]); d > 1e-12*math.Abs(want[i]) {
+				t.Fatalf("%s: H[%d,%d] = %g, want %g", name, i/k, i%k, got[i], want[i])
+			}
+		}
 	}
 }
