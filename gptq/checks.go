@@ -57,8 +57,8 @@ func CheckScheme(s quant.Scheme, k int, opt Options) error {
 // quantization order, and k-quants have no g_idx to record it) and the clipping search (ggml's
 // fit chooses each sub-block's range itself); IQ types code groups of adjacent columns, so
 // refuse act-order altogether, and need lazy batches of whole groups; what FP4 cannot do —
-// act-order with blocks fitted on the fly (FP4 layouts have no g_idx); and a global scale other
-// than NVFP4's.
+// act-order with blocks fitted on the fly (FP4 layouts have no g_idx) and the clipping search
+// (the block scale is searched anyway); and a global scale other than NVFP4's.
 func Takes(s quant.Scheme, opt Options) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("gptq: %w", err)
@@ -78,6 +78,8 @@ func Takes(s quant.Scheme, opt Options) error {
 		return fmt.Errorf("gptq: %s has no act-order group index (g_idx); use act-order with static groups (--static-groups)", s)
 	case kq && opt.Clip && !opt.Imatrix:
 		return fmt.Errorf("gptq: %s has no clipping search (--clip); ggml's fit searches each sub-block's range", s)
+	case s.IsFP4() && opt.Clip && !opt.Imatrix:
+		return fmt.Errorf("gptq: %s has no clipping search (--clip); GPTQ searches each block's scale among the representable ones", s)
 	}
 	return nil
 }

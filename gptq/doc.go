@@ -47,5 +47,8 @@
 //
 // The FP4 grids NVFP4 and MXFP4 are fitted block by block like groups (their E4M3 or E8M0
 // block scale; NVFP4's global scale is fixed beforehand, from W or Options.GlobalScale), each
-// weight coded to the nearest E2M1 value; they have no g_idx either. Other grids are refused.
+// weight coded to the nearest E2M1 value; they have no g_idx either. Unlike the reference's
+// groups, a block on the fly is fitted when the loop reaches its first column, from the weights
+// at that moment, and its scale is always searched among the representable ones, weighted by
+// diag H (blockwise's imatrix search, with or without Options.Imatrix). Other grids are refused.
 package gptq

@@ -6,12 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/quant"
 )
 
 // On the FP4 grids GPTQ fits each block when the column loop reaches it (its E4M3 or E8M0
-// scale, NVFP4's global scale fixed beforehand from W) and codes each weight to the nearest
-// E2M1 value. Its proxy loss must lie well below round-to-nearest's, plain, with the imatrix
+// scale searched, weighted by diag H; NVFP4's global scale fixed beforehand from W) and codes
+// each weight to the nearest E2M1 value. Its proxy loss must lie well below round-to-nearest's, plain, with the imatrix
 // fit and with static blocks under act-order, and Stats.Loss must be the direct loss.
 func TestFP4BeatsRTN(t *testing.T) {
 	const n, k = 40, 256
@@ -60,11 +61,45 @@ func TestFP4Refusals(t *testing.T) {
 		{"partial block", 40, quant.NVFP4Scheme, Options{}, "whole blocks"},
 		{"act-order on the fly", 64, quant.MXFP4Scheme, Options{ActOrder: true}, "static groups"},
 		{"global scale for mxfp4", 64, quant.MXFP4Scheme, Options{GlobalScale: 3}, "global scale"},
+		{"clip", 64, quant.NVFP4Scheme, Options{Clip: true}, "no clipping search"},
 		{"fp8 blocks", 64, quant.FP8BlockScheme(32), Options{}, "not fp8-block"},
 	} {
 		w, h := randomWeights(r, 4, c.k), testHessian(t, r, c.k)
 		if _, _, err := Quantize(w, 4, c.k, h, c.s, c.opt); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error with %q", c.name, err, c.want)
+		}
+	}
+}
+
+// With a diagonal Hessian no error is fed forward, so GPTQ on an FP4 grid must give exactly
+// blockwise's imatrix fit with importance diag H — with or without Options.Imatrix, since
+// GPTQ's FP4 blocks always search their scale.
+func TestFP4DiagonalHessianIsImatrixRTN(t *testing.T) {
+	const n, k = 12, 256
+	r := rand.New(rand.NewPCG(10, 41))
+	w := randomWeights(r, n, k)
+	h := make([]float64, k*k)
+	imp := make([]float32, k)
+	for c := range k {
+		imp[c] = float32(0.5 + r.Float64()*r.Float64()*4)
+		h[c*k+c] = float64(imp[c])
+	}
+	for _, s := range []quant.Scheme{quant.NVFP4Scheme, quant.MXFP4Scheme} {
+		rt, err := blockwise.Quantize(w, n, k, s, blockwise.Options{Imatrix: true, Importance: imp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := rt.Dequantize(nil)
+		for _, o := range []Options{{}, {Imatrix: true}} {
+			gt, _, err := Quantize(w, n, k, h, s, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range gt.Dequantize(nil) {
+				if v != want[i] {
+					t.Fatalf("%s, imatrix=%v: weight %d is %g, blockwise's imatrix fit gives %g", s, o.Imatrix, i, v, want[i])
+				}
+			}
 		}
 	}
 }
