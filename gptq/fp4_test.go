@@ -78,12 +78,7 @@ func TestFP4DiagonalHessianIsImatrixRTN(t *testing.T) {
 	const n, k = 12, 256
 	r := rand.New(rand.NewPCG(10, 41))
 	w := randomWeights(r, n, k)
-	h := make([]float64, k*k)
-	imp := make([]float32, k)
-	for c := range k {
-		imp[c] = float32(0.5 + r.Float64()*r.Float64()*4)
-		h[c*k+c] = float64(imp[c])
-	}
+	h, imp := diagonalHessian(r, k)
 	for _, s := range []quant.Scheme{quant.NVFP4Scheme, quant.MXFP4Scheme} {
 		rt, err := blockwise.Quantize(w, n, k, s, blockwise.Options{Imatrix: true, Importance: imp})
 		if err != nil {

@@ -197,8 +197,8 @@ func (p *problem) quantizeBlock(f *fitter, r int, row []float32, i1, i2 int, err
 // fitsAtColumn reports whether on-the-fly groups are fitted when the column loop reaches their
 // first column, from the weights at that moment (all earlier columns' errors spread), rather
 // than at the start of the block of columns. FP4 blocks are: their scale is searched against
-// the weights it will code (fitter.fit), and on mid-llama fitting the stale weights the
-// reference's groups see lost 0.02 perplexity with the search (docs/fp4.md).
+// the weights it will code (newFitter), and on mid-llama the search on the weights the
+// reference's groups see (before the block's own updates) gave 0.019 more perplexity (docs/fp4.md).
 func (p *problem) fitsAtColumn() bool { return p.t.Scheme.IsFP4() }
 
 // round rounds the weight of row r at quantization position i (row holds the row's working

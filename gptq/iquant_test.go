@@ -37,12 +37,7 @@ func TestIQuantDiagonalHessian(t *testing.T) {
 	const n, k = 6, 512
 	r := rand.New(rand.NewPCG(9, 9))
 	w := randomWeights(r, n, k)
-	h := make([]float64, k*k)
-	imp := make([]float32, k)
-	for c := range k {
-		imp[c] = float32(0.5 + r.Float64()*r.Float64()*4)
-		h[c*k+c] = float64(imp[c])
-	}
+	h, imp := diagonalHessian(r, k)
 	for _, it := range quant.IQTypes() {
 		s, _ := quant.IQuantScheme(it)
 		gt, st, err := Quantize(w, n, k, h, s, Options{Imatrix: true})

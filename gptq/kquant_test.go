@@ -85,12 +85,7 @@ func TestKQuantDiagonalHessianIsRTN(t *testing.T) {
 	const n, k = 12, 640 // two whole super-blocks and a short one
 	r := rand.New(rand.NewPCG(5, 5))
 	w := randomWeights(r, n, k)
-	h := make([]float64, k*k)
-	imp := make([]float32, k)
-	for c := range k {
-		imp[c] = float32(0.5 + r.Float64()*r.Float64()*4)
-		h[c*k+c] = float64(imp[c])
-	}
+	h, imp := diagonalHessian(r, k)
 	for _, s := range quant.KQuantSchemes() {
 		for _, o := range []Options{{}, {Imatrix: true}, {StaticGroups: true}} {
 			gt, _, err := Quantize(w, n, k, h, s, o)
@@ -138,4 +133,16 @@ func TestKQuantRefusals(t *testing.T) {
 			t.Errorf("K=%d %+v: error %v; want one naming q4_k and %q", c.k, c.opt, err, c.want)
 		}
 	}
+}
+
+// diagonalHessian returns a k×k diagonal Hessian with entries in [0.5, 4.5), skewed low, and its
+// diagonal as importance: no error is fed forward under it.
+func diagonalHessian(r *rand.Rand, k int) (h []float64, imp []float32) {
+	h = make([]float64, k*k)
+	imp = make([]float32, k)
+	for c := range k {
+		imp[c] = float32(0.5 + r.Float64()*r.Float64()*4)
+		h[c*k+c] = float64(imp[c])
+	}
+	return h, imp
 }
