@@ -42,6 +42,9 @@ func TestRefusedBeforeAnyWork(t *testing.T) {
 		{"mxfp4 under act-order without static groups", func(o *Options) {
 			o.Method, o.Format, o.Alloc, o.GPTQ.ActOrder = GPTQ, "qpack", Uniform(quant.MXFP4Scheme), true
 		}, "--static-groups"},
+		{"nvfp4 under gptq with --clip", func(o *Options) {
+			o.Method, o.Format, o.Alloc, o.Clip = GPTQ, "qpack", Uniform(quant.NVFP4Scheme), true
+		}, "no clipping search"},
 		{"block FP8 with --imatrix", func(o *Options) { o.Format, o.Alloc, o.Imatrix = "fp8", Uniform(quant.FP8BlockScheme(128)), true }, "no clipping or imatrix search"},
 		{"an override mixing schemes in the gptq format", func(o *Options) {
 			ov, err := alloc.ParseOverrides([]string{"down_proj=int8-g128-sym"})
