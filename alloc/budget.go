@@ -20,7 +20,9 @@ import (
 // importance weighting HAWQ and EXL2 apply lives in the measurement: with calibration the
 // caller's Measure is activation-weighted (tr(ΔW H ΔWᵀ)/tr(W H Wᵀ)), and a caller with
 // per-tensor coefficients can fold them into Measure.
-func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []verdict, plan *Plan) (*Budget, error) {
+//
+// A group of tied tensors is one item: each rung costs the members' bytes and errs their sum.
+func (p *Planner) budget(ladder []Choice, opts Options, groups [][]int, verdicts []verdict, plan *Plan) (*Budget, error) {
 	bpw := opts.TargetBPW
 	if math.IsNaN(bpw) || math.IsInf(bpw, 0) || bpw < 0 || opts.TargetBytes < 0 {
 		return nil, fmt.Errorf("budget: bad target (bpw %v, size %d bytes)", opts.TargetBPW, opts.TargetBytes)
@@ -42,8 +44,10 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 
 	// Costs first, so that an infeasible budget is refused before anything is measured.
 	isFree := make([]bool, len(p.tensors))
-	for _, i := range free {
-		isFree[i] = true
+	for _, g := range groups {
+		for _, i := range g {
+			isFree[i] = true
+		}
 	}
 	var candParams, fixedCand, fixedAll int64
 	for i, t := range p.tensors {
@@ -63,10 +67,10 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 			fixedCand += b
 		}
 	}
-	items := make([]item, len(free))
+	items := make([]item, len(groups))
 	var minFree, maxFree int64
-	for f, i := range free {
-		t := p.tensors[i]
+	for f, g := range groups {
+		t := p.tensors[g[0]] // tied tensors have one shape
 		items[f] = item{name: t.Name}
 		var unfit []error
 		for r, c := range rungs {
@@ -74,11 +78,15 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 				unfit = append(unfit, err)
 				continue
 			}
-			b, err := p.bytes(t, c)
-			if err != nil {
-				return nil, err
+			var cost int64
+			for _, i := range g {
+				b, err := p.bytes(p.tensors[i], c)
+				if err != nil {
+					return nil, err
+				}
+				cost += b
 			}
-			items[f].options = append(items[f].options, option{cost: b, rung: r})
+			items[f].options = append(items[f].options, option{cost: cost, rung: r})
 		}
 		if len(items[f].options) == 0 {
 			return nil, fmt.Errorf("budget: tensor %s fits none of the ladder's rungs: %w", t.Name, errors.Join(unfit...))
@@ -115,7 +123,7 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 			"expensive rung (%s), so the budget does not limit the plan", topOf(rungs)))
 	}
 
-	if err := p.measureItems(items, rungs, free); err != nil {
+	if err := p.measureItems(items, rungs, groups); err != nil {
 		return nil, err
 	}
 	sol, err := solveKnapsack(items, info.FreeBytes)
@@ -128,19 +136,22 @@ func (p *Planner) budget(ladder []Choice, opts Options, free []int, verdicts []v
 		info.Solver, info.Lambda = "lagrangian", sol.lambda
 		reason = fmt.Sprintf("budget: λ=%.4g error per MiB", sol.lambda*(1<<20))
 	}
-	for f, i := range free {
-		verdicts[i].choice, verdicts[i].reason = rungs[items[f].options[sol.picks[f]].rung], reason
+	for f, g := range groups {
+		for _, i := range g {
+			verdicts[i].choice, verdicts[i].reason = rungs[items[f].options[sol.picks[f]].rung], reason
+		}
 	}
 	return info, nil
 }
 
-// measureItems fills in every option's sensitivity, tensors in parallel on GOMAXPROCS
-// goroutines (each tensor's rungs one after another on one of them, as MeasureFunc promises).
-func (p *Planner) measureItems(items []item, rungs []Choice, free []int) error {
+// measureItems fills in every option's sensitivity (a group's: the sum of its members'), groups
+// in parallel on GOMAXPROCS goroutines (each tensor's rungs one after another on one of them,
+// as MeasureFunc promises).
+func (p *Planner) measureItems(items []item, rungs []Choice, groups [][]int) error {
 	work := make(chan int)
-	errs := make([]error, len(free))
+	errs := make([]error, len(groups))
 	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(free)) {
+	for range min(runtime.GOMAXPROCS(0), len(groups)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -150,7 +161,7 @@ func (p *Planner) measureItems(items []item, rungs []Choice, free []int) error {
 					if c.Keep {
 						continue // no quantization error
 					}
-					s, err := p.sensitivity(p.tensors[free[f]], c.Scheme)
+					s, err := p.groupSensitivity(groups[f], c.Scheme)
 					if err != nil {
 						errs[f] = err
 						break
@@ -160,7 +171,7 @@ func (p *Planner) measureItems(items []item, rungs []Choice, free []int) error {
 			}
 		}()
 	}
-	for f := range free {
+	for f := range groups {
 		work <- f
 	}
 	close(work)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/quant"
 )
 
 // EvolvedRule holds the constants of the allocator evolved on synthetic layer data (DESIGN.md,
@@ -21,11 +22,12 @@ type EvolvedRule struct {
 // DefaultEvolvedRule is the rule as evolved: 7.5% edges, threshold 0.001.
 var DefaultEvolvedRule = EvolvedRule{EdgeFraction: 0.075, Threshold: 0.001}
 
-// evolved applies the rule to the free candidates: the classifier (when opted in) and the
-// embedding (the model's input edge) take the high rung, the edge blocks take the high rung,
-// the middle takes the low rung unless its measured sensitivity there exceeds the threshold.
-// Only the low rung's sensitivity of middle tensors is measured.
-func (p *Planner) evolved(ladder []Choice, opts Options, free []int, verdicts []verdict) error {
+// evolved applies the rule to the free candidates, each group of tied tensors as one: the
+// classifier (when opted in) and the embedding (the model's input edge) take the high rung, the
+// edge blocks take the high rung, the middle takes the low rung unless its measured sensitivity
+// there (a group's: its members' mean) exceeds the threshold. Only the low rung's sensitivity
+// of middle tensors is measured.
+func (p *Planner) evolved(ladder []Choice, opts Options, groups [][]int, verdicts []verdict) error {
 	rule := DefaultEvolvedRule
 	if opts.Evolved != nil {
 		rule = *opts.Evolved
@@ -42,8 +44,8 @@ func (p *Planner) evolved(ladder []Choice, opts Options, free []int, verdicts []
 	isEdge := func(t TensorDesc, fromLast bool) bool {
 		return t.Block >= 0 && rule.EdgeFraction > 0 && t.edgeDistance(fromLast) <= rule.EdgeFraction
 	}
-	for _, i := range free {
-		t := p.tensors[i]
+	for _, g := range groups {
+		t := p.tensors[g[0]] // tied tensors share a block and a role
 		choice, reason := high, ""
 		switch {
 		case t.Role == model.RoleClassifier:
@@ -55,20 +57,40 @@ func (p *Planner) evolved(ladder []Choice, opts Options, free []int, verdicts []
 		case isEdge(t, true):
 			reason = fmt.Sprintf("rule: last %g%% of blocks (block %d of %d)", 100*rule.EdgeFraction, t.Block, t.NumBlocks)
 		default:
-			s, err := p.sensitivity(t, low.Scheme)
+			s, err := p.groupSensitivity(g, low.Scheme)
 			if err != nil {
 				return err
 			}
+			s /= float64(len(g))
+			of := ""
+			if len(g) > 1 {
+				of = fmt.Sprintf(" (mean of %d tied tensors)", len(g))
+			}
 			if s > rule.Threshold {
-				reason = fmt.Sprintf("measured sensitivity %.4g > %g at %s", s, rule.Threshold, low)
+				reason = fmt.Sprintf("measured sensitivity%s %.4g > %g at %s", of, s, rule.Threshold, low)
 			} else {
 				choice = low
-				reason = fmt.Sprintf("measured sensitivity %.4g ≤ %g", s, rule.Threshold)
+				reason = fmt.Sprintf("measured sensitivity%s %.4g ≤ %g", of, s, rule.Threshold)
 			}
 		}
-		verdicts[i].choice, verdicts[i].reason = choice, reason
+		for _, i := range g {
+			verdicts[i].choice, verdicts[i].reason = choice, reason
+		}
 	}
 	return nil
+}
+
+// groupSensitivity is the sum of a group's sensitivities under s.
+func (p *Planner) groupSensitivity(g []int, s quant.Scheme) (float64, error) {
+	var sum float64
+	for _, i := range g {
+		v, err := p.sensitivity(p.tensors[i], s)
+		if err != nil {
+			return 0, err
+		}
+		sum += v
+	}
+	return sum, nil
 }
 
 // edgeDistance is the relative distance of t's block from the first block (0…1), or from the

@@ -48,6 +48,9 @@ type Options struct {
 	// itself when it can, or an error when it has no substitute. Uniform, evolved and pinned choices are
 	// replaced; the budget strategy offers a tensor only the rungs the format stores as they are.
 	Fallback FallbackFunc `json:"-"`
+	// Tie, when set, names the group a tensor belongs to ("" for none): the tensors of a group
+	// take one choice (see tie.go).
+	Tie func(name string) string `json:"-"`
 }
 
 // FallbackFunc gives the scheme an output format stores for an n×k weight planned as s, and
@@ -196,6 +199,13 @@ func (p *Planner) Plan(opts Options) (*Plan, error) {
 		verdicts[i].candidate = true
 		free = append(free, i)
 	}
+	if err := p.checkTiedPins(opts.Tie, verdicts); err != nil {
+		return nil, err
+	}
+	groups, err := p.tiedGroups(opts.Tie, free)
+	if err != nil {
+		return nil, err
+	}
 	plan := &Plan{Version: PlanVersion, Strategy: opts.Strategy, Warnings: warnings}
 	for _, c := range ladder {
 		plan.Ladder = append(plan.Ladder, c.String())
@@ -207,9 +217,9 @@ func (p *Planner) Plan(opts Options) (*Plan, error) {
 	case StrategyUniform:
 		err = p.uniform(ladder, free, verdicts)
 	case StrategyEvolved:
-		err = p.evolved(ladder, opts, free, verdicts)
+		err = p.evolved(ladder, opts, groups, verdicts)
 	case StrategyBudget:
-		plan.Budget, err = p.budget(ladder, opts, free, verdicts, plan)
+		plan.Budget, err = p.budget(ladder, opts, groups, verdicts, plan)
 	default:
 		err = fmt.Errorf("alloc: unknown strategy %q (want %s, %s or %s)", opts.Strategy,
 			StrategyUniform, StrategyEvolved, StrategyBudget)
