@@ -2,6 +2,7 @@ package gguf
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,5 +85,43 @@ func TestStreamIncomplete(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("left %d entries behind", len(entries))
+	}
+}
+
+// A tensor written in parts, out of order and concurrently, reads back whole; a part past the
+// tensor's end is refused, and a missing part fails the file.
+func TestStreamParts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.gguf")
+	want := make([]byte, 4*12)
+	for i := range want {
+		want[i] = byte(i + 1)
+	}
+	tensors := []Tensor{{Name: "merged", Type: F32, Dims: []uint64{4, 3}}}
+	err := Stream(path, nil, tensors, nil, func(w *Writer) error {
+		if err := w.WritePart("merged", 40, make([]byte, 16)); err == nil {
+			t.Error("a part past the end was taken")
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 3)
+		for p := range 3 {
+			wg.Go(func() { errs[p] = w.WritePart("merged", int64(16*(2-p)), want[16*(2-p):16*(3-p)]) })
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if b, _ := g.Bytes(g.Tensors[0]); !bytes.Equal(b, want) {
+		t.Errorf("reads back %v", b)
+	}
+	err = Stream(path+"2", nil, tensors, nil, func(w *Writer) error { return w.WritePart("merged", 0, want[:32]) })
+	if err == nil || !strings.Contains(err.Error(), "wrote 32 bytes") {
+		t.Errorf("a missing part: error %v", err)
 	}
 }

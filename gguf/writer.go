@@ -140,6 +140,24 @@ func (w *Writer) WriteTensor(name string, data []byte) error {
 	return nil
 }
 
+// WritePart writes part of a tensor's data, off bytes from its start: a merged tensor whose
+// parts (a block's experts) are ready at different times. Parts must not overlap; the tensor is
+// complete when their sizes add up to its size. Parts of one tensor may be written concurrently.
+func (w *Writer) WritePart(name string, off int64, data []byte) error {
+	s, ok := w.slots[name]
+	if !ok {
+		return fmt.Errorf("tensor %s is not in the file's header", name)
+	}
+	if off < 0 || off+int64(len(data)) > s.size {
+		return fmt.Errorf("tensor %s: %d bytes at %d, past its %d bytes", name, len(data), off, s.size)
+	}
+	if _, err := w.f.WriteAt(data, s.offset+off); err != nil {
+		return err
+	}
+	s.written.Add(int64(len(data)))
+	return nil
+}
+
 // Tensor returns a writer that streams one tensor's data from its start: writing more than
 // the tensor's size is an error.
 func (w *Writer) Tensor(name string) (io.Writer, error) {
