@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"regexp"
@@ -151,7 +152,8 @@ type ggufPlan struct {
 	preset        bool
 	types         map[string]gguf.Type // by GGUF name, under fileType
 	embed, output gguf.Type
-	roleOf        map[string]ggufexport.Role // by Hugging Face name
+	roleOf        map[string]ggufexport.Role // by Hugging Face name (an expert's: its merged tensor's)
+	expertOf      map[string]int             // an expert's place in its merged tensor, by Hugging Face name
 	name          string                     // general.name
 	warnings      []string
 }
@@ -164,33 +166,33 @@ func prepareGGUF(ck *safetensors.Checkpoint, opt *Options) (*ggufPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if l.Config.IsMoE() {
-		return nil, fmt.Errorf("%s: --format gguf does not write a mixture of experts yet (llama.cpp merges each block's experts into one tensor per projection); convert with --format qpack, then `qpack export gguf`, which merges them", ck.Dir)
-	}
-	p := &ggufPlan{layout: l, roleOf: map[string]ggufexport.Role{}, name: opt.GGUF.Name}
+	p := &ggufPlan{layout: l, roleOf: map[string]ggufexport.Role{}, expertOf: map[string]int{}, name: opt.GGUF.Name}
 	var tensors []ftype.Tensor
 	for _, r := range l.Roles() {
-		p.roleOf[r.HF] = r
-		info, ok := ck.Info(r.HF)
+		shape, ok, err := p.addRole(ck, r)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ck.Dir, err)
+		}
 		if !ok {
-			if r.Optional {
-				continue
-			}
-			return nil, fmt.Errorf("%s: tensor %s (for %s) is missing", ck.Dir, r.HF, r.GGUF)
+			continue
 		}
 		typ := gguf.F16
-		if len(info.Shape) < 2 {
+		if len(shape) < 2 {
 			typ = gguf.F32
 		}
-		tensors = append(tensors, ftype.Tensor{Name: r.GGUF, Type: typ, Dims: ggufexport.Dims(info.Shape)})
+		tensors = append(tensors, ftype.Tensor{Name: r.GGUF, Type: typ, Dims: r.Dims(shape)})
 	}
 	if err := p.checkNames(ck); err != nil {
 		return nil, err
 	}
+	opt.Alloc.Tie = p.mergedTensorOf // ggml holds a block's experts in one tensor of one type
 	if opt.Plan != nil {
 		descs, err := describe(ck)
 		if err == nil {
 			err = checkReplayed(opt.Plan, descs)
+		}
+		if err == nil {
+			err = p.checkReplayedExperts(opt.Plan)
 		}
 		if err != nil {
 			return nil, err
@@ -242,6 +244,70 @@ func prepareGGUF(ck *safetensors.Checkpoint, opt *Options) (*ggufPlan, error) {
 		err = p.presetOverrides(ck, opt)
 	}
 	return p, err
+}
+
+// addRole records the role's Hugging Face tensors and returns the shape of one of them (for a
+// merged tensor, of one expert; every expert must have it); ok is false for an optional tensor
+// the checkpoint lacks.
+func (p *ggufPlan) addRole(ck *safetensors.Checkpoint, r ggufexport.Role) (shape []int, ok bool, err error) {
+	if r.Experts == nil {
+		p.roleOf[r.HF] = r
+		info, ok := ck.Info(r.HF)
+		if !ok && !r.Optional {
+			return nil, false, fmt.Errorf("tensor %s (for %s) is missing", r.HF, r.GGUF)
+		}
+		return info.Shape, ok, nil
+	}
+	for e, hf := range r.Experts {
+		p.roleOf[hf], p.expertOf[hf] = r, e
+		info, ok := ck.Info(hf)
+		switch {
+		case !ok:
+			return nil, false, fmt.Errorf("tensor %s (expert %d of %s) is missing", hf, e, r.GGUF)
+		case e == 0:
+			shape = info.Shape
+		case !slices.Equal(info.Shape, shape):
+			return nil, false, fmt.Errorf("%s: expert %d (%s) has shape %v, expert 0 %v", r.GGUF, e, hf, info.Shape, shape)
+		}
+	}
+	return shape, true, nil
+}
+
+// mergedTensorOf names the merged tensor an expert's weight is written into ("" for other
+// tensors): alloc ties the experts of one merged tensor to one choice.
+func (p *ggufPlan) mergedTensorOf(hf string) string {
+	if r := p.roleOf[hf]; r.Experts != nil {
+		return r.GGUF
+	}
+	return ""
+}
+
+// checkReplayedExperts refuses a replayed plan that gives the experts of one merged tensor
+// different schemes, naming two of them.
+func (p *ggufPlan) checkReplayedExperts(plan *alloc.Plan) error {
+	for _, r := range p.layout.Roles() {
+		for e, hf := range r.Experts {
+			a, _ := plan.Lookup(r.Experts[0])
+			b, _ := plan.Lookup(hf)
+			if a.Scheme != b.Scheme {
+				return fmt.Errorf("plan: %s gives expert 0 (%s) %s and expert %d (%s) %s, but llama.cpp holds a block's experts in one tensor of one type",
+					r.GGUF, r.Experts[0], a.Scheme, e, hf, b.Scheme)
+			}
+		}
+	}
+	return nil
+}
+
+// namesPattern is a regular expression matching exactly the role's Hugging Face tensors.
+func namesPattern(r ggufexport.Role) string {
+	if r.Experts == nil {
+		return "^" + regexp.QuoteMeta(r.HF) + "$"
+	}
+	quoted := make([]string, len(r.Experts))
+	for i, n := range r.Experts {
+		quoted[i] = regexp.QuoteMeta(n)
+	}
+	return "^(?:" + strings.Join(quoted, "|") + ")$"
 }
 
 // encodable says whether qpack writes float weights in type t.
@@ -311,7 +377,7 @@ func (p *ggufPlan) presetOverrides(ck *safetensors.Checkpoint, opt *Options) err
 			}
 			choice = s.String()
 		}
-		ov, err := alloc.ParseOverrides([]string{"^" + regexp.QuoteMeta(r.HF) + "$=" + choice})
+		ov, err := alloc.ParseOverrides([]string{namesPattern(r) + "=" + choice})
 		if err != nil {
 			return err
 		}
@@ -340,7 +406,7 @@ func (p *ggufPlan) storedBytes(descs []alloc.TensorDesc) {
 // typeOf is the GGUF type of a role when the plan keeps it.
 func (p *ggufPlan) typeOf(r ggufexport.Role, shape []int) gguf.Type {
 	switch {
-	case len(shape) < 2:
+	case len(shape) < 2 || r.F32:
 		return gguf.F32
 	case r.GGUF == "token_embd.weight":
 		return p.embed
@@ -413,14 +479,15 @@ func checkReplayed(plan *alloc.Plan, descs []alloc.TensorDesc) error {
 
 // ggufSink writes the units' tensors into the GGUF file: a quantized weight's ggml blocks
 // (rows permuted for llama's q/k), and every kept tensor, which arrives in its input dtype,
-// converted to its GGUF type.
+// converted to its GGUF type; an expert's weight goes to its place in its merged tensor.
 type ggufSink struct {
 	w       *gguf.Writer
 	plan    *ggufPlan
 	dtypes  map[string]safetensors.DType // kept tensors' input dtypes
 	shapes  map[string][]int
-	packed  map[string]bool // the packed tensors' names (module prefix + ".weight")
-	rowSize map[string]int  // packed tensors' bytes per row
+	packed  map[string]bool  // the packed tensors' names (module prefix + ".weight")
+	rowSize map[string]int   // packed tensors' bytes per row
+	part    map[string]int64 // a merged tensor's bytes per expert, by GGUF name
 }
 
 func (s *ggufSink) Write(name string, data []byte) error {
@@ -429,12 +496,19 @@ func (s *ggufSink) Write(name string, data []byte) error {
 		return fmt.Errorf("tensor %s has no place in the GGUF file", name)
 	}
 	if s.packed[name] {
-		return s.w.WriteTensor(r.GGUF, ggufexport.PermuteRows(data, s.rowSize[name], r.Heads))
+		return s.put(r, name, ggufexport.PermuteRows(data, s.rowSize[name], r.Heads))
 	}
 	shape := s.shapes[name]
 	v := make([]float32, numel(shape))
 	if err := safetensors.DecodeFloat32(s.dtypes[name], v, data); err != nil {
 		return fmt.Errorf("tensor %s: %w", name, err)
+	}
+	if r.Experts != nil {
+		var buf bytes.Buffer
+		if err := ggufexport.EncodeFloat(&buf, s.plan.typeOf(r, shape), v, shape, r.Heads); err != nil {
+			return err
+		}
+		return s.put(r, name, buf.Bytes())
 	}
 	tw, err := s.w.Tensor(r.GGUF)
 	if err != nil {
@@ -443,34 +517,63 @@ func (s *ggufSink) Write(name string, data []byte) error {
 	return ggufexport.EncodeFloat(tw, s.plan.typeOf(r, shape), v, shape, r.Heads)
 }
 
+// put writes a whole tensor, or an expert's part of its merged tensor.
+func (s *ggufSink) put(r ggufexport.Role, name string, data []byte) error {
+	if r.Experts == nil {
+		return s.w.WriteTensor(r.GGUF, data)
+	}
+	size := s.part[r.GGUF]
+	if int64(len(data)) != size {
+		return fmt.Errorf("tensor %s: %d bytes, its part of %s needs %d", name, len(data), r.GGUF, size)
+	}
+	return s.w.WritePart(r.GGUF, int64(s.plan.expertOf[name])*size, data)
+}
+
 // ggufTensors lists the file's tensors in llama.cpp's order with their types, and makes the
 // sink that fills them from the units.
-func (p *ggufPlan) ggufTensors(items []Item) ([]gguf.Tensor, *ggufSink) {
+func (p *ggufPlan) ggufTensors(items []Item) ([]gguf.Tensor, *ggufSink, error) {
 	byName := map[string]Item{}
 	for _, it := range items {
 		byName[it.Info.Name] = it
 	}
 	sink := &ggufSink{plan: p, dtypes: map[string]safetensors.DType{}, shapes: map[string][]int{},
-		packed: map[string]bool{}, rowSize: map[string]int{}}
+		packed: map[string]bool{}, rowSize: map[string]int{}, part: map[string]int64{}}
 	var out []gguf.Tensor
 	if t, ok := p.layout.RopeFreqs(); ok {
 		out = append(out, t)
 	}
 	for _, r := range p.layout.Roles() {
-		it, ok := byName[r.HF]
-		if !ok {
+		names := r.Experts
+		if names == nil {
+			names = []string{r.HF}
+		}
+		if _, ok := byName[names[0]]; !ok {
 			continue // an optional tensor the checkpoint lacks (prepareGGUF checked the rest)
 		}
-		shape := it.Info.Shape
-		typ := p.typeOf(r, shape)
-		if it.Scheme != nil {
-			typ, _ = ggmltype.TypeOf(*it.Scheme)
-			sink.packed[r.HF], sink.rowSize[r.HF] = true, typ.RowBytes(it.K())
+		var typ gguf.Type
+		var shape []int
+		for e, hf := range names {
+			it := byName[hf]
+			shape = it.Info.Shape
+			t := p.typeOf(r, shape)
+			if it.Scheme != nil {
+				t, _ = ggmltype.TypeOf(*it.Scheme)
+				sink.packed[hf], sink.rowSize[hf] = true, t.RowBytes(it.K())
+			}
+			if e > 0 && t != typ { // alloc ties a merged tensor's experts; a replayed plan is checked
+				return nil, nil, fmt.Errorf("%s: expert 0 (%s) is %s and expert %d (%s) %s, but llama.cpp holds a block's experts in one tensor of one type",
+					r.GGUF, names[0], typ, e, hf, t)
+			}
+			typ = t
+			sink.dtypes[hf], sink.shapes[hf] = it.Info.DType, shape
 		}
-		sink.dtypes[r.HF], sink.shapes[r.HF] = it.Info.DType, shape
-		out = append(out, gguf.Tensor{Name: r.GGUF, Type: typ, Dims: ggufexport.Dims(shape)})
+		dims := r.Dims(shape)
+		if r.Experts != nil {
+			sink.part[r.GGUF], _ = gguf.Bytes(typ, dims[:len(dims)-1])
+		}
+		out = append(out, gguf.Tensor{Name: r.GGUF, Type: typ, Dims: dims})
 	}
-	return out, sink
+	return out, sink, nil
 }
 
 // ggufFileType is general.file_type: the preset's, else named after the most common type of
@@ -509,6 +612,10 @@ func (p *ggufPlan) ggufReport(report *Report, tensors []gguf.Tensor) {
 		}
 		tr.OutBytes = size[r.GGUF]
 		tr.Outputs = []string{fmt.Sprintf("%s (%s)", r.GGUF, types[r.GGUF])}
+		if r.Experts != nil { // an expert's share of its merged tensor
+			tr.OutBytes /= int64(len(r.Experts))
+			tr.Outputs = []string{fmt.Sprintf("%s (%s, expert %d)", r.GGUF, types[r.GGUF], p.expertOf[tr.Name])}
+		}
 	}
 }
 
@@ -517,7 +624,10 @@ func (p *ggufPlan) ggufReport(report *Report, tensors []gguf.Tensor) {
 // with the digests.
 func (p *ggufPlan) write(dst string, items []Item, units []unit, workers int, meta map[string]string, hashes *inputHashes,
 	report *Report, metadata func([]InputFile) (map[string]string, error), log io.Writer) error {
-	tensors, sink := p.ggufTensors(items)
+	tensors, sink, err := p.ggufTensors(items)
+	if err != nil {
+		return err
+	}
 	kvs := func(meta map[string]string) []gguf.KV {
 		return p.layout.KVs(p.name, p.ggufFileType(tensors), provenanceKV(meta))
 	}
@@ -530,7 +640,7 @@ func (p *ggufPlan) write(dst string, items []Item, units []unit, workers int, me
 			return t.WriteTo(tw)
 		})
 	}
-	err := gguf.Stream(dst, kvs(meta), tensors, log, func(w *gguf.Writer) error {
+	err = gguf.Stream(dst, kvs(meta), tensors, log, func(w *gguf.Writer) error {
 		sink.w = w
 		if err := runUnits(sink, units, workers); err != nil {
 			return err

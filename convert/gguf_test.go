@@ -60,7 +60,7 @@ func presetWant(t *testing.T, src string, ft ftype.FileType, imatrix bool) map[s
 	}
 	_, f := ggufTypes(t, f32)
 	defer f.Close()
-	cfg, err := ggufexport.ConfigOf(f)
+	cfg, err := model.LoadConfig(src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,10 @@ func presetWant(t *testing.T, src string, ft ftype.FileType, imatrix bool) map[s
 	for _, ti := range f.Tensors {
 		tensors = append(tensors, ftype.Tensor{Name: ti.Name, Type: ti.Type, Dims: ti.Dims})
 	}
-	m := ftype.Model{Arch: "llama", Layers: cfg.Layers, Heads: cfg.Heads, KVHeads: cfg.KVHeads}
+	arch, _ := f.Get("general.architecture")
+	experts, _ := f.Get(arch.(string) + ".expert_count")
+	n, _ := experts.(uint32)
+	m := ftype.Model{Arch: arch.(string), Layers: cfg.Layers, Heads: cfg.Heads, KVHeads: cfg.KVHeads, Experts: int(n)}
 	choices, err := ftype.Choose(ft, m, tensors, ftype.Options{Imatrix: imatrix})
 	if err != nil {
 		t.Fatal(err)

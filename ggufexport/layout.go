@@ -31,6 +31,23 @@ type Role struct {
 	Linear   bool // a linear weight, which a plan may quantize
 	Heads    int  // llama's q/k: rows are permuted in this many heads (0: rows as they are)
 	Optional bool // biases: absent in most checkpoints
+	// Experts, for a merged expert tensor ([Experts, N, K]: ffn_gate_exps …), lists the Hugging
+	// Face weights it holds, expert by expert; HF is then empty.
+	Experts []string
+	F32     bool // stored as F32 whatever the plan: routers, as convert_hf_to_gguf.py writes them
+	Flat    bool // a [1, K] weight stored as the vector [K] llama.cpp reads (ffn_gate_inp_shexp)
+}
+
+// Dims are the GGUF dims of the role's tensor given the PyTorch shape of one of its Hugging
+// Face tensors (for a merged tensor, of one expert).
+func (r Role) Dims(shape []int) []uint64 {
+	switch {
+	case r.Experts != nil:
+		return dims(append([]int{len(r.Experts)}, shape...))
+	case r.Flat && len(shape) == 2 && shape[0] == 1:
+		return dims(shape[1:])
+	}
+	return dims(shape)
 }
 
 // NewLayout reads the checkpoint's config.json and tokenizer.json; tokenizerPre, when set,
@@ -65,7 +82,8 @@ func NewLayout(src, tokenizerPre string, has func(name string) bool) (*Layout, e
 func (l *Layout) Roles() []Role {
 	out := make([]Role, len(l.roles))
 	for i, r := range l.roles {
-		out[i] = Role{GGUF: r.gguf, HF: r.hf, Linear: r.linear, Heads: r.heads, Optional: r.optional}
+		out[i] = Role{GGUF: r.gguf, HF: r.hf, Linear: r.linear, Heads: r.heads, Optional: r.optional,
+			Experts: r.experts, F32: r.f32, Flat: r.flat}
 	}
 	return out
 }
@@ -97,8 +115,8 @@ func (l *Layout) RopeFreqs() (gguf.Tensor, bool) {
 // FTypeModel is what llama-quantize's per-tensor rules read of the model.
 func (l *Layout) FTypeModel() ftype.Model {
 	c := l.Config
-	return ftype.Model{Arch: l.Arch, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads,
-		Is70B: ftype.Is70B(l.Arch, c.Layers, c.Heads, c.KVHeads, 0)}
+	return ftype.Model{Arch: l.Arch, Layers: c.Layers, Heads: c.Heads, KVHeads: c.KVHeads, Experts: c.MoE.Experts,
+		Is70B: ftype.Is70B(l.Arch, c.Layers, c.Heads, c.KVHeads, c.MoE.Experts)}
 }
 
 // Dims turns a PyTorch shape into GGUF dims, innermost first.
