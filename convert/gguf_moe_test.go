@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/ggufexport"
 	"github.com/qpack-dev/qpack/internal/moetest"
+	"github.com/qpack-dev/qpack/internal/synth"
 	"github.com/qpack-dev/qpack/internal/testenv"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quantized"
@@ -19,6 +21,22 @@ import (
 
 // moeFamilies are the mixtures of experts --format gguf writes, with their llama.cpp architecture.
 var moeFamilies = []struct{ family, arch string }{{"mixtral", "llama"}, {"qwen2_moe", "qwen2moe"}, {"qwen3_moe", "qwen3moe"}}
+
+// moeGoldenSources are the mixtures of experts of the llama-quantize fixture: tiny made a
+// Mixtral and a Qwen2-MoE (rows of 128 and 384: llama.cpp's fallbacks), and a random Mixtral of
+// 8 experts (llama.cpp's 8-expert rules) with rows of 256.
+func moeGoldenSources(t *testing.T) map[string]string {
+	t.Helper()
+	tiny := testenv.Testdata(t, "models/tiny")
+	mix8 := filepath.Join(t.TempDir(), "mixtral8")
+	cfg := synth.Config{Layers: 8, Hidden: 256, Intermediate: 256, Heads: 4, KVHeads: 2, Vocab: 2048, Experts: 8, ExpertsPerToken: 2, Seed: 3}
+	if err := synth.Write(mix8, cfg); err != nil {
+		t.Fatal(err)
+	}
+	copyTinyTokenizer(t, mix8)
+	return map[string]string{"mixtral": moetest.FromDense(t, tiny, "mixtral", nil),
+		"qwen2_moe": moetest.FromDense(t, tiny, "qwen2_moe", nil), "mixtral8": mix8}
+}
 
 // moeSynth is synthLlama made a mixture of experts of family (4 experts, top 2): rows of 256 and
 // 512, whole k-quant super-blocks.
@@ -236,6 +254,40 @@ func TestConvertGGUFMoERefusals(t *testing.T) {
 		}
 		if _, err := os.Stat(out); !os.IsNotExist(err) {
 			t.Errorf("%s: left a file", c.name)
+		}
+	}
+}
+
+// Presets give every tensor of a mixture of experts the bytes llama-quantize writes (llama.cpp
+// c392e509 on F32 GGUF exports of the same weights; testdata/llama-quantize-moe.json holds the
+// first 16 hex digits of each tensor's SHA-256): each merged expert tensor, the routers,
+// Qwen2-MoE's shared expert, llama.cpp's fallbacks on tiny's rows and its 8-expert rules.
+func TestConvertGGUFMoEMatchesLlamaQuantize(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "llama-quantize-moe.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want map[string]map[string]string
+	if err := json.Unmarshal(raw, &want); err != nil {
+		t.Fatal(err)
+	}
+	sources := moeGoldenSources(t)
+	for key, hashes := range want {
+		name, preset, _ := strings.Cut(key, "/")
+		opt := DefaultOptions()
+		opt.Format, opt.GGUF.Preset, opt.InputHash = "gguf", preset, HashNone
+		out := filepath.Join(t.TempDir(), "m.gguf")
+		if _, err := Convert(sources[name], out, opt); err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		got := tensorHashes(t, out)
+		if len(got) != len(hashes) {
+			t.Errorf("%s: %d tensors, llama-quantize wrote %d", key, len(got), len(hashes))
+		}
+		for tensor, h := range hashes {
+			if got[tensor] != h {
+				t.Errorf("%s: %s differs from llama-quantize's", key, tensor)
+			}
 		}
 	}
 }

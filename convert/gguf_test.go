@@ -26,6 +26,13 @@ func synthLlama(t *testing.T) string {
 	if err := synth.Write(dir, synth.Config{Layers: 3, Hidden: 256, Intermediate: 512, Heads: 4, KVHeads: 2, Vocab: 2048, Seed: 7}); err != nil {
 		t.Fatal(err)
 	}
+	copyTinyTokenizer(t, dir)
+	return dir
+}
+
+// copyTinyTokenizer gives a synthetic checkpoint tiny's tokenizer, which GGUF files carry.
+func copyTinyTokenizer(t *testing.T, dir string) {
+	t.Helper()
 	b, err := os.ReadFile(testenv.Testdata(t, "models/tiny/tokenizer.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +40,6 @@ func synthLlama(t *testing.T) string {
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return dir
 }
 
 // ggufTypes reads a GGUF file's tensor types by name.
