@@ -86,6 +86,13 @@ func writeConfig(path string, f *gguf.File, cfg *model.Config, dtype safetensors
 		"num_key_value_heads": cfg.KVHeads, "head_dim": cfg.HeadDim, "vocab_size": cfg.Vocab, "rms_norm_eps": cfg.RMSNormEps,
 		"rope_theta": cfg.Rope.Theta, "tie_word_embeddings": cfg.TieEmbeddings, "hidden_act": "silu", "torch_dtype": torch[dtype],
 	}
+	if m := cfg.MoE; m.Experts > 0 { // every block sparse (readMoE)
+		c["num_local_experts"], c["num_experts"], c["num_experts_per_tok"] = m.Experts, m.Experts, m.TopK
+		c["moe_intermediate_size"], c["norm_topk_prob"] = m.Intermediate, m.NormTopK
+		if m.SharedIntermediate > 0 {
+			c["shared_expert_intermediate_size"] = m.SharedIntermediate
+		}
+	}
 	if cfg.Rope.Type == "linear" {
 		c["rope_scaling"] = map[string]any{"rope_type": "linear", "factor": cfg.Rope.Factor}
 	}

@@ -12,8 +12,21 @@ import (
 	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/ggufexport"
 	"github.com/qpack-dev/qpack/internal/moetest"
+	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
+	"github.com/qpack-dev/qpack/safetensors"
 )
+
+// openModel opens a checkpoint, closed with the test.
+func openModel(t *testing.T, dir string) *model.Model {
+	t.Helper()
+	m, err := model.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
 
 // TestExportMoEF32IsExact: each family's experts merge into ffn_*_exps [experts, N, K] (the
 // router F32, Qwen2-MoE's shared expert and its gate as *_shexp), with the experts' KVs, and
@@ -61,6 +74,26 @@ func TestExportMoEF32IsExact(t *testing.T) {
 			}
 			if c.llamaCpp != 0 && math.Abs(got/c.llamaCpp-1) > 1e-3 {
 				t.Errorf("perplexity %.6f, llama.cpp computed %.6f from the same file", got, c.llamaCpp)
+			}
+			// The file alone says it is a mixture of experts (what `qpack eval FILE.gguf` reads),
+			// and dequantizes to a checkpoint qpack and transformers load as one.
+			m, err := ggufexport.OpenModel(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			plain := filepath.Join(t.TempDir(), "plain")
+			if err := ggufexport.Dequantize(out, plain, safetensors.F32, false, 0); err != nil {
+				t.Fatal(err)
+			}
+			for what, m := range map[string]*model.Model{"the file alone": m, "its dequantized checkpoint": openModel(t, plain)} {
+				r, err := model.Perplexity(m, heldout(t, dir), 512, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Perplexity != want {
+					t.Errorf("perplexity of %s %v, source %v", what, r.Perplexity, want)
+				}
 			}
 		})
 	}

@@ -12,10 +12,11 @@ import (
 func IsGGUF(path string) bool { return strings.HasSuffix(strings.ToLower(path), ".gguf") }
 
 // modelTypeOf maps llama.cpp's architecture names back to a Hugging Face model_type.
-var modelTypeOf = map[string]string{"llama": "llama", "qwen2": "qwen2"}
+// llama with experts is Mixtral (readMoE).
+var modelTypeOf = map[string]string{"llama": "llama", "qwen2": "qwen2", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
 
-// OpenModel opens a GGUF file of a llama or qwen2 model — written by qpack or by llama.cpp's
-// tools — as a model whose weights are decoded to float32 block by block as they are used.
+// OpenModel opens a GGUF file of a llama, qwen2 or mixture-of-experts (Mixtral as llama,
+// qwen2moe, qwen3moe) model — written by qpack or by llama.cpp's tools — as a model whose weights are decoded to float32 block by block as they are used.
 func OpenModel(path string) (*model.Model, error) {
 	f, err := gguf.Open(path)
 	if err != nil {
@@ -96,10 +97,10 @@ func ConfigOf(f *gguf.File) (*model.Config, error) {
 	arch, _ := v.(string)
 	mt, ok := modelTypeOf[arch]
 	if !ok {
-		return nil, fmt.Errorf("general.architecture %q: qpack reads llama and qwen2 GGUF files", arch)
+		return nil, fmt.Errorf("general.architecture %q: qpack reads llama, qwen2, qwen2moe and qwen3moe GGUF files", arch)
 	}
 	r := &kvReader{f: f, arch: arch}
-	c := &model.Config{ModelType: mt, Architecture: map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[mt]}
+	c := &model.Config{ModelType: mt}
 	c.Hidden = r.uint("embedding_length", -1)
 	c.Layers = r.uint("block_count", -1)
 	c.Intermediate = r.uint("feed_forward_length", -1)
@@ -122,6 +123,8 @@ func ConfigOf(f *gguf.File) (*model.Config, error) {
 			r.err = fmt.Errorf("%s.rope.scaling.factor must be positive", arch)
 		}
 	}
+	readMoE(r, c)
+	c.Architecture = hfArchitecture[c.ModelType]
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -142,4 +145,31 @@ func ConfigOf(f *gguf.File) (*model.Config, error) {
 			c.Hidden, c.Layers, c.Intermediate, c.Heads, c.KVHeads, c.HeadDim)
 	}
 	return c, nil
+}
+
+// hfArchitecture is the CausalLM class of each model_type ConfigOf gives.
+var hfArchitecture = map[string]string{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM",
+	"qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+
+// readMoE reads a mixture of experts' KVs, those moeHyperparameters writes: llama with experts
+// is Mixtral; llama and qwen3moe renormalize the top-k weights, qwen2moe does not; every block
+// is sparse.
+func readMoE(r *kvReader, c *model.Config) {
+	experts := r.uint("expert_count", 0)
+	if experts == 0 {
+		if c.ModelType != "llama" && c.ModelType != "qwen2" {
+			r.uint("expert_count", -1) // a mixture of experts' architecture without experts
+		}
+		return
+	}
+	if c.ModelType == "llama" {
+		c.ModelType = "mixtral"
+	}
+	c.QKNorm = c.ModelType == "qwen3_moe"
+	c.MoE = model.MoEConfig{Experts: experts, TopK: r.uint("expert_used_count", -1),
+		Intermediate: r.uint("expert_feed_forward_length", c.Intermediate), NormTopK: r.arch != "qwen2moe",
+		SharedIntermediate: r.uint("expert_shared_feed_forward_length", 0), Sparse: make([]bool, c.Layers)}
+	for i := range c.MoE.Sparse {
+		c.MoE.Sparse[i] = true
+	}
 }

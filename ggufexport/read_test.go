@@ -110,7 +110,7 @@ func TestConfigOfBadMetadata(t *testing.T) {
 		value any // nil: remove the key
 		want  string
 	}{
-		{"general.architecture", "gpt2", "llama and qwen2"},
+		{"general.architecture", "gpt2", "llama, qwen2"},
 		{"llama.block_count", nil, "block_count"},
 		{"llama.feed_forward_length", []uint32{384, 384}, "per-layer"},
 		{"llama.attention.head_count_kv", uint32(3), "inconsistent"},
