@@ -112,20 +112,8 @@ func sameAsQPack(t *testing.T, src, out string, opt Options) *Report {
 		t.Fatal(err)
 	}
 	defer ref.Close()
-	ids := make([]int, 2*128)
-	for i := range ids {
-		ids[i] = (i * 7919) % 2048
-	}
-	a, err := model.Perplexity(m, ids, 128, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := model.Perplexity(ref, ids, 128, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a.Perplexity != b.Perplexity {
-		t.Errorf("perplexity %v from the GGUF file, %v from the qpack checkpoint", a.Perplexity, b.Perplexity)
+	if a, b := syntheticPerplexity(t, m), syntheticPerplexity(t, ref); a != b {
+		t.Errorf("perplexity %v from the GGUF file, %v from the qpack checkpoint", a, b)
 	}
 	return r
 }
