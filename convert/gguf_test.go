@@ -56,9 +56,9 @@ func ggufTypes(t *testing.T, path string) (map[string]gguf.Type, *gguf.File) {
 	return types, f
 }
 
-// presetWant is what llama-quantize would write for the checkpoint at src (ftype.Choose over
-// the export's tensors), with the stand-ins qpack writes for types it lacks.
-func presetWant(t *testing.T, src string, ft ftype.FileType, imatrix bool) map[string]gguf.Type {
+// presetChoices are llama-quantize's type choices for the checkpoint at src (ftype.Choose over
+// the export's tensors).
+func presetChoices(t *testing.T, src string, ft ftype.FileType, imatrix bool) []ftype.Choice {
 	t.Helper()
 	f32 := filepath.Join(t.TempDir(), "f.gguf")
 	if _, err := ggufexport.Export(src, f32, ggufexport.Options{Type: "f16", EmbedType: "f16"}); err != nil {
@@ -82,14 +82,34 @@ func presetWant(t *testing.T, src string, ft ftype.FileType, imatrix bool) map[s
 	if err != nil {
 		t.Fatal(err)
 	}
+	return choices
+}
+
+// presetWant is what llama-quantize would write for the checkpoint at src, with the stand-ins
+// qpack writes for types it lacks.
+func presetWant(t *testing.T, src string, ft ftype.FileType, imatrix bool) map[string]gguf.Type {
+	t.Helper()
 	want := map[string]gguf.Type{}
-	for _, c := range choices {
+	for _, c := range presetChoices(t, src, ft, imatrix) {
 		want[c.Name] = c.Type
 		if s, ok := standIns[c.Type]; ok && strings.HasPrefix(c.Name, "blk.") {
 			want[c.Name] = s
 		}
 	}
 	return want
+}
+
+// standInTensors are the decoder tensors llama-quantize gives a type qpack writes a stand-in
+// for, with that type.
+func standInTensors(t *testing.T, src string, ft ftype.FileType, imatrix bool) map[string]gguf.Type {
+	t.Helper()
+	out := map[string]gguf.Type{}
+	for _, c := range presetChoices(t, src, ft, imatrix) {
+		if _, ok := standIns[c.Type]; ok && strings.HasPrefix(c.Name, "blk.") {
+			out[c.Name] = c.Type
+		}
+	}
+	return out
 }
 
 // A preset gives every tensor llama-quantize's type, on a model with whole super-blocks and
