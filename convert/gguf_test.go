@@ -16,6 +16,7 @@ import (
 	"github.com/qpack-dev/qpack/internal/synth"
 	"github.com/qpack-dev/qpack/internal/testenv"
 	"github.com/qpack-dev/qpack/model"
+	"github.com/qpack-dev/qpack/quant"
 )
 
 // synthLlama writes a small random Llama whose rows are 256 and 512 wide (whole k-quant
@@ -119,7 +120,8 @@ func TestConvertGGUFPreset(t *testing.T) {
 	for _, c := range []struct {
 		src    string
 		preset string
-	}{{synthLlama(t), "Q4_K_M"}, {synthLlama(t), "Q3_K_S"}, {testenv.Testdata(t, "models/tiny"), "Q4_K_M"}, {testenv.Testdata(t, "models/tiny"), "Q5_K_S"}} {
+	}{{synthLlama(t), "Q4_K_M"}, {synthLlama(t), "Q3_K_S"}, {synthLlama(t), "IQ4_XS"}, {synthLlama(t), "IQ3_S"},
+		{testenv.Testdata(t, "models/tiny"), "Q4_K_M"}, {testenv.Testdata(t, "models/tiny"), "Q5_K_S"}, {testenv.Testdata(t, "models/tiny"), "IQ4_NL"}} {
 		out := filepath.Join(t.TempDir(), "m.gguf")
 		opt := DefaultOptions()
 		opt.Format, opt.GGUF.Preset = "gguf", c.preset
@@ -222,25 +224,107 @@ func TestConvertGGUFBudget(t *testing.T) {
 	}
 }
 
-// GPTQ writes a preset's k-quants too; the file loads and its types are the preset's.
+// GPTQ writes a preset's k-quants and IQ types too (IQ2_XS needs the importance GPTQ's
+// calibration gives); the files load and their types are the preset's.
 func TestConvertGGUFGPTQ(t *testing.T) {
 	src := synthLlama(t)
-	out := filepath.Join(t.TempDir(), "g.gguf")
-	opt := GPTQ.DefaultOptions()
-	opt.Format, opt.GGUF.Preset = "gguf", "Q3_K_M"
-	opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 64}
-	if _, err := Convert(src, out, opt); err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		preset string
+		ft     ftype.FileType
+	}{{"Q3_K_M", ftype.MostlyQ3_KM}, {"IQ2_XS", ftype.IQ2_XS}} {
+		out := filepath.Join(t.TempDir(), "g.gguf")
+		opt := GPTQ.DefaultOptions()
+		opt.Format, opt.GGUF.Preset = "gguf", c.preset
+		opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 64}
+		if _, err := Convert(src, out, opt); err != nil {
+			t.Fatal(err)
+		}
+		want := presetWant(t, src, c.ft, true)
+		got, f := ggufTypes(t, out)
+		f.Close()
+		for name, w := range want {
+			if got[name] != w {
+				t.Errorf("%s: %s is %s, llama-quantize's rules give %s", c.preset, name, got[name], w)
+			}
+		}
+		checkLoads(t, out, src)
 	}
-	want := presetWant(t, src, ftype.MostlyQ3_KM, true)
-	got, f := ggufTypes(t, out)
-	f.Close()
-	for name, w := range want {
-		if got[name] != w {
-			t.Errorf("%s is %s, llama-quantize's rules give %s", name, got[name], w)
+}
+
+// The budget ladder under --format gguf holds every ggml type the method can fit: the IQ types
+// ggml refuses without an importance matrix only with one (round-to-nearest with --imatrix, or
+// GPTQ).
+func TestGGUFLadderIQ(t *testing.T) {
+	needImatrix := []gguf.Type{gguf.IQ1_S, gguf.IQ2_XXS, gguf.IQ2_XS}
+	for _, c := range []struct {
+		name    string
+		opt     Options
+		without bool // the ladder lacks needImatrix
+	}{
+		{"rtn", DefaultOptions(), true},
+		{"rtn --imatrix", func() Options { o := DefaultOptions(); o.Imatrix = true; return o }(), false},
+		{"gptq", GPTQ.DefaultOptions(), false},
+		{"awq+gptq", AWQGPTQ.DefaultOptions(), false},
+	} {
+		c.opt.Format = "gguf"
+		c.opt.Alloc = alloc.Options{Strategy: alloc.StrategyBudget, TargetBPW: 3}
+		types := map[gguf.Type]bool{}
+		for _, ch := range c.opt.ggufLadder() {
+			typ, ok := ggmltype.TypeOf(ch.Scheme)
+			if !ok {
+				t.Fatalf("%s: %s on the ladder is no ggml type", c.name, ch.Scheme)
+			}
+			types[typ] = true
+		}
+		for _, typ := range []gguf.Type{gguf.IQ1_M, gguf.IQ2_S, gguf.IQ3_XXS, gguf.IQ3_S, gguf.IQ4_XS, gguf.IQ4_NL, gguf.Q8_0} {
+			if !types[typ] {
+				t.Errorf("%s: the ladder lacks %s", c.name, typ)
+			}
+		}
+		for _, typ := range needImatrix {
+			if types[typ] == c.without {
+				t.Errorf("%s: %s on the ladder is %v", c.name, typ, types[typ])
+			}
 		}
 	}
-	checkLoads(t, out, src)
+}
+
+// A budget below Q2_K's 2.625 bits per weight is met with IQ types; round-to-nearest without
+// an importance matrix never picks those ggml refuses without one.
+func TestConvertGGUFBudgetIQ(t *testing.T) {
+	src := synthLlama(t)
+	for _, imatrix := range []bool{false, true} {
+		out := filepath.Join(t.TempDir(), "b.gguf")
+		opt := DefaultOptions()
+		opt.Format, opt.Imatrix = "gguf", imatrix
+		opt.Alloc = alloc.Options{Strategy: alloc.StrategyBudget, TargetBPW: 2.4}
+		opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 64}
+		r, err := Convert(src, out, opt)
+		if err != nil {
+			t.Fatalf("imatrix %v: %v", imatrix, err)
+		}
+		if r.QuantBPW > 2.4 {
+			t.Errorf("imatrix %v: %.3f bpw over a 2.4 budget", imatrix, r.QuantBPW)
+		}
+		got, f := ggufTypes(t, out)
+		f.Close()
+		lattice := 0
+		for name, typ := range got {
+			if !strings.HasPrefix(name, "blk.") || typ == gguf.F32 {
+				continue
+			}
+			if s, ok := ggmltype.SchemeOf(typ); ok && s.Grid == quant.IQuant {
+				lattice++
+			}
+			if !imatrix && (typ == gguf.IQ1_S || typ == gguf.IQ2_XXS || typ == gguf.IQ2_XS) {
+				t.Errorf("round-to-nearest without an imatrix wrote %s in %s", name, typ)
+			}
+		}
+		if lattice == 0 {
+			t.Errorf("imatrix %v: no IQ type under 2.4 bits per weight: %v", imatrix, got)
+		}
+		checkLoads(t, out, src)
+	}
 }
 
 // Bad GGUF settings are refused before anything is read, naming what is wrong.
