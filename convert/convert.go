@@ -115,13 +115,13 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if opt.globals, err = sharedGlobalScales(ck, items, f); err != nil {
 		return nil, err
 	}
+	opt.Log = &lockedWriter{w: opt.Log} // the units and the calibrating runner log from several goroutines
 	g, runner, err := setupMethod(opt, items, f)
 	if err != nil {
 		return nil, err
 	}
 	defer g.close()
 	defer runner.close()
-	opt.Log = &lockedWriter{w: opt.Log} // units log from several goroutines
 	report := &Report{Source: src, Output: dst, Method: opt.Method.String(), Format: f.Name()}
 	tensors, units, err := buildOutput(ck, items, f, opt, g, runner, report)
 	if err != nil {
