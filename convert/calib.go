@@ -233,6 +233,26 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device s
 	return e.importance(), e.meanAbs(), nil
 }
 
+// GPU calibration math (Options.CalibMath).
+const (
+	CalibTF32 = "tf32" // inputs rounded to TF32 (10-bit mantissa) on the tensor cores
+	CalibBF16 = "bf16" // inputs rounded to BF16 (7-bit mantissa): about twice TF32's rate
+	CalibFP32 = "fp32" // true float32: several times slower
+)
+
+// calibEngineOptions are the GPU engine's options for calibration math name ("" is the default).
+func calibEngineOptions(name string) (model.GPUOptions, error) {
+	switch name {
+	case "", CalibTF32:
+		return model.GPUOptions{TF32: calibrationTF32}, nil
+	case CalibBF16:
+		return model.GPUOptions{BF16: true}, nil
+	case CalibFP32:
+		return model.GPUOptions{}, nil
+	}
+	return model.GPUOptions{}, fmt.Errorf("calibration math %q: want %s, %s or %s", name, CalibTF32, CalibBF16, CalibFP32)
+}
+
 // calibrationTF32 lets the GPU's calibration passes round GEMM inputs to TF32 (several times
 // faster; the statistics only weigh errors). Tests that compare the GPU's choices with the CPU's
 // on mixtures of experts turn it off, so that each token's top-k experts are the same on both.

@@ -46,11 +46,12 @@ type blockRunner struct {
 	method  Method
 	logf    func(string, ...any)
 	stopped atomic.Bool
-	ctx     context.Context // the conversion's: result stops waiting when it is done
-	awq     *awqScaler      // set for --method awq and awq+gptq: it drives the calibration
-	gpuPeak uint64          // the most GPU memory in use during a calibration on the GPU
-	experts *expertRouting  // which experts are calibrated on which tokens
-	tokens  int             // calibration tokens, for the experts' log lines
+	ctx     context.Context  // the conversion's: result stops waiting when it is done
+	awq     *awqScaler       // set for --method awq and awq+gptq: it drives the calibration
+	gpuPeak uint64           // the most GPU memory in use during a calibration on the GPU
+	experts *expertRouting   // which experts are calibrated on which tokens
+	tokens  int              // calibration tokens, for the experts' log lines
+	math    model.GPUOptions // the GPU engine's GEMM math (Options.CalibMath)
 
 	mu      sync.Mutex
 	results map[string]chan gptqResult
@@ -62,6 +63,10 @@ func newBlockRunner(opt Options, items []Item, logf func(string, ...any)) (*bloc
 	r := &blockRunner{method: opt.Method, schemes: map[string]quant.Scheme{}, hess: map[string]*gptq.Hessian{}, logf: logf,
 		results: map[string]chan gptqResult{}, ctx: opt.context(), opt: opt.gptq(), globals: opt.globals,
 		experts: newExpertRouting(opt.Experts, logf)}
+	var err error
+	if r.math, err = calibEngineOptions(opt.CalibMath); err != nil {
+		return nil, err
+	}
 	for _, it := range items {
 		if it.Scheme == nil {
 			continue

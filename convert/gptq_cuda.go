@@ -30,7 +30,7 @@ type deviceGram struct {
 // calibrateOnGPU runs the calibration through the GPU forward pass with cal observing (the
 // runner itself for GPTQ, its AWQ scaler for AWQ).
 func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPUCalibrator, opt model.CalibrateOptions) error {
-	e, err := model.NewGPU(r.dev, m.Config, model.GPUOptions{TF32: calibrationTF32})
+	e, err := model.NewGPU(r.dev, m.Config, r.math)
 	if err != nil {
 		return err
 	}

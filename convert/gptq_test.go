@@ -169,3 +169,11 @@ func TestGPTQResultStopsWaiting(t *testing.T) {
 		t.Fatal("result still waits for GPTQ after the conversion was stopped")
 	}
 }
+
+// TestCalibMathRefusesUnknown: an unknown --calib-math is an error naming it and the choices.
+func TestCalibMathRefusesUnknown(t *testing.T) {
+	_, err := newBlockRunner(Options{Method: GPTQ, CalibMath: "fp16"}, nil, t.Logf)
+	if err == nil || !strings.Contains(err.Error(), `"fp16"`) || !strings.Contains(err.Error(), CalibBF16) {
+		t.Fatalf("got %v, want an error naming fp16 and the choices", err)
+	}
+}

@@ -57,6 +57,9 @@ type Options struct {
 	Plan *alloc.Plan
 	// Device is where block-wise quantization runs: DeviceAuto (default), DeviceCPU or DeviceCUDA.
 	Device string
+	// CalibMath is how the GPU rounds the inputs of GPTQ's and AWQ's calibration GEMMs (forward
+	// passes and Gram matrices): CalibTF32 (default), CalibBF16 or CalibFP32.
+	CalibMath string
 	// GPUSlots is how many tensors are on the GPU at once (read, quantized, written back);
 	// 0 means DefaultGPUSlots.
 	GPUSlots int

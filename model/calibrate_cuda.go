@@ -63,6 +63,13 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 		e.current = nil
 		e.freeBlock(g)
 	}()
+	st, err := e.stagedState(b, x, steps)
+	if err != nil {
+		return err
+	}
+	if st != nil {
+		return e.calibrateStaged(g, x, c, st)
+	}
 	var keep *mlpState
 	for i, step := range steps {
 		if i == len(steps)-1 && slices.Equal(step, []Group{GroupDown}) {

@@ -25,6 +25,9 @@ type GPUOptions struct {
 	// TF32 lets cuBLAS round GEMM inputs to TF32 and use the tensor cores: several times
 	// faster, with relative errors near 3e-4 instead of float32's 1e-6.
 	TF32 bool
+	// BF16 rounds GEMM inputs to BF16 instead (cuda.BLAS.SetBF16): about twice TF32's rate,
+	// with relative errors near 3e-3.
+	BF16 bool
 }
 
 // GPU runs the forward pass of models of one architecture on one GPU: cuBLAS float32 GEMMs for
@@ -52,6 +55,7 @@ type GPU struct {
 	chunkRows int       // tokens per pass of a block (see chunkSequences)
 	current   *gpuBlock // the block calibrateBlock is working on
 	poison    bool      // tests: fill work buffers with NaN whenever they are handed out
+	noStaging bool      // tests: calibrate dense blocks by recomputing passes (stagedState)
 }
 
 type gpuBuffer struct {
@@ -107,6 +111,7 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, 
 	if err = e.blas.SetTF32(opt.TF32); err != nil {
 		return nil, err
 	}
+	e.blas.SetBF16(opt.BF16)
 	return e, nil
 }
 

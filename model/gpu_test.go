@@ -147,6 +147,43 @@ func TestGPUForwardMatchesCPU(t *testing.T) {
 	}
 }
 
+// TestGPUReducedPrecisionForward: with TF32 or BF16 GEMMs the GPU's logits stay within those
+// formats' rounding of the CPU's float32 ones (relative L2 error), and do differ from them, so
+// the mode took effect.
+func TestGPUReducedPrecisionForward(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		opt      GPUOptions
+		min, max float64
+	}{{"tf32", GPUOptions{TF32: true}, 1e-6, 3e-3}, {"bf16", GPUOptions{BF16: true}, 1e-5, 3e-2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mustConfig(t, gpuTestConfigs[0].json)
+			e := openGPU(t, cfg, tc.opt, 40)
+			r := freshRand(t)
+			m := randomModel(t, cfg, false, r)
+			ids := randomIDs(r, 37, cfg.Vocab)
+			want, err := m.Logits(ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := e.Logits(m, ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var num, den float64
+			for i := range want {
+				d := float64(got[i] - want[i])
+				num, den = num+d*d, den+float64(want[i])*float64(want[i])
+			}
+			if rel := math.Sqrt(num / den); !(rel >= tc.min && rel <= tc.max) {
+				t.Errorf("logits' relative error %.2e, want within [%.0e, %.0e]", rel, tc.min, tc.max)
+			} else {
+				t.Logf("logits' relative error %.2e", rel)
+			}
+		})
+	}
+}
+
 func checkComparison(t *testing.T, got, want Comparison) {
 	t.Helper()
 	near := func(a, b, tol float64) bool { return math.Abs(a-b) <= tol*max(math.Abs(b), 1e-3) }
@@ -265,6 +302,49 @@ func testGPUCalibrate(t *testing.T, js string, trueSeq bool, experts ExpertObser
 	cfg := mustConfig(t, strings.Replace(js, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
 	opt := CalibrateOptions{TrueSequential: trueSeq, Experts: experts}
 	compareGPUCalibration(t, cfg, false, opt, opt)
+}
+
+// TestGPUStagedCalibrationIsExact: the staged true-sequential calibration of dense blocks
+// (stagedState: every GEMM once per block) gathers the Gram matrices of the recomputing passes
+// bit for bit, the later blocks' included (so the hidden states it passes on are the same too),
+// for every dense family.
+func TestGPUStagedCalibrationIsExact(t *testing.T) {
+	for _, tc := range gpuTestConfigs[:4] {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mustConfig(t, strings.Replace(tc.json, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
+			r := freshRand(t)
+			w := randomWeights(cfg, tc.bias, !cfg.TieEmbeddings, r)
+			seqs := make([][]int, 5)
+			for i := range seqs {
+				seqs[i] = randomIDs(r, 23, cfg.Vocab)
+			}
+			var grams [2]map[string][]float64
+			for i, staged := range []bool{true, false} {
+				e := openGPU(t, cfg, GPUOptions{}, 50)
+				e.noStaging = !staged
+				rec := newGramRecorder(e)
+				m, err := Load(cfg, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Calibrate(m, seqs, rec, CalibrateOptions{TrueSequential: true}); err != nil {
+					t.Fatal(err)
+				}
+				if _, kept := e.scratch["keep.attn"]; kept != staged {
+					t.Fatalf("staged=%v: keep.attn allocated: %v", staged, kept)
+				}
+				grams[i] = rec.grams
+			}
+			if len(grams[0]) != groupCount(cfg) {
+				t.Fatalf("staged calibration observed %d groups, want %d", len(grams[0]), groupCount(cfg))
+			}
+			for key, want := range grams[1] {
+				if !slices.Equal(grams[0][key], want) {
+					t.Errorf("%s: staged Gram matrix differs from the recomputing passes' (relative %.2e)", key, relativeDiff(grams[0][key], want))
+				}
+			}
+		})
+	}
 }
 
 // TestGPUObserveOnlyMatchesCPU: an observe-only calibration on the GPU (one pass per block)
