@@ -236,7 +236,7 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device s
 // GPU calibration math (Options.CalibMath).
 const (
 	CalibTF32 = "tf32" // inputs rounded to TF32 (10-bit mantissa) on the tensor cores
-	CalibBF16 = "bf16" // inputs rounded to BF16 (7-bit mantissa): about twice TF32's rate
+	CalibBF16 = "bf16" // linears and Gram matrices from BF16-rounded operands (8-bit significand): about twice TF32's rate
 	CalibFP32 = "fp32" // true float32: several times slower
 )
 
@@ -246,7 +246,7 @@ func calibEngineOptions(name string) (model.GPUOptions, error) {
 	case "", CalibTF32:
 		return model.GPUOptions{TF32: calibrationTF32}, nil
 	case CalibBF16:
-		return model.GPUOptions{BF16: true}, nil
+		return model.GPUOptions{TF32: calibrationTF32, BF16: true}, nil
 	case CalibFP32:
 		return model.GPUOptions{}, nil
 	}

@@ -237,7 +237,7 @@ func (r *blockRunner) dropHessian(block int, g model.Group) {
 
 // solveFunc runs GPTQ on one linear with its group's Hessian; global is an NVFP4 linear's
 // shared global scale (0: its own).
-type solveFunc func(w []float32, n, k int, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error)
+type solveFunc func(l *model.Linear, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error)
 
 // hessianOf returns how to solve with the Hessian of group g of block: on the host, or on the
 // GPU from the Gram matrix gathered there (gpuSolveFunc).
@@ -251,8 +251,8 @@ func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), er
 		return nil, nil, fmt.Errorf("block %d: no calibration inputs reached %s", block, g)
 	}
 	delete(r.hess, key)
-	solve := func(w []float32, n, k int, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
-		return r.quantize(w, n, k, h.Matrix(), s, global)
+	solve := func(l *model.Linear, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
+		return r.quantize(l.W, l.Out, l.In, h.Matrix(), s, global)
 	}
 	return solve, func() {}, nil
 }
@@ -264,7 +264,7 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		if !planned {
 			continue
 		}
-		t, st, err := solve(l.W, l.Out, l.In, s, r.globals[l.Name])
+		t, st, err := solve(l, s, r.globals[l.Name])
 		if err != nil {
 			err = fmt.Errorf("tensor %s.weight: %w", l.Name, err)
 			r.results[l.Name] <- gptqResult{err: err}

@@ -100,9 +100,19 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 		return nil, nil, err
 	}
 	var host []float64 // H on the host, fetched for the first linear the CPU solves
-	solve := func(w []float32, n, k int, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
+	solve := func(l *model.Linear, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
+		w, n, k := l.W, l.Out, l.In
 		if r.solver != nil && r.solver.Supports(s, r.opt) {
-			t, st, err := r.solver.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			var t *quant.Tensor
+			var st gptq.Stats
+			var err error
+			// GPTQ alone leaves the engine's copy equal to l.W (AWQ folds its scales into l.W
+			// first): then it is copied on the device instead of sent over the bus again.
+			if src, ok := r.gpu.e.LinearWeights(l); ok && r.awq == nil {
+				t, st, err = r.solver.QuantizeGramResident(w, src, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			} else {
+				t, st, err = r.solver.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			}
 			if err != nil {
 				err = fmt.Errorf("block %d, input of %s: %w", block, g, err)
 			}

@@ -26,8 +26,6 @@ type BLAS struct {
 	sgemmSB   func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, lda int32, sa int64, b uintptr, ldb int32, sb int64, beta *float32, c uintptr, ldc int32, sc int64, batch int32) int32
 	mathMode  func(h uintptr, mode int32) int32
 	gemmEx    func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, at, lda int32, b uintptr, bt, ldb int32, beta *float32, c uintptr, ct, ldc, compute, algo int32) int32
-	gemmSBEx  func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, at, lda int32, sa int64, b uintptr, bt, ldb int32, sb int64, beta *float32, c uintptr, ct, ldc int32, sc int64, batch, compute, algo int32) int32
-	bf16      bool // float32 GEMMs computed from BF16-rounded inputs (SetBF16)
 	dscal     func(h uintptr, n int32, alpha *float64, x uintptr, incx int32) int32
 	dcopy     func(h uintptr, n int32, x uintptr, incx int32, y uintptr, incy int32) int32
 }
@@ -51,7 +49,7 @@ func (d *Device) NewBLAS() (*BLAS, error) {
 		"cublasCreate_v2": &b.create, "cublasDestroy_v2": &b.destroy, "cublasSetStream_v2": &b.setStream,
 		"cublasSgemm_v2": &b.sgemm, "cublasDgemm_v2": &b.dgemm, "cublasDtrsm_v2": &b.dtrsm,
 		"cublasSgemmStridedBatched": &b.sgemmSB, "cublasSetMathMode": &b.mathMode,
-		"cublasGemmEx": &b.gemmEx, "cublasGemmStridedBatchedEx": &b.gemmSBEx,
+		"cublasGemmEx":   &b.gemmEx,
 		"cublasDscal_v2": &b.dscal, "cublasDcopy_v2": &b.dcopy,
 	}); err != nil {
 		return nil, err
@@ -92,20 +90,6 @@ func (b *BLAS) SetTF32(on bool) error {
 	return b.d.do(func() error { return blasCheck("cublasSetMathMode", b.mathMode(b.h, mode)) })
 }
 
-// cuBLAS enumerations for the Ex GEMMs: cudaDataType_t CUDA_R_32F, cublasComputeType_t
-// CUBLAS_COMPUTE_32F_FAST_16BF, cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT.
-const (
-	dataR32F         = 0
-	compute32FFast16 = 75
-	gemmDefaultAlgo  = -1
-)
-
-// SetBF16 makes later float32 GEMMs (Sgemm, SgemmStridedBatched) round their inputs to BF16
-// (8-bit mantissa) and multiply on the tensor cores at their BF16 rate, accumulating in
-// float32 — about twice TF32's rate, with a relative error near 3e-3 — or, with on false, go
-// back to the math mode SetTF32 chose. The operands stay float32 in memory.
-func (b *BLAS) SetBF16(on bool) { b.bf16 = on }
-
 // Close destroys the handle.
 func (b *BLAS) Close() error {
 	return b.d.do(func() error { return blasCheck("cublasDestroy", b.destroy(b.h)) })
@@ -122,17 +106,10 @@ func gemmArgs(m, n, k, lda, ldb, ldc int) error {
 }
 
 // Sgemm enqueues C = alpha·op(A)·op(B) + beta·C in float32 (column-major; C is m×n, op(A) m×k,
-// op(B) k×n), with cuBLAS's default math (true float32) unless SetTF32 or SetBF16 said otherwise.
+// op(B) k×n), with cuBLAS's default math (true float32) unless SetTF32 said otherwise.
 func (b *BLAS) Sgemm(ta, tb Transpose, m, n, k int, alpha float32, a DevicePtr, lda int, bm DevicePtr, ldb int, beta float32, c DevicePtr, ldc int) error {
 	if err := gemmArgs(m, n, k, lda, ldb, ldc); err != nil {
 		return err
-	}
-	if b.bf16 {
-		return b.d.do(func() error {
-			return blasCheck("cublasGemmEx", b.gemmEx(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
-				&alpha, uintptr(a), dataR32F, int32(lda), uintptr(bm), dataR32F, int32(ldb), &beta, uintptr(c), dataR32F,
-				int32(ldc), compute32FFast16, gemmDefaultAlgo))
-		})
 	}
 	return b.d.do(func() error {
 		return blasCheck("cublasSgemm", b.sgemm(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
@@ -149,17 +126,32 @@ func (b *BLAS) SgemmStridedBatched(ta, tb Transpose, m, n, k int, alpha float32,
 	if batch < 0 || batch > 1<<31-1 || strideA < 0 || strideB < 0 || strideC < 0 {
 		return fmt.Errorf("cuda: batched gemm: batch %d, strides %d %d %d", batch, strideA, strideB, strideC)
 	}
-	if b.bf16 {
-		return b.d.do(func() error {
-			return blasCheck("cublasGemmStridedBatchedEx", b.gemmSBEx(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
-				&alpha, uintptr(a), dataR32F, int32(lda), int64(strideA), uintptr(bm), dataR32F, int32(ldb), int64(strideB), &beta,
-				uintptr(c), dataR32F, int32(ldc), int64(strideC), int32(batch), compute32FFast16, gemmDefaultAlgo))
-		})
-	}
 	return b.d.do(func() error {
 		return blasCheck("cublasSgemmStridedBatched", b.sgemmSB(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
 			&alpha, uintptr(a), int32(lda), int64(strideA), uintptr(bm), int32(ldb), int64(strideB), &beta,
 			uintptr(c), int32(ldc), int64(strideC), int32(batch)))
+	})
+}
+
+// cuBLAS enumerations of GemmBF16: cudaDataType_t CUDA_R_16BF and CUDA_R_32F,
+// cublasComputeType_t CUBLAS_COMPUTE_32F, cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT.
+const (
+	dataR16BF       = 14
+	dataR32F        = 0
+	compute32F      = 68
+	gemmDefaultAlgo = -1
+)
+
+// GemmBF16 enqueues C = alpha·op(A)·op(B) + beta·C with A and B in bfloat16 and C in float32,
+// products accumulated in float32 on the tensor cores at their BF16 rate (about twice TF32's).
+func (b *BLAS) GemmBF16(ta, tb Transpose, m, n, k int, alpha float32, a DevicePtr, lda int, bm DevicePtr, ldb int, beta float32, c DevicePtr, ldc int) error {
+	if err := gemmArgs(m, n, k, lda, ldb, ldc); err != nil {
+		return err
+	}
+	return b.d.do(func() error {
+		return blasCheck("cublasGemmEx", b.gemmEx(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
+			&alpha, uintptr(a), dataR16BF, int32(lda), uintptr(bm), dataR16BF, int32(ldb), &beta, uintptr(c), dataR32F,
+			int32(ldc), compute32F, gemmDefaultAlgo))
 	})
 }
 

@@ -224,7 +224,7 @@ func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme,
 	if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
 		return nil, Stats{}, err
 	}
-	return g.quantizeLoaded(w, n, k, diagonal(h, k), s, opt, start)
+	return g.quantizeLoaded(w, n, k, diagonal(h, k), s, opt, start, g.uploadWeights(w))
 }
 
 // Supports reports whether the GPU solver handles scheme s with options opt: integer grids,
@@ -264,7 +264,32 @@ func (g *GPUSolver) QuantizeGram(w []float32, n, k int, gram cuda.DevicePtr, sca
 	if err != nil {
 		return nil, Stats{}, err
 	}
-	return g.quantizeLoaded(w, n, k, diag, s, opt, start)
+	return g.quantizeLoaded(w, n, k, diag, s, opt, start, g.uploadWeights(w))
+}
+
+// QuantizeGramResident is QuantizeGram for weights that are on the device already at src
+// (float32, row-major: a calibration engine's copy of w, which is still what is checked): they
+// are copied there instead of sent again over the bus. Work queued on other streams that writes
+// src must be finished.
+func (g *GPUSolver) QuantizeGramResident(w []float32, src cuda.DevicePtr, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	start := time.Now()
+	if err := checkWeights(w, n, k, s, opt); err != nil {
+		return nil, Stats{}, err
+	}
+	if err := g.supports(s, opt); err != nil {
+		return nil, Stats{}, err
+	}
+	diag, err := g.loadGram(gram, k, scale)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	return g.quantizeLoaded(w, n, k, diag, s, opt, start, func() error {
+		dst, err := g.buffer(slotOrig, 4*len(w))
+		if err != nil {
+			return err
+		}
+		return g.dev.CopyDeviceAsync(dst, src, 4*len(w), g.stream)
+	})
 }
 
 // loadGram sets slotH = scale·gram in float64 and returns its diagonal, checked finite.
@@ -310,14 +335,15 @@ func (g *GPUSolver) loadGram(gram cuda.DevicePtr, k int, scale float64) ([]float
 	return diag, nil
 }
 
-// quantizeLoaded runs GPTQ with H in slotH and its diagonal diag on the host.
-func (g *GPUSolver) quantizeLoaded(w []float32, n, k int, diag []float64, s quant.Scheme, opt Options, start time.Time) (*quant.Tensor, Stats, error) {
+// quantizeLoaded runs GPTQ with H in slotH and its diagonal diag on the host; load puts the
+// weights into slotOrig.
+func (g *GPUSolver) quantizeLoaded(w []float32, n, k int, diag []float64, s quant.Scheme, opt Options, start time.Time, load func() error) (*quant.Tensor, Stats, error) {
 	var st Stats
 	p, err := g.plan(n, k, diag, s, opt)
 	if err != nil {
 		return nil, st, err
 	}
-	if err := g.upload(slotOrig, cuda.Bytes(w)); err != nil {
+	if err := load(); err != nil {
 		return nil, st, err
 	}
 	st.Setup = time.Since(start)
@@ -448,6 +474,11 @@ func (g *GPUSolver) buffer(slot, bytes int) (cuda.DevicePtr, error) {
 		*b = gpuBuffer{ptr: ptr, size: size}
 	}
 	return b.ptr, nil
+}
+
+// uploadWeights returns how to send w to slotOrig.
+func (g *GPUSolver) uploadWeights(w []float32) func() error {
+	return func() error { return g.upload(slotOrig, cuda.Bytes(w)) }
 }
 
 func (g *GPUSolver) upload(slot int, data []byte) error {

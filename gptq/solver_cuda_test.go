@@ -261,8 +261,9 @@ func TestGPUBaselineLoss(t *testing.T) {
 }
 
 // TestGPUQuantizeGramMatchesHostHessian: given the calibration's float32 Gram matrix on the
-// device, QuantizeGram gives exactly what Quantize gives with H = scale·gram made on the host
-// (dead channels and act-order included), on fresh random inputs.
+// device, QuantizeGram (and QuantizeGramResident, with the weights on the device too) gives
+// exactly what Quantize gives with H = scale·gram made on the host (dead channels and act-order
+// included), on fresh random inputs.
 func TestGPUQuantizeGramMatchesHostHessian(t *testing.T) {
 	dev, g := openGPUSolver(t)
 	seed := uint64(time.Now().UnixNano())
@@ -298,21 +299,37 @@ func TestGPUQuantizeGramMatchesHostHessian(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := randomWeights(r, n, k)
+	resident, err := dev.Alloc(4 * n * k) // QuantizeGramResident's weights, as an engine holds them
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Free(resident)
+	if err := dev.CopyToDevice(resident, cuda.Bytes(w)); err != nil {
+		t.Fatal(err)
+	}
 	for _, opt := range []Options{{BaselineLoss: true}, {ActOrder: true}} {
 		s := quant.Scheme{Bits: 4, GroupSize: 64}
 		want, wst, err := g.Quantize(w, n, k, h, s, opt)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, gst, err := g.QuantizeGram(w, n, k, p, scale, s, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(got.Codes, want.Codes) || !slices.Equal(got.Scales, want.Scales) || !slices.Equal(got.GIdx, want.GIdx) {
-			t.Errorf("%+v: QuantizeGram's tensor differs from Quantize's", opt)
-		}
-		if gst.Loss != wst.Loss || gst.Baseline != wst.Baseline || gst.DeadColumns != 2 || gst.Lambda != wst.Lambda {
-			t.Errorf("%+v: stats %+v, want %+v (2 dead columns)", opt, gst, wst)
+		for _, path := range []string{"QuantizeGram", "QuantizeGramResident"} {
+			var got *quant.Tensor
+			var gst Stats
+			if path == "QuantizeGram" {
+				got, gst, err = g.QuantizeGram(w, n, k, p, scale, s, opt)
+			} else {
+				got, gst, err = g.QuantizeGramResident(w, resident, n, k, p, scale, s, opt)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.Codes, want.Codes) || !slices.Equal(got.Scales, want.Scales) || !slices.Equal(got.GIdx, want.GIdx) {
+				t.Errorf("%+v: %s's tensor differs from Quantize's", opt, path)
+			}
+			if gst.Loss != wst.Loss || gst.Baseline != wst.Baseline || gst.DeadColumns != 2 || gst.Lambda != wst.Lambda {
+				t.Errorf("%+v: %s's stats %+v, want %+v (2 dead columns)", opt, path, gst, wst)
+			}
 		}
 	}
 }

@@ -30,12 +30,14 @@ type gpuLinear struct {
 	name    string
 	out, in int
 	w, bias cuda.DevicePtr // bias is 0 when the module has none
+	wb      cuda.DevicePtr // w rounded to bfloat16 for GPUOptions.BF16's GEMMs; 0 otherwise
 }
 
 // gpuBlock is a decoder block's weights on the GPU, in one allocation.
 type gpuBlock struct {
 	b                          *Block
 	mem                        cuda.DevicePtr
+	memBF16                    cuda.DevicePtr // the linears' wb (GPUOptions.BF16), 0 otherwise
 	inNorm, postNorm           cuda.DevicePtr
 	qNorm, kNorm               cuda.DevicePtr         // qwen3 only
 	q, k, v, o, gate, up, down *gpuLinear             // gate, up, down are nil in a mixture-of-experts block
@@ -82,7 +84,41 @@ func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
 			return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
 		}
 	}
+	if e.bf16 {
+		if err := e.roundBlockToBF16(g); err != nil {
+			e.freeBlock(g)
+			return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
+		}
+	}
 	return g, nil
+}
+
+// roundBlockToBF16 gives every linear of g but a router (whose choices BF16 would move) its
+// weights in bfloat16, in one allocation.
+func (e *GPU) roundBlockToBF16(g *gpuBlock) error {
+	const align = 256
+	var lins []*gpuLinear
+	total := 0
+	for l, d := range g.lin {
+		if g.b.MoE != nil && l == g.b.MoE.Router {
+			continue
+		}
+		lins = append(lins, d)
+		total += (2*d.out*d.in + align - 1) / align * align
+	}
+	var err error
+	if g.memBF16, err = e.dev.Alloc(max(total, align)); err != nil {
+		return err
+	}
+	at := 0
+	for _, d := range lins {
+		d.wb = g.memBF16.Add(at)
+		at += (2*d.out*d.in + align - 1) / align * align
+		if err := e.toBF16(d.wb, d.w, d.out*d.in); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // refreshWeights uploads again what an Update may have changed: the weights of the groups'
@@ -106,8 +142,14 @@ func (e *GPU) refreshWeights(g *gpuBlock, groups []Group) error {
 	}
 	for _, gr := range groups {
 		for _, l := range g.b.Linears(gr) {
-			if err := up(g.lin[l].w, l.W, l.Name+" weights"); err != nil {
+			d := g.lin[l]
+			if err := up(d.w, l.W, l.Name+" weights"); err != nil {
 				return err
+			}
+			if d.wb != 0 {
+				if err := e.toBF16(d.wb, d.w, d.out*d.in); err != nil {
+					return err
+				}
 			}
 			if l.Bias != nil {
 				if err := up(g.lin[l].bias, l.Bias, l.Name+" bias"); err != nil {
@@ -122,6 +164,11 @@ func (e *GPU) refreshWeights(g *gpuBlock, groups []Group) error {
 func (e *GPU) freeBlock(g *gpuBlock) error {
 	if err := e.Synchronize(); err != nil {
 		return err
+	}
+	if g.memBF16 != 0 {
+		if err := e.dev.Free(g.memBF16); err != nil {
+			return err
+		}
 	}
 	return e.dev.Free(g.mem)
 }

@@ -25,8 +25,10 @@ type GPUOptions struct {
 	// TF32 lets cuBLAS round GEMM inputs to TF32 and use the tensor cores: several times
 	// faster, with relative errors near 3e-4 instead of float32's 1e-6.
 	TF32 bool
-	// BF16 rounds GEMM inputs to BF16 instead (cuda.BLAS.SetBF16): about twice TF32's rate,
-	// with relative errors near 3e-3.
+	// BF16 gives the linears' GEMMs (routers excepted) and the Gram matrices (AddGram)
+	// bfloat16 operands — weights and activations rounded to nearest — at the tensor cores'
+	// BF16 rate, about twice TF32's, accumulating in float32; relative errors near 3e-3. The
+	// attention's products keep TF32 or float32 as TF32 says.
 	BF16 bool
 }
 
@@ -45,7 +47,7 @@ type GPU struct {
 	module *cuda.Module
 	fn     struct {
 		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare cuda.Function
-		channelStatsPartial, channelStatsFinish                                                             cuda.Function
+		channelStatsPartial, channelStatsFinish, toBF16                                                     cuda.Function
 	}
 	scratch map[string]gpuBuffer // named work buffers, grown on demand
 	ropeT   int                  // positions covered by the uploaded rotary tables
@@ -56,6 +58,7 @@ type GPU struct {
 	current   *gpuBlock // the block calibrateBlock is working on
 	poison    bool      // tests: fill work buffers with NaN whenever they are handed out
 	noStaging bool      // tests: calibrate dense blocks by recomputing passes (stagedState)
+	bf16      bool      // GPUOptions.BF16
 }
 
 type gpuBuffer struct {
@@ -91,6 +94,7 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, 
 		{&e.fn.siluMul, "silu_mul"}, {&e.fn.ropeHeads, "rope_heads"}, {&e.fn.mergeHeads, "merge_heads"},
 		{&e.fn.causalSoftmax, "causal_softmax"}, {&e.fn.tokenNLL, "token_nll"}, {&e.fn.tokenCompare, "token_compare"},
 		{&e.fn.channelStatsPartial, "channel_stats_partial"}, {&e.fn.channelStatsFinish, "channel_stats_finish"},
+		{&e.fn.toBF16, "to_bf16"},
 	} {
 		if *f.dst, err = e.module.Function(f.name); err != nil {
 			return nil, err
@@ -111,7 +115,7 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, 
 	if err = e.blas.SetTF32(opt.TF32); err != nil {
 		return nil, err
 	}
-	e.blas.SetBF16(opt.BF16)
+	e.bf16 = opt.BF16
 	return e, nil
 }
 
@@ -242,7 +246,16 @@ func (e *GPU) rmsNorm(out, x, weight cuda.DevicePtr, rows, dim int) error {
 // linear computes y[rows, Out] = x[rows, In]·Wᵀ + bias: with row-major operands the
 // column-major cuBLAS product is yᵀ = W·xᵀ.
 func (e *GPU) linear(y, x cuda.DevicePtr, l *gpuLinear, rows int) error {
-	if err := e.blas.Sgemm(cuda.Trans, cuda.NoTrans, l.out, rows, l.in, 1, l.w, l.in, x, l.in, 0, y, l.out); err != nil {
+	var err error
+	if l.wb != 0 {
+		var xb cuda.DevicePtr
+		if xb, err = e.roundedToBF16("linear.x", x, rows*l.in); err == nil {
+			err = e.blas.GemmBF16(cuda.Trans, cuda.NoTrans, l.out, rows, l.in, 1, l.wb, l.in, xb, l.in, 0, y, l.out)
+		}
+	} else {
+		err = e.blas.Sgemm(cuda.Trans, cuda.NoTrans, l.out, rows, l.in, 1, l.w, l.in, x, l.in, 0, y, l.out)
+	}
+	if err != nil {
 		return fmt.Errorf("model: %s: %w", l.name, err)
 	}
 	if l.bias == 0 {
@@ -254,7 +267,28 @@ func (e *GPU) linear(y, x cuda.DevicePtr, l *gpuLinear, rows int) error {
 // AddGram queues sum += xᵀx for x [rows, cols] (row-major) and sum [cols, cols] on the
 // engine's stream: the Gram matrix of a linear's inputs, from which GPTQ's Hessian is made.
 func (e *GPU) AddGram(sum, x cuda.DevicePtr, rows, cols int) error {
+	if e.bf16 {
+		xb, err := e.roundedToBF16("gram.x", x, rows*cols)
+		if err != nil {
+			return err
+		}
+		return e.blas.GemmBF16(cuda.NoTrans, cuda.Trans, cols, cols, rows, 1, xb, cols, xb, cols, 1, sum, cols)
+	}
 	return e.blas.Sgemm(cuda.NoTrans, cuda.Trans, cols, cols, rows, 1, x, cols, x, cols, 1, sum, cols)
+}
+
+// roundedToBF16 returns the named work buffer holding x's n values rounded to bfloat16.
+func (e *GPU) roundedToBF16(name string, x cuda.DevicePtr, n int) (cuda.DevicePtr, error) {
+	xb, err := e.work(name, 2*n)
+	if err != nil {
+		return 0, err
+	}
+	return xb, e.toBF16(xb, x, n)
+}
+
+// toBF16 queues dst[:n] = src[:n] rounded to bfloat16 (kernels/model.cu to_bf16).
+func (e *GPU) toBF16(dst, src cuda.DevicePtr, n int) error {
+	return e.elementwise(e.fn.toBF16, n, src, dst, int64(n))
 }
 
 // Synchronize waits for the engine's queued work.

@@ -62,6 +62,17 @@ extern "C" __global__ void add(float* x, const float* y, long long n) {
     if (i < n) x[i] += y[i];
 }
 
+// to_bf16: y = x rounded to bfloat16, to nearest even, NaN kept quiet (fp.F32ToBF16): the
+// operands of the BF16 GEMMs.
+extern "C" __global__ void to_bf16(const float* x, unsigned short* y, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        unsigned int u = __float_as_uint(x[i]);
+        y[i] = (u & 0x7fffffff) > 0x7f800000 ? (unsigned short)((u >> 16) | 0x40)
+                                             : (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+}
+
 // silu_mul: g = silu(g)·u elementwise (siluMul).
 extern "C" __global__ void silu_mul(float* g, const float* u, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
