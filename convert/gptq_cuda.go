@@ -46,9 +46,10 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 	if r.awq != nil && !r.awq.gptq {
 		return nil // AWQ's own line tells where the time went
 	}
-	r.logf("%s on %s: %d×%d calibration tokens, %.1f s: forward passes and Hessians %.1f s, GPTQ %.1f s; peak GPU memory in use %.2f GB\n",
-		r.method, r.dev.Info().Name, len(seqs), len(seqs[0]), total.Seconds(), (total - r.gpu.solve).Seconds(), r.gpu.solve.Seconds(),
-		float64(e.PeakMemoryUsed())/1e9)
+	ct := e.CalibrationTimes()
+	r.logf("%s on %s: %d×%d calibration tokens, %.1f s: forward passes and Hessians %.1f s (weights up %.1f s, observing passes %.1f s, replaced weights up %.1f s, block outputs %.1f s), GPTQ %.1f s; peak GPU memory in use %.2f GB\n",
+		r.method, r.dev.Info().Name, len(seqs), len(seqs[0]), total.Seconds(), (total - r.gpu.solve).Seconds(),
+		ct.Upload.Seconds(), ct.Observe.Seconds(), ct.Refresh.Seconds(), ct.Output.Seconds(), r.gpu.solve.Seconds(), float64(e.PeakMemoryUsed())/1e9)
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
 )
@@ -51,10 +52,38 @@ func (e *GPU) Calibrate(m *Model, seqs [][]int, c GPUCalibrator, opt CalibrateOp
 	return nil
 }
 
+// CalibrationTimes splits a calibration's wall time by phase, each phase ending when the GPU
+// has finished its work: what tells where a GPU calibration's time goes.
+type CalibrationTimes struct {
+	Upload  time.Duration // block weights to the GPU (uploadBlock)
+	Observe time.Duration // the observing passes: forward GEMMs, attention, Gram matrices
+	Update  time.Duration // the calibrator's Update: GPTQ's solves, AWQ's searches
+	Refresh time.Duration // replaced weights to the GPU again
+	Output  time.Duration // each block's output with its final weights
+}
+
+// CalibrationTimes returns the time spent so far in each phase of Calibrate.
+func (e *GPU) CalibrationTimes() CalibrationTimes { return e.times }
+
+// timed runs f, waits for the GPU and adds the wall time to *d.
+func (e *GPU) timed(d *time.Duration, f func() error) error {
+	start := time.Now()
+	err := f()
+	if err == nil {
+		err = e.Synchronize()
+	}
+	*d += time.Since(start)
+	return err
+}
+
 // calibrateBlock observes and updates b's steps in turn, then runs b with its final weights
 // to make the next block's inputs.
 func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps [][]Group) error {
-	g, err := e.uploadBlock(b)
+	var g *gpuBlock
+	err := e.timed(&e.times.Upload, func() (err error) {
+		g, err = e.uploadBlock(b)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -77,20 +106,22 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 				return err
 			}
 		}
-		if err := e.observeStep(g, x, c, step, keep); err != nil {
+		if err := e.timed(&e.times.Observe, func() error { return e.observeStep(g, x, c, step, keep) }); err != nil {
 			return err
 		}
-		if err := c.Update(b, step); err != nil {
+		if err := e.timed(&e.times.Update, func() error { return c.Update(b, step) }); err != nil {
 			return err
 		}
-		if err := e.refreshWeights(g, step); err != nil {
+		if err := e.timed(&e.times.Refresh, func() error { return e.refreshWeights(g, step) }); err != nil {
 			return err
 		}
 	}
-	if keep != nil {
-		return e.finishFromMLPState(g, x, keep)
-	}
-	return e.forwardBlock(g, x, nil)
+	return e.timed(&e.times.Output, func() error {
+		if keep != nil {
+			return e.finishFromMLPState(g, x, keep)
+		}
+		return e.forwardBlock(g, x, nil)
+	})
 }
 
 // observeStep runs block g on copies of x, handing c the inputs of the step's groups (in two

@@ -59,6 +59,7 @@ type GPU struct {
 	poison    bool      // tests: fill work buffers with NaN whenever they are handed out
 	noStaging bool      // tests: calibrate dense blocks by recomputing passes (stagedState)
 	bf16      bool      // GPUOptions.BF16
+	times     CalibrationTimes
 }
 
 type gpuBuffer struct {

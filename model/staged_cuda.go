@@ -74,25 +74,28 @@ func (e *GPU) calibrateStaged(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, st *
 	}
 	chunk := e.chunkSequences(x.S, x.T)
 	for i, step := range denseStages {
-		for s := 0; s < x.S; s += chunk {
-			if err := passes[i](g, x, st, s, min(chunk, x.S-s), observe); err != nil {
-				return err
+		err := e.timed(&e.times.Observe, func() error {
+			for s := 0; s < x.S; s += chunk {
+				if err := passes[i](g, x, st, s, min(chunk, x.S-s), observe); err != nil {
+					return err
+				}
 			}
-		}
-		if err := e.Synchronize(); err != nil {
+			return nil
+		})
+		if err != nil {
 			return err
 		}
 		if err := e.sampleMemory(); err != nil {
 			return err
 		}
-		if err := c.Update(g.b, step); err != nil {
+		if err := e.timed(&e.times.Update, func() error { return c.Update(g.b, step) }); err != nil {
 			return err
 		}
-		if err := e.refreshWeights(g, step); err != nil {
+		if err := e.timed(&e.times.Refresh, func() error { return e.refreshWeights(g, step) }); err != nil {
 			return err
 		}
 	}
-	return e.finishFromMLPState(g, x, &mlpState{mid: st.mid, act: st.act})
+	return e.timed(&e.times.Output, func() error { return e.finishFromMLPState(g, x, &mlpState{mid: st.mid, act: st.act}) })
 }
 
 // stageQKV observes the normed input of sequences [s, s+n).
