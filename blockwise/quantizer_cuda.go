@@ -8,7 +8,6 @@ import (
 	"math"
 	"math/bits"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
@@ -94,8 +93,7 @@ type GPUQuantizer struct {
 	all        []*gpuSlot     // every slot, for Close
 	free       chan *gpuSlot  // the slots not in use
 
-	statsMu sync.Mutex
-	stats   GPUStats
+	stats cuda.StatsRecorder
 
 	poison bool // tests: fill every output and scratch buffer with garbage before each run
 }
@@ -108,14 +106,9 @@ const DefaultGPUSlots = 3
 type gpuSlot struct {
 	stream  cuda.Stream
 	events  [4]cuda.Event // recorded before the upload, after it, after the kernels, after the download
-	dbuf    [numBufs]deviceBuffer
+	dbuf    [numBufs]cuda.DeviceBuffer
 	hostIn  []byte // pinned
 	hostOut []byte // pinned
-}
-
-type deviceBuffer struct {
-	ptr  cuda.DevicePtr
-	size int
 }
 
 // Device buffers of a slot.
@@ -262,10 +255,7 @@ func (q *GPUQuantizer) Close() error {
 func (sl *gpuSlot) release(dev *cuda.Device) error {
 	var errs []error
 	for i := range sl.dbuf {
-		if sl.dbuf[i].size > 0 {
-			errs = append(errs, dev.Free(sl.dbuf[i].ptr))
-			sl.dbuf[i] = deviceBuffer{}
-		}
+		errs = append(errs, dev.Release(&sl.dbuf[i]))
 	}
 	for _, h := range []*[]byte{&sl.hostIn, &sl.hostOut} {
 		if *h != nil {
@@ -468,23 +458,12 @@ func (q *GPUQuantizer) buffers(sl *gpuSlot, j gpuJob) ([numBufs]cuda.DevicePtr, 
 	var ptrs [numBufs]cuda.DevicePtr
 	for i, need := range j.deviceBytes() {
 		b := &sl.dbuf[i]
-		if need > b.size {
-			if b.size > 0 {
-				if err := q.dev.Free(b.ptr); err != nil {
-					return ptrs, err
-				}
-				*b = deviceBuffer{}
-			}
-			size := (need + 3) / 4 * 4 // whole words, so that poisoning reaches every byte
-			p, err := q.dev.Alloc(size)
-			if err != nil {
-				return ptrs, fmt.Errorf("tensor %s: %w", j.prefix, err)
-			}
-			*b = deviceBuffer{ptr: p, size: size}
+		if err := q.dev.Grow(b, need); err != nil {
+			return ptrs, fmt.Errorf("tensor %s: %w", j.prefix, err)
 		}
-		ptrs[i] = b.ptr
+		ptrs[i] = b.Ptr
 		if q.poison && need > 0 {
-			if err := q.dev.Fill32(b.ptr, 0xa5a5a5a5, b.size/4); err != nil {
+			if err := q.dev.Fill32(b.Ptr, 0xa5a5a5a5, b.Size/4); err != nil {
 				return ptrs, err
 			}
 		}
@@ -630,11 +609,11 @@ func (q *GPUQuantizer) QuantizePackScaled(fill func(dst []byte) error, dtype str
 			return err
 		}
 	}
-	var t gpuCallTimes
+	var t cuda.CallTimes
 	waitStart := time.Now()
 	sl := <-q.free
 	defer func() { q.free <- sl }()
-	t.wait = time.Since(waitStart)
+	t.Wait = time.Since(waitStart)
 	out, err := q.run(sl, j, fill, &t)
 	if err != nil {
 		return err
@@ -650,8 +629,8 @@ func (q *GPUQuantizer) QuantizePackScaled(fill func(dst []byte) error, dtype str
 		outBytes += len(r.Data)
 	}
 	err = use(raws)
-	t.use = time.Since(useStart)
-	q.record(t, j.deviceBytes()[bufInput], outBytes)
+	t.Use = time.Since(useStart)
+	q.stats.Record(t, j.deviceBytes()[bufInput], outBytes)
 	return err
 }
 
@@ -665,7 +644,7 @@ var downloaded = []int{bufCodes, bufScales, bufZeros, bufOffsets, bufStatus}
 // run stages raw in the slot's pinned memory, uploads it, runs the kernels and downloads the
 // results, all on the slot's stream, timing each phase. It returns views of the slot's pinned
 // output memory by buffer index, valid until the slot is used again.
-func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *gpuCallTimes) (map[int][]byte, error) {
+func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *cuda.CallTimes) (map[int][]byte, error) {
 	need := j.deviceBytes()
 	in := need[bufInput]
 	ptrs, err := q.buffers(sl, j)
@@ -676,17 +655,17 @@ func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *gp
 	for _, b := range downloaded {
 		outBytes += need[b]
 	}
-	if err := q.growHost(&sl.hostIn, in+statusBytes+4); err != nil {
+	if err := q.dev.GrowHost(&sl.hostIn, in+statusBytes+4); err != nil {
 		return nil, err
 	}
-	if err := q.growHost(&sl.hostOut, outBytes); err != nil {
+	if err := q.dev.GrowHost(&sl.hostOut, outBytes); err != nil {
 		return nil, err
 	}
 	stageStart := time.Now()
 	if err := fill(sl.hostIn[:in]); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", j.prefix, err)
 	}
-	t.staging = time.Since(stageStart)
+	t.Staging = time.Since(stageStart)
 	status := sl.hostIn[in : in+statusBytes]
 	for i := range status {
 		status[i] = 0xff // both words ~0: "nothing found", lowered by the kernels' atomicMin
@@ -724,32 +703,12 @@ func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *gp
 	if err := q.dev.SynchronizeStream(sl.stream); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", j.prefix, err)
 	}
-	for i, phase := range []*time.Duration{&t.upload, &t.kernels, &t.download} {
+	for i, phase := range []*time.Duration{&t.Upload, &t.Kernels, &t.Download} {
 		if *phase, err = q.dev.Elapsed(ev[i], ev[i+1]); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
-}
-
-// growHost makes *buf pinned memory of at least size bytes, growing by half again.
-func (q *GPUQuantizer) growHost(buf *[]byte, size int) error {
-	if len(*buf) >= size {
-		return nil
-	}
-	size = max(size, len(*buf)*3/2, 1<<20)
-	if *buf != nil {
-		if err := q.dev.FreeHost(*buf); err != nil {
-			return err
-		}
-		*buf = nil
-	}
-	b, err := q.dev.AllocHost(size)
-	if err != nil {
-		return err
-	}
-	*buf = b
-	return nil
 }
 
 // raws names and shapes the downloaded tensors as Pack does, as views of pinned memory.
@@ -788,46 +747,9 @@ func (j gpuJob) raws(codes, scales, zeros, offsets []byte) []packing.Raw {
 }
 
 // GPUStats says where QuantizePack's time went, summed over every call since the quantizer
-// was made. Host phases are timed with the host clock, device phases with CUDA events on the
-// call's stream. Calls on different slots overlap, so the sums can exceed the wall time; a
-// device phase also counts the time its stream waited for another slot's work on the same
-// engine.
-type GPUStats struct {
-	Calls    int
-	InBytes  int64         // raw input bytes staged and uploaded
-	OutBytes int64         // bytes of the returned packed tensors
-	Wait     time.Duration // waiting for a free slot
-	Staging  time.Duration // filling the pinned input buffer: the input is read here
-	Upload   time.Duration // host to device
-	Kernels  time.Duration
-	Download time.Duration // device to host
-	Use      time.Duration // host: the caller's use of the results in pinned memory (QuantizePack copies them out)
-}
-
-// gpuCallTimes are the phases of one QuantizePack call.
-type gpuCallTimes struct {
-	wait, staging, upload, kernels, download, use time.Duration
-}
-
-// record adds one finished call to the statistics.
-func (q *GPUQuantizer) record(t gpuCallTimes, inBytes, outBytes int) {
-	q.statsMu.Lock()
-	defer q.statsMu.Unlock()
-	s := &q.stats
-	s.Calls++
-	s.InBytes += int64(inBytes)
-	s.OutBytes += int64(outBytes)
-	s.Wait += t.wait
-	s.Staging += t.staging
-	s.Upload += t.upload
-	s.Kernels += t.kernels
-	s.Download += t.download
-	s.Use += t.use
-}
+// was made (the use phase: the caller's use of the results in pinned memory; QuantizePack
+// copies them out).
+type GPUStats = cuda.SlotStats
 
 // Stats returns the statistics of the calls finished so far.
-func (q *GPUQuantizer) Stats() GPUStats {
-	q.statsMu.Lock()
-	defer q.statsMu.Unlock()
-	return q.stats
-}
+func (q *GPUQuantizer) Stats() GPUStats { return q.stats.Stats() }

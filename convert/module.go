@@ -156,6 +156,8 @@ func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error
 		return m.packTensor(m.gptq.deviceFor(s), func() (*quant.Tensor, error) { return m.gptq.result(m.item.Module) }, use)
 	case isGGUF(m.format) && ggmltype.IsLegacy(s):
 		return m.packTensor(DeviceCPU, m.quantizeLegacy, use)
+	case m.gpu.fitsBlocks(m.item, m.format, m.opt):
+		return DeviceCUDA, m.fitBlocksOnGPU(use)
 	case m.gpu.supports(s, m.format, m.opt):
 		name := m.item.Info.Name
 		fill := func(dst []byte) error { return m.ck.ReadInto(name, dst) }
@@ -211,6 +213,22 @@ func (m *packedModule) quantizeSearchedOnGPU() (*quant.Tensor, error) {
 		return nil, err
 	}
 	return blockwise.Quantize(w, n, k, s, bopt)
+}
+
+// fitBlocksOnGPU reads a k-quant weight as stored straight into the GPU fitter's pinned memory,
+// and hands use the ggml blocks the GPU fitted and packed, where they lie in pinned memory: the
+// bytes packing.GGUF's Pack makes of the CPU's tensor.
+func (m *packedModule) fitBlocksOnGPU(use func([]packing.Raw, *quant.Tensor) error) error {
+	it := m.item
+	fill := func(dst []byte) error { return m.ck.ReadInto(it.Info.Name, dst) }
+	return m.gpu.kq.FitBlocks(fill, gpuDTypes[it.Info.DType], it.N(), it.K(), *it.Scheme, m.opt.blockwise(it.Module).Importance,
+		func(blocks []byte) error {
+			raws, err := packing.GGUF{}.Blocks(it.Module, *it.Scheme, it.N(), it.K(), blocks)
+			if err != nil {
+				return err
+			}
+			return use(raws, nil)
+		})
 }
 
 // fitKQuantOnGPU fits every super-block of a k-quant weight (every block of an IQ one) on the

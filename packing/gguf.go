@@ -31,6 +31,16 @@ func (GGUF) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 	return []Raw{{Name: prefix + ".weight", DType: "U8", Shape: []int{t.N, typ.RowBytes(t.K)}, Data: b}}, nil
 }
 
+// Blocks is what Pack returns for a tensor of n rows of k weights in scheme s whose ggml
+// blocks are b, made elsewhere (on the GPU, kquant.GPUFitter.FitBlocks).
+func (GGUF) Blocks(prefix string, s quant.Scheme, n, k int, b []byte) ([]Raw, error) {
+	typ, ok := ggmltype.TypeOf(s)
+	if !ok || int64(len(b)) != ggmltype.Bytes(typ, n, k) {
+		return nil, fmt.Errorf("tensor %s: %d bytes are not %dx%d weights in ggml's blocks of %s", prefix, len(b), n, k, s)
+	}
+	return []Raw{{Name: prefix + ".weight", DType: "U8", Shape: []int{n, typ.RowBytes(k)}, Data: b}}, nil
+}
+
 func (GGUF) Unpack(prefix string, _ func(string) (Raw, bool), _ map[string]string) (*quant.Tensor, error) {
 	return nil, fmt.Errorf("tensor %s: GGUF tensors are read from GGUF files (package ggufexport), not from safetensors", prefix)
 }
