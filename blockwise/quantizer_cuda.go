@@ -3,7 +3,6 @@ package blockwise
 import (
 	_ "embed"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -87,11 +86,11 @@ type GPUQuantizer struct {
 		piece                                               map[string]cuda.Function // by name: see gpuJob.pieceKernel, rowpcKernel
 		params, paramsBin, packZeros                        cuda.Function
 	}
-	fp4        fp4Kernels     // kernels/microscaled.cu, loaded on the first FP4 tensor
-	tileBlocks int            // blocks of the persistent encode kernels: gpuBlocksPerSM per SM
-	nf4        cuda.DevicePtr // the 15 NF4 thresholds
-	all        []*gpuSlot     // every slot, for Close
-	free       chan *gpuSlot  // the slots not in use
+	fp4        fp4Kernels      // kernels/microscaled.cu, loaded on the first FP4 tensor
+	tileBlocks int             // blocks of the persistent encode kernels: gpuBlocksPerSM per SM
+	nf4        cuda.DevicePtr  // the 15 NF4 thresholds
+	all        []*cuda.Slot    // every slot, for Close
+	free       chan *cuda.Slot // the slots not in use
 
 	stats cuda.StatsRecorder
 
@@ -101,15 +100,6 @@ type GPUQuantizer struct {
 // DefaultGPUSlots is the number of concurrent QuantizePack calls a quantizer serves by
 // default: one uploading, one computing, one downloading.
 const DefaultGPUSlots = 3
-
-// gpuSlot is what one QuantizePack call works with.
-type gpuSlot struct {
-	stream  cuda.Stream
-	events  [4]cuda.Event // recorded before the upload, after it, after the kernels, after the download
-	dbuf    [numBufs]cuda.DeviceBuffer
-	hostIn  []byte // pinned
-	hostOut []byte // pinned
-}
 
 // Device buffers of a slot.
 const (
@@ -145,7 +135,7 @@ func newGPUQuantizer(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) 
 		return nil, fmt.Errorf("blockwise: loading kernels/blockwise.ptx: %w", err)
 	}
 	q := &GPUQuantizer{dev: dev, module: m, tileBlocks: gpuBlocksPerSM * dev.Info().Multiprocessors,
-		free: make(chan *gpuSlot, slots)}
+		free: make(chan *cuda.Slot, slots)}
 	q.fp4.images = [][]byte{microscaledPTX, microscaledCubinSM90}
 	k := &q.kernels
 	kernels := []struct {
@@ -209,19 +199,13 @@ func newGPUQuantizer(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) 
 	return q, nil
 }
 
-// addSlot creates a slot's stream and events and makes it available.
+// addSlot creates a slot and makes it available.
 func (q *GPUQuantizer) addSlot() error {
-	sl := &gpuSlot{}
-	q.all = append(q.all, sl) // even half made, so that Close releases what was made
-	var err error
-	if sl.stream, err = q.dev.NewStream(); err != nil {
+	sl, err := q.dev.NewSlot(numBufs)
+	if err != nil {
 		return err
 	}
-	for i := range sl.events {
-		if sl.events[i], err = q.dev.NewEvent(); err != nil {
-			return err
-		}
-	}
+	q.all = append(q.all, sl)
 	q.free <- sl
 	return nil
 }
@@ -239,7 +223,7 @@ func (q *GPUQuantizer) Close() error {
 		}
 	}
 	for _, sl := range q.all {
-		keep(sl.release(q.dev))
+		keep(q.dev.ReleaseSlot(sl))
 	}
 	q.all = nil
 	if q.nf4 != 0 {
@@ -249,31 +233,6 @@ func (q *GPUQuantizer) Close() error {
 	keep(q.fp4.unload())
 	keep(q.module.Unload())
 	return first
-}
-
-// release frees the slot's buffers, events and stream (the zero values were never made).
-func (sl *gpuSlot) release(dev *cuda.Device) error {
-	var errs []error
-	for i := range sl.dbuf {
-		errs = append(errs, dev.Release(&sl.dbuf[i]))
-	}
-	for _, h := range []*[]byte{&sl.hostIn, &sl.hostOut} {
-		if *h != nil {
-			errs = append(errs, dev.FreeHost(*h))
-			*h = nil
-		}
-	}
-	for i, e := range sl.events {
-		if e != 0 {
-			errs = append(errs, dev.DestroyEvent(e))
-			sl.events[i] = 0
-		}
-	}
-	if sl.stream != 0 {
-		errs = append(errs, dev.DestroyStream(sl.stream))
-		sl.stream = 0
-	}
-	return errors.Join(errs...)
 }
 
 // Supports reports whether the GPU path handles scheme s in format ("gptq", "gptq_v2",
@@ -454,10 +413,10 @@ func (j gpuJob) deviceBytes() [numBufs]int {
 }
 
 // buffers grows slot sl's device buffers to the job's needs and returns them.
-func (q *GPUQuantizer) buffers(sl *gpuSlot, j gpuJob) ([numBufs]cuda.DevicePtr, error) {
+func (q *GPUQuantizer) buffers(sl *cuda.Slot, j gpuJob) ([numBufs]cuda.DevicePtr, error) {
 	var ptrs [numBufs]cuda.DevicePtr
 	for i, need := range j.deviceBytes() {
-		b := &sl.dbuf[i]
+		b := &sl.Bufs[i]
 		if err := q.dev.Grow(b, need); err != nil {
 			return ptrs, fmt.Errorf("tensor %s: %w", j.prefix, err)
 		}
@@ -644,7 +603,7 @@ var downloaded = []int{bufCodes, bufScales, bufZeros, bufOffsets, bufStatus}
 // run stages raw in the slot's pinned memory, uploads it, runs the kernels and downloads the
 // results, all on the slot's stream, timing each phase. It returns views of the slot's pinned
 // output memory by buffer index, valid until the slot is used again.
-func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *cuda.CallTimes) (map[int][]byte, error) {
+func (q *GPUQuantizer) run(sl *cuda.Slot, j gpuJob, fill func([]byte) error, t *cuda.CallTimes) (map[int][]byte, error) {
 	need := j.deviceBytes()
 	in := need[bufInput]
 	ptrs, err := q.buffers(sl, j)
@@ -655,58 +614,56 @@ func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *cu
 	for _, b := range downloaded {
 		outBytes += need[b]
 	}
-	if err := q.dev.GrowHost(&sl.hostIn, in+statusBytes+4); err != nil {
+	if err := q.dev.GrowHost(&sl.HostIn, in+statusBytes+4); err != nil {
 		return nil, err
 	}
-	if err := q.dev.GrowHost(&sl.hostOut, outBytes); err != nil {
+	if err := q.dev.GrowHost(&sl.HostOut, outBytes); err != nil {
 		return nil, err
 	}
 	stageStart := time.Now()
-	if err := fill(sl.hostIn[:in]); err != nil {
+	if err := fill(sl.HostIn[:in]); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", j.prefix, err)
 	}
 	t.Staging = time.Since(stageStart)
-	status := sl.hostIn[in : in+statusBytes]
+	status := sl.HostIn[in : in+statusBytes]
 	for i := range status {
 		status[i] = 0xff // both words ~0: "nothing found", lowered by the kernels' atomicMin
 	}
-	fp4Word := sl.hostIn[in+statusBytes : in+statusBytes+4]
+	fp4Word := sl.HostIn[in+statusBytes : in+statusBytes+4]
 	copy(fp4Word, j.fp4InitWord())
-	ev := sl.events
+	ev := sl.Events
 	steps := []func() error{
-		func() error { return q.dev.Record(ev[0], sl.stream) },
-		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufStatus], status, sl.stream) },
+		func() error { return q.dev.Record(ev[0], sl.Stream) },
+		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufStatus], status, sl.Stream) },
 		func() error {
 			if !j.s.IsFP4() {
 				return nil
 			}
-			return q.dev.CopyToDeviceAsync(ptrs[bufParamScale], fp4Word, sl.stream)
+			return q.dev.CopyToDeviceAsync(ptrs[bufParamScale], fp4Word, sl.Stream)
 		},
-		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufInput], sl.hostIn[:in], sl.stream) },
-		func() error { return q.dev.Record(ev[1], sl.stream) },
-		func() error { return q.enqueue(j, ptrs, sl.stream) },
-		func() error { return q.dev.Record(ev[2], sl.stream) },
+		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufInput], sl.HostIn[:in], sl.Stream) },
+		func() error { return q.dev.Record(ev[1], sl.Stream) },
+		func() error { return q.enqueue(j, ptrs, sl.Stream) },
+		func() error { return q.dev.Record(ev[2], sl.Stream) },
 	}
 	out := map[int][]byte{}
 	at := 0
 	for _, b := range downloaded {
-		out[b] = sl.hostOut[at : at+need[b]]
+		out[b] = sl.HostOut[at : at+need[b]]
 		at += need[b]
-		steps = append(steps, func() error { return q.dev.CopyFromDeviceAsync(out[b], ptrs[b], sl.stream) })
+		steps = append(steps, func() error { return q.dev.CopyFromDeviceAsync(out[b], ptrs[b], sl.Stream) })
 	}
-	steps = append(steps, func() error { return q.dev.Record(ev[3], sl.stream) })
+	steps = append(steps, func() error { return q.dev.Record(ev[3], sl.Stream) })
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
 		}
 	}
-	if err := q.dev.SynchronizeStream(sl.stream); err != nil {
+	if err := q.dev.SynchronizeStream(sl.Stream); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", j.prefix, err)
 	}
-	for i, phase := range []*time.Duration{&t.Upload, &t.Kernels, &t.Download} {
-		if *phase, err = q.dev.Elapsed(ev[i], ev[i+1]); err != nil {
-			return nil, err
-		}
+	if err := q.dev.PhaseTimes(sl, t); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -117,4 +118,67 @@ func (r *StatsRecorder) Stats() SlotStats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stats
+}
+
+// Slot is what one call of a slotted worker works with: its own stream, events that time the
+// call's phases, device buffers and pinned host buffers, grown to the largest tensor and kept.
+type Slot struct {
+	Stream  Stream
+	Events  [4]Event // recorded before the upload, after it, after the kernels, after the download
+	Bufs    []DeviceBuffer
+	HostIn  []byte // pinned
+	HostOut []byte // pinned
+}
+
+// NewSlot creates a slot's stream and events, with bufs device buffers not yet allocated. On
+// an error the half-made slot is released.
+func (d *Device) NewSlot(bufs int) (*Slot, error) {
+	s := &Slot{Bufs: make([]DeviceBuffer, bufs)}
+	var err error
+	if s.Stream, err = d.NewStream(); err != nil {
+		return nil, err
+	}
+	for i := range s.Events {
+		if s.Events[i], err = d.NewEvent(); err != nil {
+			return nil, errors.Join(err, d.ReleaseSlot(s))
+		}
+	}
+	return s, nil
+}
+
+// ReleaseSlot frees the slot's buffers, events and stream (the zero values were never made).
+func (d *Device) ReleaseSlot(s *Slot) error {
+	var errs []error
+	for i := range s.Bufs {
+		errs = append(errs, d.Release(&s.Bufs[i]))
+	}
+	for _, h := range []*[]byte{&s.HostIn, &s.HostOut} {
+		if *h != nil {
+			errs = append(errs, d.FreeHost(*h))
+			*h = nil
+		}
+	}
+	for i, e := range s.Events {
+		if e != 0 {
+			errs = append(errs, d.DestroyEvent(e))
+			s.Events[i] = 0
+		}
+	}
+	if s.Stream != 0 {
+		errs = append(errs, d.DestroyStream(s.Stream))
+		s.Stream = 0
+	}
+	return errors.Join(errs...)
+}
+
+// PhaseTimes sets t's upload, kernel and download times from the slot's four events, once the
+// stream has reached the last.
+func (d *Device) PhaseTimes(s *Slot, t *CallTimes) error {
+	for i, phase := range []*time.Duration{&t.Upload, &t.Kernels, &t.Download} {
+		var err error
+		if *phase, err = d.Elapsed(s.Events[i], s.Events[i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }

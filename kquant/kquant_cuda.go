@@ -36,8 +36,8 @@ type GPUFitter struct {
 	mod    *cuda.Module
 	fit    map[int]cuda.Function // kquant_fit_qX_k by code width
 	pack   map[int]cuda.Function // kquant_pack_qX_k
-	all    []*fitSlot            // every slot, for Close
-	free   chan *fitSlot         // the slots not in use
+	all    []*cuda.Slot          // every slot, for Close
+	free   chan *cuda.Slot       // the slots not in use
 	stats  cuda.StatsRecorder
 	poison bool // tests: fill the outputs with garbage before each launch
 }
@@ -45,15 +45,6 @@ type GPUFitter struct {
 // DefaultGPUSlots is the number of concurrent calls NewGPUFitter serves: one uploading, one
 // fitting, one downloading.
 const DefaultGPUSlots = 3
-
-// fitSlot is what one call works with.
-type fitSlot struct {
-	stream  cuda.Stream
-	events  [4]cuda.Event // before the upload, after it, after the kernels, after the download
-	bufs    [numFitBufs]cuda.DeviceBuffer
-	hostIn  []byte // pinned: the weights as stored, the importance, the status words' start
-	hostOut []byte // pinned: the results, then the status words
-}
 
 // Device buffers of a slot, in the fit kernel's argument order from bufCodes on.
 const (
@@ -89,7 +80,7 @@ func newGPUFitter(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) (*G
 	if err != nil {
 		return nil, fmt.Errorf("kquant: loading kernels/kquant.ptx: %w", err)
 	}
-	g := &GPUFitter{dev: dev, mod: m, fit: map[int]cuda.Function{}, pack: map[int]cuda.Function{}, free: make(chan *fitSlot, slots)}
+	g := &GPUFitter{dev: dev, mod: m, fit: map[int]cuda.Function{}, pack: map[int]cuda.Function{}, free: make(chan *cuda.Slot, slots)}
 	for bits := range types {
 		if g.fit[bits], err = m.Function(fmt.Sprintf("kquant_fit_q%d_k", bits)); err == nil {
 			g.pack[bits], err = m.Function(fmt.Sprintf("kquant_pack_q%d_k", bits))
@@ -108,19 +99,13 @@ func newGPUFitter(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) (*G
 	return g, nil
 }
 
-// addSlot creates a slot's stream and events and makes it available.
+// addSlot creates a slot and makes it available.
 func (g *GPUFitter) addSlot() error {
-	sl := &fitSlot{}
-	g.all = append(g.all, sl) // even half made, so that Close releases what was made
-	var err error
-	if sl.stream, err = g.dev.NewStream(); err != nil {
+	sl, err := g.dev.NewSlot(numFitBufs)
+	if err != nil {
 		return err
 	}
-	for i := range sl.events {
-		if sl.events[i], err = g.dev.NewEvent(); err != nil {
-			return err
-		}
-	}
+	g.all = append(g.all, sl)
 	g.free <- sl
 	return nil
 }
@@ -135,35 +120,10 @@ func (g *GPUFitter) Stats() cuda.SlotStats { return g.stats.Stats() }
 func (g *GPUFitter) Close() error {
 	var errs []error
 	for _, sl := range g.all {
-		errs = append(errs, sl.release(g.dev))
+		errs = append(errs, g.dev.ReleaseSlot(sl))
 	}
 	g.all = nil
 	errs = append(errs, g.mod.Unload())
-	return errors.Join(errs...)
-}
-
-// release frees the slot's buffers, events and stream (the zero values were never made).
-func (sl *fitSlot) release(dev *cuda.Device) error {
-	var errs []error
-	for i := range sl.bufs {
-		errs = append(errs, dev.Release(&sl.bufs[i]))
-	}
-	for _, h := range []*[]byte{&sl.hostIn, &sl.hostOut} {
-		if *h != nil {
-			errs = append(errs, dev.FreeHost(*h))
-			*h = nil
-		}
-	}
-	for i, e := range sl.events {
-		if e != 0 {
-			errs = append(errs, dev.DestroyEvent(e))
-			sl.events[i] = 0
-		}
-	}
-	if sl.stream != 0 {
-		errs = append(errs, dev.DestroyStream(sl.stream))
-		sl.stream = 0
-	}
 	return errors.Join(errs...)
 }
 
@@ -293,7 +253,7 @@ func (g *GPUFitter) do(j fitJob, fill func([]byte) error, use func(out [][]byte)
 	}
 	st := out[bufStatus]
 	status := [2]uint64{binary.LittleEndian.Uint64(st), binary.LittleEndian.Uint64(st[8:])}
-	weight := func(i int) float32 { return j.weight(sl.hostIn, i) }
+	weight := func(i int) float32 { return j.weight(sl.HostIn, i) }
 	if err := j.refusal(status, weight, func(i int) (float32, float32, error) { return g.scales(sl, j, i) }); err != nil {
 		return err
 	}
@@ -345,13 +305,13 @@ func (j fitJob) weight(raw []byte, i int) float32 {
 }
 
 // scales reads d and dmin of super-block i (flat) from the slot's device buffers.
-func (g *GPUFitter) scales(sl *fitSlot, j fitJob, i int) (d, dmin float32, err error) {
+func (g *GPUFitter) scales(sl *cuda.Slot, j fitJob, i int) (d, dmin float32, err error) {
 	var b [8]byte
-	if err := g.dev.CopyFromDevice(b[:4], sl.bufs[bufD].Ptr.Add(4*i)); err != nil {
+	if err := g.dev.CopyFromDevice(b[:4], sl.Bufs[bufD].Ptr.Add(4*i)); err != nil {
 		return 0, 0, err
 	}
 	if j.kt.Mins {
-		if err := g.dev.CopyFromDevice(b[4:], sl.bufs[bufDMin].Ptr.Add(4*i)); err != nil {
+		if err := g.dev.CopyFromDevice(b[4:], sl.Bufs[bufDMin].Ptr.Add(4*i)); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -362,10 +322,10 @@ func (g *GPUFitter) scales(sl *fitSlot, j fitJob, i int) (d, dmin float32, err e
 // fits (and packs) and downloads the results, all on the slot's stream, timing each phase. It
 // returns views of the slot's pinned output memory by buffer index, valid until the slot is
 // used again.
-func (g *GPUFitter) run(sl *fitSlot, j fitJob, fill func([]byte) error, t *cuda.CallTimes) ([][]byte, error) {
+func (g *GPUFitter) run(sl *cuda.Slot, j fitJob, fill func([]byte) error, t *cuda.CallTimes) ([][]byte, error) {
 	sz := j.sizes()
 	for i, need := range sz {
-		if err := g.dev.Grow(&sl.bufs[i], need); err != nil {
+		if err := g.dev.Grow(&sl.Bufs[i], need); err != nil {
 			return nil, err
 		}
 	}
@@ -374,26 +334,26 @@ func (g *GPUFitter) run(sl *fitSlot, j fitJob, fill func([]byte) error, t *cuda.
 	for _, b := range j.downloads() {
 		outBytes += sz[b]
 	}
-	if err := g.dev.GrowHost(&sl.hostIn, raw+imp+statusBytes); err != nil {
+	if err := g.dev.GrowHost(&sl.HostIn, raw+imp+statusBytes); err != nil {
 		return nil, err
 	}
-	if err := g.dev.GrowHost(&sl.hostOut, outBytes); err != nil {
+	if err := g.dev.GrowHost(&sl.HostOut, outBytes); err != nil {
 		return nil, err
 	}
 	stageStart := time.Now()
-	if err := fill(sl.hostIn[:raw]); err != nil {
+	if err := fill(sl.HostIn[:raw]); err != nil {
 		return nil, err
 	}
 	t.Staging = time.Since(stageStart)
-	copy(sl.hostIn[raw:], cuda.Bytes(j.imp))
-	status := sl.hostIn[raw+imp : raw+imp+statusBytes]
+	copy(sl.HostIn[raw:], cuda.Bytes(j.imp))
+	status := sl.HostIn[raw+imp : raw+imp+statusBytes]
 	for i := range status {
 		status[i] = 0xff // both words ~0: nothing found yet, lowered by the kernel's atomicMin
 	}
 	if g.poison {
 		for _, b := range []int{bufCodes, bufD, bufDMin, bufScales, bufMins, bufBlocks} {
 			if sz[b] > 0 {
-				if err := g.dev.Fill32(sl.bufs[b].Ptr, 0x7fc0dead, sl.bufs[b].Size/4); err != nil {
+				if err := g.dev.Fill32(sl.Bufs[b].Ptr, 0x7fc0dead, sl.Bufs[b].Size/4); err != nil {
 					return nil, err
 				}
 			}
@@ -403,19 +363,19 @@ func (g *GPUFitter) run(sl *fitSlot, j fitJob, fill func([]byte) error, t *cuda.
 		if sz[b] == 0 {
 			return 0 // a null pointer: no importance, no mins
 		}
-		return sl.bufs[b].Ptr
+		return sl.Bufs[b].Ptr
 	}
 	weights := ptr(bufRaw)
 	out := make([][]byte, numFitBufs)
-	ev, st := sl.events, sl.stream
+	ev, st := sl.Events, sl.Stream
 	steps := []func() error{
 		func() error { return g.dev.Record(ev[0], st) },
-		func() error { return g.dev.CopyToDeviceAsync(ptr(bufRaw), sl.hostIn[:raw], st) },
+		func() error { return g.dev.CopyToDeviceAsync(ptr(bufRaw), sl.HostIn[:raw], st) },
 		func() error {
 			if imp == 0 {
 				return nil
 			}
-			return g.dev.CopyToDeviceAsync(ptr(bufImp), sl.hostIn[raw:raw+imp], st)
+			return g.dev.CopyToDeviceAsync(ptr(bufImp), sl.HostIn[raw:raw+imp], st)
 		},
 		func() error { return g.dev.CopyToDeviceAsync(ptr(bufStatus), status, st) },
 		func() error { return g.dev.Record(ev[1], st) },
@@ -445,7 +405,7 @@ func (g *GPUFitter) run(sl *fitSlot, j fitJob, fill func([]byte) error, t *cuda.
 	}
 	at := 0
 	for _, b := range j.downloads() {
-		out[b] = sl.hostOut[at : at+sz[b]]
+		out[b] = sl.HostOut[at : at+sz[b]]
 		at += sz[b]
 		steps = append(steps, func() error {
 			if sz[b] == 0 {
@@ -463,11 +423,8 @@ func (g *GPUFitter) run(sl *fitSlot, j fitJob, fill func([]byte) error, t *cuda.
 	if err := g.dev.SynchronizeStream(st); err != nil {
 		return nil, err
 	}
-	for i, phase := range []*time.Duration{&t.Upload, &t.Kernels, &t.Download} {
-		var err error
-		if *phase, err = g.dev.Elapsed(ev[i], ev[i+1]); err != nil {
-			return nil, err
-		}
+	if err := g.dev.PhaseTimes(sl, t); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
