@@ -250,17 +250,22 @@ func (m *packedModule) fitBlocksOnGPU(use func([]packing.Raw, *quant.Tensor) err
 }
 
 // fitKQuantOnGPU fits every super-block of a k-quant weight (every block of an IQ one) on the
-// GPU, with its importance under --imatrix: the tensor the CPU would make, bit for bit.
+// GPU, with its importance under --imatrix: the tensor the CPU would make, bit for bit. A
+// k-quant weight is read as stored straight into the fitter's pinned memory.
 func (m *packedModule) fitKQuantOnGPU() (*quant.Tensor, error) {
-	w, err := m.ck.Float32(m.item.Info.Name)
+	it, s := m.item, *m.item.Scheme
+	imp := m.opt.blockwise(it.Module).Importance
+	if dtype, ok := gpuDTypes[it.Info.DType]; ok && s.Grid == quant.KQuant {
+		return m.gpu.kq.QuantizeRaw(func(dst []byte) error { return m.ck.ReadInto(it.Info.Name, dst) }, dtype, it.N(), it.K(), s, imp)
+	}
+	w, err := m.ck.Float32(it.Info.Name)
 	if err != nil {
 		return nil, err
 	}
-	imp := m.opt.blockwise(m.item.Module).Importance
-	if s := *m.item.Scheme; s.Grid == quant.IQuant {
-		return m.gpu.iq.Quantize(w, m.item.N(), m.item.K(), s, imp)
+	if s.Grid == quant.IQuant {
+		return m.gpu.iq.Quantize(w, it.N(), it.K(), s, imp)
 	}
-	return m.gpu.kq.Quantize(w, m.item.N(), m.item.K(), *m.item.Scheme, imp)
+	return m.gpu.kq.Quantize(w, it.N(), it.K(), s, imp)
 }
 
 // quantizePackCPU quantizes and packs on the CPU; t is nil when the fused path packed directly.

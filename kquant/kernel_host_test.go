@@ -34,7 +34,10 @@ func TestKernelOnCPU(t *testing.T) {
 		t.Fatalf("%v: %v\n%s", cmd, err, out)
 	}
 	quantize := func(w []float32, n, k int, s quant.Scheme, imp []float32) (*quant.Tensor, error) {
-		j, err := tensorJob(len(w), n, k, s, imp)
+		if n <= 0 || k <= 0 || len(w) != n*k {
+			return nil, fmt.Errorf("kquant: %d weights for a %dx%d tensor", len(w), n, k)
+		}
+		j, err := newFitJob(cuda.F32, n, k, s, imp)
 		if err != nil {
 			return nil, err
 		}

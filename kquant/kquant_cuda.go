@@ -137,12 +137,22 @@ func (g *GPUFitter) Supports(s quant.Scheme) bool {
 // per-input-channel importance imp (len k; nil for none: ggml's _ref fit), and returns the
 // tensor that QuantizeRow of every row gives. Errors name the row and column like the CPU's.
 func (g *GPUFitter) Quantize(w []float32, n, k int, s quant.Scheme, imp []float32) (*quant.Tensor, error) {
-	j, err := tensorJob(len(w), n, k, s, imp)
+	if n <= 0 || k <= 0 || len(w) != n*k {
+		return nil, fmt.Errorf("kquant: %d weights for a %dx%d tensor", len(w), n, k)
+	}
+	return g.QuantizeRaw(func(dst []byte) error { copy(dst, cuda.Bytes(w)); return nil }, cuda.F32, n, k, s, imp)
+}
+
+// QuantizeRaw is Quantize of W[n, k] given as raw little-endian bytes of dtype (BF16, F16 or
+// F32, as a checkpoint stores them): fill writes them into dst (exactly n·k·dtype.Size() bytes of
+// pinned memory), they go up as they are and are widened on the GPU.
+func (g *GPUFitter) QuantizeRaw(fill func(dst []byte) error, dtype cuda.DType, n, k int, s quant.Scheme, imp []float32) (*quant.Tensor, error) {
+	j, err := newFitJob(dtype, n, k, s, imp)
 	if err != nil {
 		return nil, err
 	}
 	q := quant.NewKQuantTensor(s, n, k)
-	err = g.do(j, func(dst []byte) error { copy(dst, cuda.Bytes(w)); return nil }, func(out [][]byte) error {
+	err = g.do(j, fill, func(out [][]byte) error {
 		for i, b := range kernelOutputs(q) {
 			copy(b, out[bufCodes+i])
 		}
@@ -154,47 +164,42 @@ func (g *GPUFitter) Quantize(w []float32, n, k int, s quant.Scheme, imp []float3
 	return q, nil
 }
 
-// tensorJob checks the arguments of Quantize (weights float32 values for W[n, k]) and makes
-// its job.
-func tensorJob(weights, n, k int, s quant.Scheme, imp []float32) (fitJob, error) {
+// newFitJob checks the arguments of a fit of W[n, k] stored as dtype and makes its job.
+func newFitJob(dtype cuda.DType, n, k int, s quant.Scheme, imp []float32) (fitJob, error) {
 	kt, err := TypeOf(s)
 	if err != nil {
 		return fitJob{}, err
 	}
-	if n <= 0 || k <= 0 || weights != n*k {
-		return fitJob{}, fmt.Errorf("kquant: %d weights for a %dx%d tensor", weights, n, k)
+	if n <= 0 || k <= 0 {
+		return fitJob{}, fmt.Errorf("kquant: a %dx%d tensor", n, k)
 	}
 	if err := s.CheckRowLength(k); err != nil {
 		return fitJob{}, fmt.Errorf("kquant: %w", err)
 	}
+	if dtype != cuda.F32 && dtype != cuda.F16 && dtype != cuda.BF16 {
+		return fitJob{}, fmt.Errorf("kquant: the GPU fit reads BF16, F16 or F32 weights, not %s", dtype)
+	}
 	if imp != nil && len(imp) != k {
 		return fitJob{}, fmt.Errorf("kquant: %d importance weights for %d input channels", len(imp), k)
 	}
-	return fitJob{kt: kt, n: n, k: k, dtype: cuda.F32, imp: imp}, nil
+	return fitJob{kt: kt, n: n, k: k, dtype: dtype, imp: imp}, nil
 }
 
 // FitBlocks fits the k-quant tensor W[n, k] of scheme s (k a multiple of 256) given as raw
-// little-endian bytes of dtype, with importance imp as Quantize does, and hands use ggml's
-// blocks of it (n rows of k/256 blocks, Type.AppendRow of Quantize's tensor, byte for byte):
-// fill writes the raw weights into dst (exactly n·k·dtype.Size() bytes of pinned memory),
-// and the blocks use receives are pinned memory too, valid only until it returns. Only the
-// weights as stored go up and only the blocks come down; the slot stays taken until use
-// returns. Errors name the row and column as Quantize's do.
+// little-endian bytes of dtype, with importance imp, as QuantizeRaw does, and hands use ggml's
+// blocks of it (n rows of k/256 blocks, Type.AppendRow of QuantizeRaw's tensor, byte for byte):
+// the blocks use receives are pinned memory, valid only until it returns. Only the weights as
+// stored go up and only the blocks come down; the slot stays taken until use returns. Errors
+// name the row and column as Quantize's do.
 func (g *GPUFitter) FitBlocks(fill func(dst []byte) error, dtype cuda.DType, n, k int, s quant.Scheme, imp []float32, use func(blocks []byte) error) error {
-	kt, err := TypeOf(s)
+	if k%quant.SuperBlock != 0 {
+		return fmt.Errorf("kquant: a %dx%d tensor in ggml's %s blocks: K must be a multiple of 256", n, k, s)
+	}
+	j, err := newFitJob(dtype, n, k, s, imp)
 	if err != nil {
 		return err
 	}
-	if n <= 0 || k <= 0 || k%quant.SuperBlock != 0 {
-		return fmt.Errorf("kquant: a %dx%d tensor in ggml's %s blocks: K must be a positive multiple of 256", n, k, s)
-	}
-	if dtype != cuda.F32 && dtype != cuda.F16 && dtype != cuda.BF16 {
-		return fmt.Errorf("kquant: the GPU fit reads BF16, F16 or F32 weights, not %s", dtype)
-	}
-	if imp != nil && len(imp) != k {
-		return fmt.Errorf("kquant: %d importance weights for %d input channels", len(imp), k)
-	}
-	j := fitJob{kt: kt, n: n, k: k, dtype: dtype, imp: imp, blocks: true}
+	j.blocks = true
 	return g.do(j, fill, func(out [][]byte) error { return use(out[bufBlocks]) })
 }
 

@@ -295,19 +295,10 @@ func storedAs(rows [][]float32, dtype cuda.DType) (raw []byte, values [][]float3
 	return raw, values
 }
 
-// cpuBlocks is the CPU's answer for FitBlocks: QuantizeRow of every row, then AppendRow.
-func cpuBlocks(kt *Type, rows [][]float32, imp []float32) ([]byte, error) {
-	q, err := cpuTensor(kt, rows, imp)
-	if err != nil {
-		return nil, err
-	}
-	return encodeRows(kt, q), nil
-}
-
-// TestGPUFitBlocksMatchesCPU: FitBlocks from weights stored as BF16, F16 and F32, on fresh
-// random rows of every kind with every importance of fitTestImportances, gives the bytes of
-// QuantizeRow's tensor encoded by AppendRow for every type (or both refuse it alike, words
-// and all: a BF16 or F16 weight that is ±Inf or NaN, d beyond F16).
+// TestGPUFitBlocksMatchesCPU: FitBlocks and QuantizeRaw from weights stored as BF16, F16 and
+// F32, on fresh random rows of every kind with every importance of fitTestImportances, give
+// QuantizeRow's tensor and its bytes encoded by AppendRow for every type (or all refuse it
+// alike, words and all: a BF16 or F16 weight that is ±Inf or NaN, d beyond F16).
 func TestGPUFitBlocksMatchesCPU(t *testing.T) {
 	g := openGPUFitter(t)
 	r := rand.New(rand.NewPCG(33, 34))
@@ -318,17 +309,23 @@ func TestGPUFitBlocksMatchesCPU(t *testing.T) {
 				raw, values := storedAs(rows, dtype)
 				for i, imp := range fitTestImportances(r, k) {
 					t.Run(fmt.Sprintf("%s/k=%d/%s/importance=%d", kt.Scheme, k, dtype, i), func(t *testing.T) {
-						want, cerr := cpuBlocks(kt, values, imp)
+						fill := func(dst []byte) error { copy(dst, raw); return nil }
+						wantT, cerr := cpuTensor(kt, values, imp)
 						var got []byte
-						gerr := g.FitBlocks(func(dst []byte) error { copy(dst, raw); return nil }, dtype, len(rows), k, kt.Scheme, imp,
-							func(b []byte) error { got = slices.Clone(b); return nil })
+						gerr := g.FitBlocks(fill, dtype, len(rows), k, kt.Scheme, imp, func(b []byte) error { got = slices.Clone(b); return nil })
+						gotT, terr := g.QuantizeRaw(fill, dtype, len(rows), k, kt.Scheme, imp)
 						switch {
-						case cerr != nil || gerr != nil:
-							if fmt.Sprint(cerr) != fmt.Sprint(gerr) {
-								t.Fatalf("the CPU says %v, the GPU %v", cerr, gerr)
+						case cerr != nil || gerr != nil || terr != nil:
+							if fmt.Sprint(cerr) != fmt.Sprint(gerr) || fmt.Sprint(cerr) != fmt.Sprint(terr) {
+								t.Fatalf("the CPU says %v, FitBlocks %v, QuantizeRaw %v", cerr, gerr, terr)
 							}
-						case !slices.Equal(got, want):
+						case !slices.Equal(got, encodeRows(kt, wantT)):
+							want := encodeRows(kt, wantT)
 							t.Fatalf("the GPU's %d bytes differ from the CPU's %d (first at %d)", len(got), len(want), firstDiff(got, want))
+						default:
+							if err := sameTensor(gotT, wantT); err != nil {
+								t.Fatalf("QuantizeRaw: %v", err)
+							}
 						}
 					})
 				}
