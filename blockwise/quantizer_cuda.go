@@ -3,12 +3,10 @@ package blockwise
 import (
 	_ "embed"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"math/bits"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
@@ -88,14 +86,13 @@ type GPUQuantizer struct {
 		piece                                               map[string]cuda.Function // by name: see gpuJob.pieceKernel, rowpcKernel
 		params, paramsBin, packZeros                        cuda.Function
 	}
-	fp4        fp4Kernels     // kernels/microscaled.cu, loaded on the first FP4 tensor
-	tileBlocks int            // blocks of the persistent encode kernels: gpuBlocksPerSM per SM
-	nf4        cuda.DevicePtr // the 15 NF4 thresholds
-	all        []*gpuSlot     // every slot, for Close
-	free       chan *gpuSlot  // the slots not in use
+	fp4        fp4Kernels      // kernels/microscaled.cu, loaded on the first FP4 tensor
+	tileBlocks int             // blocks of the persistent encode kernels: gpuBlocksPerSM per SM
+	nf4        cuda.DevicePtr  // the 15 NF4 thresholds
+	all        []*cuda.Slot    // every slot, for Close
+	free       chan *cuda.Slot // the slots not in use
 
-	statsMu sync.Mutex
-	stats   GPUStats
+	stats cuda.StatsRecorder
 
 	poison bool // tests: fill every output and scratch buffer with garbage before each run
 }
@@ -103,20 +100,6 @@ type GPUQuantizer struct {
 // DefaultGPUSlots is the number of concurrent QuantizePack calls a quantizer serves by
 // default: one uploading, one computing, one downloading.
 const DefaultGPUSlots = 3
-
-// gpuSlot is what one QuantizePack call works with.
-type gpuSlot struct {
-	stream  cuda.Stream
-	events  [4]cuda.Event // recorded before the upload, after it, after the kernels, after the download
-	dbuf    [numBufs]deviceBuffer
-	hostIn  []byte // pinned
-	hostOut []byte // pinned
-}
-
-type deviceBuffer struct {
-	ptr  cuda.DevicePtr
-	size int
-}
 
 // Device buffers of a slot.
 const (
@@ -152,7 +135,7 @@ func newGPUQuantizer(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) 
 		return nil, fmt.Errorf("blockwise: loading kernels/blockwise.ptx: %w", err)
 	}
 	q := &GPUQuantizer{dev: dev, module: m, tileBlocks: gpuBlocksPerSM * dev.Info().Multiprocessors,
-		free: make(chan *gpuSlot, slots)}
+		free: make(chan *cuda.Slot, slots)}
 	q.fp4.images = [][]byte{microscaledPTX, microscaledCubinSM90}
 	k := &q.kernels
 	kernels := []struct {
@@ -216,19 +199,13 @@ func newGPUQuantizer(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) 
 	return q, nil
 }
 
-// addSlot creates a slot's stream and events and makes it available.
+// addSlot creates a slot and makes it available.
 func (q *GPUQuantizer) addSlot() error {
-	sl := &gpuSlot{}
-	q.all = append(q.all, sl) // even half made, so that Close releases what was made
-	var err error
-	if sl.stream, err = q.dev.NewStream(); err != nil {
+	sl, err := q.dev.NewSlot(numBufs)
+	if err != nil {
 		return err
 	}
-	for i := range sl.events {
-		if sl.events[i], err = q.dev.NewEvent(); err != nil {
-			return err
-		}
-	}
+	q.all = append(q.all, sl)
 	q.free <- sl
 	return nil
 }
@@ -246,7 +223,7 @@ func (q *GPUQuantizer) Close() error {
 		}
 	}
 	for _, sl := range q.all {
-		keep(sl.release(q.dev))
+		keep(q.dev.ReleaseSlot(sl))
 	}
 	q.all = nil
 	if q.nf4 != 0 {
@@ -256,34 +233,6 @@ func (q *GPUQuantizer) Close() error {
 	keep(q.fp4.unload())
 	keep(q.module.Unload())
 	return first
-}
-
-// release frees the slot's buffers, events and stream (the zero values were never made).
-func (sl *gpuSlot) release(dev *cuda.Device) error {
-	var errs []error
-	for i := range sl.dbuf {
-		if sl.dbuf[i].size > 0 {
-			errs = append(errs, dev.Free(sl.dbuf[i].ptr))
-			sl.dbuf[i] = deviceBuffer{}
-		}
-	}
-	for _, h := range []*[]byte{&sl.hostIn, &sl.hostOut} {
-		if *h != nil {
-			errs = append(errs, dev.FreeHost(*h))
-			*h = nil
-		}
-	}
-	for i, e := range sl.events {
-		if e != 0 {
-			errs = append(errs, dev.DestroyEvent(e))
-			sl.events[i] = 0
-		}
-	}
-	if sl.stream != 0 {
-		errs = append(errs, dev.DestroyStream(sl.stream))
-		sl.stream = 0
-	}
-	return errors.Join(errs...)
 }
 
 // Supports reports whether the GPU path handles scheme s in format ("gptq", "gptq_v2",
@@ -464,27 +413,16 @@ func (j gpuJob) deviceBytes() [numBufs]int {
 }
 
 // buffers grows slot sl's device buffers to the job's needs and returns them.
-func (q *GPUQuantizer) buffers(sl *gpuSlot, j gpuJob) ([numBufs]cuda.DevicePtr, error) {
+func (q *GPUQuantizer) buffers(sl *cuda.Slot, j gpuJob) ([numBufs]cuda.DevicePtr, error) {
 	var ptrs [numBufs]cuda.DevicePtr
 	for i, need := range j.deviceBytes() {
-		b := &sl.dbuf[i]
-		if need > b.size {
-			if b.size > 0 {
-				if err := q.dev.Free(b.ptr); err != nil {
-					return ptrs, err
-				}
-				*b = deviceBuffer{}
-			}
-			size := (need + 3) / 4 * 4 // whole words, so that poisoning reaches every byte
-			p, err := q.dev.Alloc(size)
-			if err != nil {
-				return ptrs, fmt.Errorf("tensor %s: %w", j.prefix, err)
-			}
-			*b = deviceBuffer{ptr: p, size: size}
+		b := &sl.Bufs[i]
+		if err := q.dev.Grow(b, need); err != nil {
+			return ptrs, fmt.Errorf("tensor %s: %w", j.prefix, err)
 		}
-		ptrs[i] = b.ptr
+		ptrs[i] = b.Ptr
 		if q.poison && need > 0 {
-			if err := q.dev.Fill32(b.ptr, 0xa5a5a5a5, b.size/4); err != nil {
+			if err := q.dev.Fill32(b.Ptr, 0xa5a5a5a5, b.Size/4); err != nil {
 				return ptrs, err
 			}
 		}
@@ -630,11 +568,11 @@ func (q *GPUQuantizer) QuantizePackScaled(fill func(dst []byte) error, dtype str
 			return err
 		}
 	}
-	var t gpuCallTimes
+	var t cuda.CallTimes
 	waitStart := time.Now()
 	sl := <-q.free
 	defer func() { q.free <- sl }()
-	t.wait = time.Since(waitStart)
+	t.Wait = time.Since(waitStart)
 	out, err := q.run(sl, j, fill, &t)
 	if err != nil {
 		return err
@@ -650,8 +588,8 @@ func (q *GPUQuantizer) QuantizePackScaled(fill func(dst []byte) error, dtype str
 		outBytes += len(r.Data)
 	}
 	err = use(raws)
-	t.use = time.Since(useStart)
-	q.record(t, j.deviceBytes()[bufInput], outBytes)
+	t.Use = time.Since(useStart)
+	q.stats.Record(t, j.deviceBytes()[bufInput], outBytes)
 	return err
 }
 
@@ -665,7 +603,7 @@ var downloaded = []int{bufCodes, bufScales, bufZeros, bufOffsets, bufStatus}
 // run stages raw in the slot's pinned memory, uploads it, runs the kernels and downloads the
 // results, all on the slot's stream, timing each phase. It returns views of the slot's pinned
 // output memory by buffer index, valid until the slot is used again.
-func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *gpuCallTimes) (map[int][]byte, error) {
+func (q *GPUQuantizer) run(sl *cuda.Slot, j gpuJob, fill func([]byte) error, t *cuda.CallTimes) (map[int][]byte, error) {
 	need := j.deviceBytes()
 	in := need[bufInput]
 	ptrs, err := q.buffers(sl, j)
@@ -676,80 +614,58 @@ func (q *GPUQuantizer) run(sl *gpuSlot, j gpuJob, fill func([]byte) error, t *gp
 	for _, b := range downloaded {
 		outBytes += need[b]
 	}
-	if err := q.growHost(&sl.hostIn, in+statusBytes+4); err != nil {
+	if err := q.dev.GrowHost(&sl.HostIn, in+statusBytes+4); err != nil {
 		return nil, err
 	}
-	if err := q.growHost(&sl.hostOut, outBytes); err != nil {
+	if err := q.dev.GrowHost(&sl.HostOut, outBytes); err != nil {
 		return nil, err
 	}
 	stageStart := time.Now()
-	if err := fill(sl.hostIn[:in]); err != nil {
+	if err := fill(sl.HostIn[:in]); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", j.prefix, err)
 	}
-	t.staging = time.Since(stageStart)
-	status := sl.hostIn[in : in+statusBytes]
+	t.Staging = time.Since(stageStart)
+	status := sl.HostIn[in : in+statusBytes]
 	for i := range status {
 		status[i] = 0xff // both words ~0: "nothing found", lowered by the kernels' atomicMin
 	}
-	fp4Word := sl.hostIn[in+statusBytes : in+statusBytes+4]
+	fp4Word := sl.HostIn[in+statusBytes : in+statusBytes+4]
 	copy(fp4Word, j.fp4InitWord())
-	ev := sl.events
+	ev := sl.Events
 	steps := []func() error{
-		func() error { return q.dev.Record(ev[0], sl.stream) },
-		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufStatus], status, sl.stream) },
+		func() error { return q.dev.Record(ev[0], sl.Stream) },
+		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufStatus], status, sl.Stream) },
 		func() error {
 			if !j.s.IsFP4() {
 				return nil
 			}
-			return q.dev.CopyToDeviceAsync(ptrs[bufParamScale], fp4Word, sl.stream)
+			return q.dev.CopyToDeviceAsync(ptrs[bufParamScale], fp4Word, sl.Stream)
 		},
-		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufInput], sl.hostIn[:in], sl.stream) },
-		func() error { return q.dev.Record(ev[1], sl.stream) },
-		func() error { return q.enqueue(j, ptrs, sl.stream) },
-		func() error { return q.dev.Record(ev[2], sl.stream) },
+		func() error { return q.dev.CopyToDeviceAsync(ptrs[bufInput], sl.HostIn[:in], sl.Stream) },
+		func() error { return q.dev.Record(ev[1], sl.Stream) },
+		func() error { return q.enqueue(j, ptrs, sl.Stream) },
+		func() error { return q.dev.Record(ev[2], sl.Stream) },
 	}
 	out := map[int][]byte{}
 	at := 0
 	for _, b := range downloaded {
-		out[b] = sl.hostOut[at : at+need[b]]
+		out[b] = sl.HostOut[at : at+need[b]]
 		at += need[b]
-		steps = append(steps, func() error { return q.dev.CopyFromDeviceAsync(out[b], ptrs[b], sl.stream) })
+		steps = append(steps, func() error { return q.dev.CopyFromDeviceAsync(out[b], ptrs[b], sl.Stream) })
 	}
-	steps = append(steps, func() error { return q.dev.Record(ev[3], sl.stream) })
+	steps = append(steps, func() error { return q.dev.Record(ev[3], sl.Stream) })
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
 		}
 	}
-	if err := q.dev.SynchronizeStream(sl.stream); err != nil {
+	if err := q.dev.SynchronizeStream(sl.Stream); err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", j.prefix, err)
 	}
-	for i, phase := range []*time.Duration{&t.upload, &t.kernels, &t.download} {
-		if *phase, err = q.dev.Elapsed(ev[i], ev[i+1]); err != nil {
-			return nil, err
-		}
+	if err := q.dev.PhaseTimes(sl, t); err != nil {
+		return nil, err
 	}
 	return out, nil
-}
-
-// growHost makes *buf pinned memory of at least size bytes, growing by half again.
-func (q *GPUQuantizer) growHost(buf *[]byte, size int) error {
-	if len(*buf) >= size {
-		return nil
-	}
-	size = max(size, len(*buf)*3/2, 1<<20)
-	if *buf != nil {
-		if err := q.dev.FreeHost(*buf); err != nil {
-			return err
-		}
-		*buf = nil
-	}
-	b, err := q.dev.AllocHost(size)
-	if err != nil {
-		return err
-	}
-	*buf = b
-	return nil
 }
 
 // raws names and shapes the downloaded tensors as Pack does, as views of pinned memory.
@@ -788,46 +704,9 @@ func (j gpuJob) raws(codes, scales, zeros, offsets []byte) []packing.Raw {
 }
 
 // GPUStats says where QuantizePack's time went, summed over every call since the quantizer
-// was made. Host phases are timed with the host clock, device phases with CUDA events on the
-// call's stream. Calls on different slots overlap, so the sums can exceed the wall time; a
-// device phase also counts the time its stream waited for another slot's work on the same
-// engine.
-type GPUStats struct {
-	Calls    int
-	InBytes  int64         // raw input bytes staged and uploaded
-	OutBytes int64         // bytes of the returned packed tensors
-	Wait     time.Duration // waiting for a free slot
-	Staging  time.Duration // filling the pinned input buffer: the input is read here
-	Upload   time.Duration // host to device
-	Kernels  time.Duration
-	Download time.Duration // device to host
-	Use      time.Duration // host: the caller's use of the results in pinned memory (QuantizePack copies them out)
-}
-
-// gpuCallTimes are the phases of one QuantizePack call.
-type gpuCallTimes struct {
-	wait, staging, upload, kernels, download, use time.Duration
-}
-
-// record adds one finished call to the statistics.
-func (q *GPUQuantizer) record(t gpuCallTimes, inBytes, outBytes int) {
-	q.statsMu.Lock()
-	defer q.statsMu.Unlock()
-	s := &q.stats
-	s.Calls++
-	s.InBytes += int64(inBytes)
-	s.OutBytes += int64(outBytes)
-	s.Wait += t.wait
-	s.Staging += t.staging
-	s.Upload += t.upload
-	s.Kernels += t.kernels
-	s.Download += t.download
-	s.Use += t.use
-}
+// was made (the use phase: the caller's use of the results in pinned memory; QuantizePack
+// copies them out).
+type GPUStats = cuda.SlotStats
 
 // Stats returns the statistics of the calls finished so far.
-func (q *GPUQuantizer) Stats() GPUStats {
-	q.statsMu.Lock()
-	defer q.statsMu.Unlock()
-	return q.stats
-}
+func (q *GPUQuantizer) Stats() GPUStats { return q.stats.Stats() }

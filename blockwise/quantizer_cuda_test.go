@@ -548,7 +548,7 @@ func TestGPUStatsRecord(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 50 {
 		wg.Go(func() {
-			q.record(gpuCallTimes{wait: 1, staging: 2, upload: 3, kernels: 4, download: 5, use: time.Duration(i)}, 100, 10)
+			q.stats.Record(cuda.CallTimes{Wait: 1, Staging: 2, Upload: 3, Kernels: 4, Download: 5, Use: time.Duration(i)}, 100, 10)
 		})
 	}
 	wg.Wait()

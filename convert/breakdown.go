@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/qpack-dev/qpack/blockwise"
+	"github.com/qpack-dev/qpack/cuda"
 )
 
 // Phase is one line of a conversion's time breakdown: the time spent in a phase, the bytes it
@@ -29,7 +29,7 @@ func newPhase(name string, seconds float64, bytes int64) Phase {
 // breakdown splits a finished conversion's time by phase. On the GPU path the input is read
 // straight into pinned memory, so reading and staging are one phase; the results are written
 // from pinned memory (counted in write). Kept tensors are read by the write itself.
-func (r *Report) breakdown(gs blockwise.GPUStats) []Phase {
+func (r *Report) breakdown(gs cuda.SlotStats) []Phase {
 	sec := func(d time.Duration) float64 { return d.Seconds() }
 	var phases []Phase
 	if gs.Calls > 0 {

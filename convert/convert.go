@@ -144,7 +144,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return outputMetadata(items, plan, calib, inputs, f, opt)
 	}
 	if opt.gguf != nil {
-		err = opt.gguf.write(dst, items, units, g.workers(), meta, hashes, report, metadata, opt.Log)
+		err = opt.gguf.write(dst, items, units, g, meta, hashes, report, metadata, opt.Log, opt.Sync)
 	} else {
 		err = staged.Dir(dst, opt.Overwrite, opt.Log, func(dir string) error {
 			out, err := safetensors.NewCheckpointWriter(dir, shardTensors(tensors, len(ck.Files()), opt.MaxShardSize), meta)

@@ -9,6 +9,7 @@ import (
 	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
+	"github.com/qpack-dev/qpack/safetensors"
 )
 
 // Devices (cuda.Select's choices).
@@ -74,7 +75,7 @@ func (g *gpu) useKQuants(items []Item) error {
 		switch {
 		case it.Scheme == nil:
 		case it.Scheme.Grid == quant.KQuant && g.kq == nil:
-			g.kq, err = kquant.NewGPUFitter(g.dev)
+			g.kq, err = kquant.NewGPUFitterSlots(g.dev, g.q.Slots()) // workers() counts on as many slots
 		case it.Scheme.Grid == quant.IQuant && g.iq == nil:
 			g.iq, err = iquant.NewGPUFitter(g.dev)
 		}
@@ -117,6 +118,18 @@ func (g *gpu) fits(s quant.Scheme, opt Options) bool {
 	return g != nil && !opt.Clip && ((g.kq != nil && g.kq.Supports(s)) || (g.iq != nil && g.iq.Supports(s)))
 }
 
+// fitsBlocks says whether the GPU fits this GGUF item's k-quant super-blocks and packs them into
+// ggml's blocks there, reading the weights as stored: rows of whole blocks, weights in BF16, F16
+// or F32, and no --measure-error (it needs the fitted tensor).
+func (g *gpu) fitsBlocks(it Item, f packing.Format, opt Options) bool {
+	_, dtype := gpuDTypes[it.Info.DType]
+	return g != nil && g.kq != nil && isGGUF(f) && !opt.Clip && !opt.MeasureError && dtype &&
+		g.kq.Supports(*it.Scheme) && it.K()%quant.SuperBlock == 0
+}
+
+// gpuDTypes are the stored dtypes the GPU reads as they are.
+var gpuDTypes = map[safetensors.DType]cuda.DType{safetensors.BF16: cuda.BF16, safetensors.F16: cuda.F16, safetensors.F32: cuda.F32}
+
 // checkDevicePlan refuses, with --device cuda, a plan that has a tensor the GPU cannot do:
 // the exit code promises the plan was carried out exactly as asked.
 func checkDevicePlan(g *gpu, device string, items []Item, f packing.Format, opt Options) error {
@@ -148,12 +161,16 @@ func (g *gpu) workers() int {
 	return g.q.Slots() + 1
 }
 
-// stats says where the GPU quantizer's time went (zero without a GPU).
-func (g *gpu) stats() blockwise.GPUStats {
+// stats says where the GPU quantizer's and the k-quant fitter's time went (zero without a GPU).
+func (g *gpu) stats() cuda.SlotStats {
 	if g == nil {
-		return blockwise.GPUStats{}
+		return cuda.SlotStats{}
 	}
-	return g.q.Stats()
+	st := g.q.Stats()
+	if g.kq != nil {
+		st = st.Plus(g.kq.Stats())
+	}
+	return st
 }
 
 // searchFlag names the CPU-only group search in use, for errors.

@@ -7,12 +7,14 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/qpack-dev/qpack/alloc"
 	"github.com/qpack-dev/qpack/ftype"
 	"github.com/qpack-dev/qpack/ggmltype"
 	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/ggufexport"
+	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/safetensors"
@@ -483,6 +485,7 @@ func checkReplayed(plan *alloc.Plan, descs []alloc.TensorDesc) error {
 type ggufSink struct {
 	w       *gguf.Writer
 	plan    *ggufPlan
+	fitter  *kquant.GPUFitter            // fits kept tensors of k-quant types (token_embd, output); nil: the CPU does
 	dtypes  map[string]safetensors.DType // kept tensors' input dtypes
 	shapes  map[string][]int
 	packed  map[string]bool  // the packed tensors' names (module prefix + ".weight")
@@ -499,6 +502,9 @@ func (s *ggufSink) Write(name string, data []byte) error {
 		return s.put(r, name, ggufexport.PermuteRows(data, s.rowSize[name], r.Heads))
 	}
 	shape := s.shapes[name]
+	if s.fitsOnGPU(r, name) {
+		return s.fitOnGPU(r, name, data)
+	}
 	v := make([]float32, numel(shape))
 	if err := safetensors.DecodeFloat32(s.dtypes[name], v, data); err != nil {
 		return fmt.Errorf("tensor %s: %w", name, err)
@@ -515,6 +521,35 @@ func (s *ggufSink) Write(name string, data []byte) error {
 		return err
 	}
 	return ggufexport.EncodeFloat(tw, s.plan.typeOf(r, shape), v, shape, r.Heads)
+}
+
+// fitsOnGPU says whether a kept tensor is encoded on the GPU: a matrix of a k-quant type with
+// rows of whole super-blocks, stored as BF16, F16 or F32 (token_embd and output under most
+// presets; ggml's reference quantizers, no importance, as on the CPU).
+func (s *ggufSink) fitsOnGPU(r ggufexport.Role, name string) bool {
+	shape := s.shapes[name]
+	if s.fitter == nil || r.Experts != nil || len(shape) != 2 || shape[1]%quant.SuperBlock != 0 {
+		return false
+	}
+	scheme, ok := ggmltype.SchemeOf(s.plan.typeOf(r, shape))
+	_, dtype := gpuDTypes[s.dtypes[name]]
+	return ok && dtype && s.fitter.Supports(scheme)
+}
+
+// fitOnGPU encodes a kept tensor's stored bytes as ggml blocks on the GPU: the bytes of
+// ggufexport.EncodeFloat.
+func (s *ggufSink) fitOnGPU(r ggufexport.Role, name string, data []byte) error {
+	shape := s.shapes[name]
+	typ := s.plan.typeOf(r, shape)
+	scheme, _ := ggmltype.SchemeOf(typ)
+	err := s.fitter.FitBlocks(func(dst []byte) error { copy(dst, data); return nil }, gpuDTypes[s.dtypes[name]], shape[0], shape[1], scheme, nil,
+		func(blocks []byte) error {
+			return s.put(r, name, ggufexport.PermuteRows(blocks, typ.RowBytes(shape[1]), r.Heads))
+		})
+	if err != nil {
+		return fmt.Errorf("tensor %s: %w", name, err)
+	}
+	return nil
 }
 
 // put writes a whole tensor, or an expert's part of its merged tensor.
@@ -621,12 +656,16 @@ func (p *ggufPlan) ggufReport(report *Report, tensors []gguf.Tensor) {
 
 // write runs the units into a GGUF file at dst: the header first (the provenance with
 // placeholders of the input digests' length), the tensors in any order, then the header again
-// with the digests.
-func (p *ggufPlan) write(dst string, items []Item, units []unit, workers int, meta map[string]string, hashes *inputHashes,
-	report *Report, metadata func([]InputFile) (map[string]string, error), log io.Writer) error {
+// with the digests; with sync the file is flushed to disk before it is renamed into place
+// (Options.Sync). The report's commit time is that flush and rename.
+func (p *ggufPlan) write(dst string, items []Item, units []unit, g *gpu, meta map[string]string, hashes *inputHashes,
+	report *Report, metadata func([]InputFile) (map[string]string, error), log io.Writer, sync bool) error {
 	tensors, sink, err := p.ggufTensors(items)
 	if err != nil {
 		return err
+	}
+	if g != nil {
+		sink.fitter = g.kq
 	}
 	kvs := func(meta map[string]string) []gguf.KV {
 		return p.layout.KVs(p.name, p.ggufFileType(tensors), provenanceKV(meta))
@@ -640,9 +679,11 @@ func (p *ggufPlan) write(dst string, items []Item, units []unit, workers int, me
 			return t.WriteTo(tw)
 		})
 	}
-	err = gguf.Stream(dst, kvs(meta), tensors, log, func(w *gguf.Writer) error {
+	var filled time.Time
+	err = gguf.Stream(dst, kvs(meta), tensors, log, sync, func(w *gguf.Writer) error {
+		defer func() { filled = time.Now() }()
 		sink.w = w
-		if err := runUnits(sink, units, workers); err != nil {
+		if err := runUnits(sink, units, g.workers()); err != nil {
 			return err
 		}
 		inputs, err := hashes.wait()
@@ -659,6 +700,7 @@ func (p *ggufPlan) write(dst string, items []Item, units []unit, workers int, me
 	if err != nil {
 		return err
 	}
+	report.CommitSeconds = time.Since(filled).Seconds()
 	p.ggufReport(report, tensors)
 	report.Files = []string{dst}
 	return nil

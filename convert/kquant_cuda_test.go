@@ -30,16 +30,9 @@ func checkGPUSameBytes(t *testing.T, s quant.Scheme) {
 	for _, imatrix := range []bool{false, true} {
 		t.Run(map[bool]string{false: "rtn", true: "rtn-imatrix"}[imatrix], func(t *testing.T) {
 			opt := DefaultOptions()
-			opt.Alloc, opt.Format, opt.Imatrix = Uniform(s), "qpack", imatrix
+			opt.Alloc, opt.Format = Uniform(s), "qpack"
 			if imatrix {
-				opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
-				calib, err := opt.calibration(tiny)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if opt.importance, _, err = measureImportance(context.Background(), tiny, calib, DeviceCPU, ExpertOptions{}, func(string, ...any) {}); err != nil {
-					t.Fatal(err)
-				}
+				useCPUImportance(t, tiny, &opt)
 			}
 			gpuDir, cpuDir, log := convertOnBoth(t, tiny, opt)
 			if n := strings.Count(log, " on cuda "); n != 28 || strings.Contains(log, " on cpu ") {
@@ -50,8 +43,58 @@ func checkGPUSameBytes(t *testing.T, s quant.Scheme) {
 	}
 }
 
+// useCPUImportance sets --imatrix with the importance of src measured once, on the CPU (the
+// GPU's TF32 calibration gives slightly different E[x²]), on 8 × 128 tokens of tiny's held-out
+// text, so that conversions on both devices use the same.
+func useCPUImportance(t *testing.T, src string, opt *Options) {
+	t.Helper()
+	opt.Imatrix = true
+	opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
+	calib, err := opt.calibration(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opt.importance, _, err = measureImportance(context.Background(), src, calib, DeviceCPU, ExpertOptions{}, func(string, ...any) {}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGPUGGUFSameBytes: --format gguf --preset Q4_K_M (q4_k and q6_k) on --device cuda fits and
+// packs every linear of a BF16 synthetic Llama with whole super-blocks on the GPU (kquant's
+// FitBlocks: the log says "on cuda" for each) and writes the file of --device cpu byte for
+// byte, with and without an importance matrix (measured once, on the CPU).
+func TestGPUGGUFSameBytes(t *testing.T) {
+	gputest.Open(t) // skips without a GPU
+	src := synthLlama(t)
+	for _, imatrix := range []bool{false, true} {
+		t.Run(map[bool]string{false: "rtn", true: "rtn-imatrix"}[imatrix], func(t *testing.T) {
+			opt := DefaultOptions()
+			opt.Format, opt.GGUF.Preset = "gguf", "Q4_K_M"
+			if imatrix {
+				useCPUImportance(t, src, &opt)
+			}
+			gpuFile, cpuFile, log := convertOnBoth(t, src, opt)
+			if n := strings.Count(log, " on cuda "); n != 21 || strings.Contains(log, " on cpu ") {
+				t.Errorf("%d log lines say \"on cuda\", want every linear's (21):\n%s", n, log)
+			}
+			got, err := os.ReadFile(gpuFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := os.ReadFile(cpuFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("the GPU's GGUF file (%d bytes) differs from the CPU's (%d bytes)", len(got), len(want))
+			}
+		})
+	}
+}
+
 // convertOnBoth converts src with opt on --device cuda and on --device cpu, into two temporary
-// directories, and returns them with the GPU conversion's log.
+// paths (directories, or files for --format gguf), and returns them with the GPU conversion's
+// log.
 func convertOnBoth(t *testing.T, src string, opt Options) (gpuDir, cpuDir, gpuLog string) {
 	t.Helper()
 	dir := t.TempDir()

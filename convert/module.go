@@ -29,12 +29,9 @@ func (c layoutCache) get(f packing.Format, prefix string, s quant.Scheme, n, k i
 	key := fmt.Sprintf("%s/%d/%d", s, n, k)
 	suffixes, ok := c[key]
 	if !ok {
-		raws, err := f.Pack("", placeholderTensor(s, n, k))
-		if err != nil {
+		var err error
+		if suffixes, err = placeholderLayout(f, s, n, k); err != nil {
 			return nil, err
-		}
-		for _, r := range raws {
-			suffixes = append(suffixes, rawLayout{Name: r.Name, DType: safetensors.DType(r.DType), Shape: r.Shape, size: int64(len(r.Data))})
 		}
 		c[key] = suffixes
 	}
@@ -42,6 +39,27 @@ func (c layoutCache) get(f packing.Format, prefix string, s quant.Scheme, n, k i
 	for i, r := range suffixes {
 		r.Name = prefix + r.Name
 		out[i] = r
+	}
+	return out, nil
+}
+
+// placeholderLayout packs a placeholder tensor of scheme s and shape n×k in f and returns what
+// f stored; GGUF knows it without packing (tens of milliseconds for each of a 7B's shapes).
+func placeholderLayout(f packing.Format, s quant.Scheme, n, k int) ([]rawLayout, error) {
+	if g, ok := f.(packing.GGUF); ok {
+		r, err := g.Layout("", s, n, k)
+		if err != nil {
+			return nil, err
+		}
+		return []rawLayout{{Name: r.Name, DType: safetensors.DType(r.DType), Shape: r.Shape, size: int64(r.Shape[0]) * int64(r.Shape[1])}}, nil
+	}
+	raws, err := f.Pack("", placeholderTensor(s, n, k))
+	if err != nil {
+		return nil, err
+	}
+	var out []rawLayout
+	for _, r := range raws {
+		out = append(out, rawLayout{Name: r.Name, DType: safetensors.DType(r.DType), Shape: r.Shape, size: int64(len(r.Data))})
 	}
 	return out, nil
 }
@@ -156,6 +174,8 @@ func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error
 		return m.packTensor(m.gptq.deviceFor(s), func() (*quant.Tensor, error) { return m.gptq.result(m.item.Module) }, use)
 	case isGGUF(m.format) && ggmltype.IsLegacy(s):
 		return m.packTensor(DeviceCPU, m.quantizeLegacy, use)
+	case m.gpu.fitsBlocks(m.item, m.format, m.opt):
+		return DeviceCUDA, m.fitBlocksOnGPU(use)
 	case m.gpu.supports(s, m.format, m.opt):
 		name := m.item.Info.Name
 		fill := func(dst []byte) error { return m.ck.ReadInto(name, dst) }
@@ -213,18 +233,39 @@ func (m *packedModule) quantizeSearchedOnGPU() (*quant.Tensor, error) {
 	return blockwise.Quantize(w, n, k, s, bopt)
 }
 
+// fitBlocksOnGPU reads a k-quant weight as stored straight into the GPU fitter's pinned memory,
+// and hands use the ggml blocks the GPU fitted and packed, where they lie in pinned memory: the
+// bytes packing.GGUF's Pack makes of the CPU's tensor.
+func (m *packedModule) fitBlocksOnGPU(use func([]packing.Raw, *quant.Tensor) error) error {
+	it := m.item
+	fill := func(dst []byte) error { return m.ck.ReadInto(it.Info.Name, dst) }
+	return m.gpu.kq.FitBlocks(fill, gpuDTypes[it.Info.DType], it.N(), it.K(), *it.Scheme, m.opt.blockwise(it.Module).Importance,
+		func(blocks []byte) error {
+			raws, err := packing.GGUF{}.Blocks(it.Module, *it.Scheme, it.N(), it.K(), blocks)
+			if err != nil {
+				return err
+			}
+			return use(raws, nil)
+		})
+}
+
 // fitKQuantOnGPU fits every super-block of a k-quant weight (every block of an IQ one) on the
-// GPU, with its importance under --imatrix: the tensor the CPU would make, bit for bit.
+// GPU, with its importance under --imatrix: the tensor the CPU would make, bit for bit. A
+// k-quant weight is read as stored straight into the fitter's pinned memory.
 func (m *packedModule) fitKQuantOnGPU() (*quant.Tensor, error) {
-	w, err := m.ck.Float32(m.item.Info.Name)
+	it, s := m.item, *m.item.Scheme
+	imp := m.opt.blockwise(it.Module).Importance
+	if dtype, ok := gpuDTypes[it.Info.DType]; ok && s.Grid == quant.KQuant {
+		return m.gpu.kq.QuantizeRaw(func(dst []byte) error { return m.ck.ReadInto(it.Info.Name, dst) }, dtype, it.N(), it.K(), s, imp)
+	}
+	w, err := m.ck.Float32(it.Info.Name)
 	if err != nil {
 		return nil, err
 	}
-	imp := m.opt.blockwise(m.item.Module).Importance
-	if s := *m.item.Scheme; s.Grid == quant.IQuant {
-		return m.gpu.iq.Quantize(w, m.item.N(), m.item.K(), s, imp)
+	if s.Grid == quant.IQuant {
+		return m.gpu.iq.Quantize(w, it.N(), it.K(), s, imp)
 	}
-	return m.gpu.kq.Quantize(w, m.item.N(), m.item.K(), *m.item.Scheme, imp)
+	return m.gpu.kq.Quantize(w, it.N(), it.K(), s, imp)
 }
 
 // quantizePackCPU quantizes and packs on the CPU; t is nil when the fused path packed directly.

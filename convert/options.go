@@ -76,8 +76,8 @@ type Options struct {
 	InputHash string
 	// Sync flushes the output files to disk before they are renamed into place, so that a
 	// power loss right after the conversion cannot leave a file with missing data; it starts
-	// each tensor's writeback as soon as it is written, so the conversion then runs at about the
-	// disk's write speed. Without it the output still appears only when complete, so a failed
+	// each tensor's writeback as soon as it is written (a GGUF file is flushed once, at the end),
+	// so the conversion then runs at about the disk's write speed. Without it the output still appears only when complete, so a failed
 	// or killed conversion leaves nothing that looks finished.
 	Sync bool
 	// Log receives one line per tensor; nil discards.

@@ -23,7 +23,7 @@ func TestStreamAnyOrder(t *testing.T) {
 		tensors = append(tensors, Tensor{Name: name, Type: F32, Dims: []uint64{uint64(i + 3)}})
 	}
 	kvs := []KV{{Key: "general.name", Value: "placeholder-000"}}
-	err := Stream(path, kvs, tensors, nil, func(w *Writer) error {
+	err := Stream(path, kvs, tensors, nil, true, func(w *Writer) error {
 		var wg sync.WaitGroup
 		errs := make([]error, len(tensors))
 		for i := len(tensors) - 1; i >= 0; i-- {
@@ -67,7 +67,7 @@ func TestStreamIncomplete(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "s.gguf")
 	tensors := []Tensor{{Name: "a", Type: F32, Dims: []uint64{4}}, {Name: "b", Type: F32, Dims: []uint64{4}}}
-	err := Stream(path, nil, tensors, nil, func(w *Writer) error {
+	err := Stream(path, nil, tensors, nil, true, func(w *Writer) error {
 		if err := w.WriteTensor("a", make([]byte, 12)); err == nil {
 			t.Error("a short tensor was taken")
 		}
@@ -97,7 +97,7 @@ func TestStreamParts(t *testing.T) {
 		want[i] = byte(i + 1)
 	}
 	tensors := []Tensor{{Name: "merged", Type: F32, Dims: []uint64{4, 3}}}
-	err := Stream(path, nil, tensors, nil, func(w *Writer) error {
+	err := Stream(path, nil, tensors, nil, true, func(w *Writer) error {
 		if err := w.WritePart("merged", 40, make([]byte, 16)); err == nil {
 			t.Error("a part past the end was taken")
 		}
@@ -120,7 +120,7 @@ func TestStreamParts(t *testing.T) {
 	if b, _ := g.Bytes(g.Tensors[0]); !bytes.Equal(b, want) {
 		t.Errorf("reads back %v", b)
 	}
-	err = Stream(path+"2", nil, tensors, nil, func(w *Writer) error { return w.WritePart("merged", 0, want[:32]) })
+	err = Stream(path+"2", nil, tensors, nil, true, func(w *Writer) error { return w.WritePart("merged", 0, want[:32]) })
 	if err == nil || !strings.Contains(err.Error(), "wrote 32 bytes") {
 		t.Errorf("a missing part: error %v", err)
 	}

@@ -33,9 +33,10 @@ type Tensor struct {
 
 // Write writes a GGUF v3 file at path with the KVs and tensors in the given order. The data
 // alignment is general.alignment when a KV sets it (a uint32 power of two), else 32. The
-// file is written under a temporary name and renamed when complete; on error nothing is left.
+// file is written under a temporary name, flushed to disk and renamed when complete; on error
+// nothing is left.
 func Write(path string, kvs []KV, tensors []Tensor) error {
-	return Stream(path, kvs, tensors, nil, func(w *Writer) error {
+	return Stream(path, kvs, tensors, nil, true, func(w *Writer) error {
 		for _, t := range tensors {
 			tw, err := w.Tensor(t.Name)
 			if err != nil {
@@ -57,8 +58,9 @@ func Write(path string, kvs []KV, tensors []Tensor) error {
 // WriteTo is not used) and whose tensor data fill writes through w, in any order and from
 // several goroutines at once: the header fixes every tensor's place before any data. When
 // fill returns, every tensor must be complete. The file is written under a temporary name
-// (leftovers of dead runs are removed, each reported to log) and renamed when complete.
-func Stream(path string, kvs []KV, tensors []Tensor, log io.Writer, fill func(w *Writer) error) error {
+// (leftovers of dead runs are removed, each reported to log) and renamed when complete; with
+// sync it is flushed to disk first (staged.File).
+func Stream(path string, kvs []KV, tensors []Tensor, log io.Writer, sync bool, fill func(w *Writer) error) error {
 	align, err := alignment(kvs)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
@@ -67,7 +69,7 @@ func Stream(path string, kvs []KV, tensors []Tensor, log io.Writer, fill func(w 
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	return staged.File(path, log, func(f *os.File) error {
+	return staged.File(path, log, sync, func(f *os.File) error {
 		w, err := newWriter(f, kvs, tensors, sizes, align)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)

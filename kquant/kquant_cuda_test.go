@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,13 +27,21 @@ func TestGPUPTXIsFresh(t *testing.T) {
 	if err := cuda.CheckPTX(kquantPTX, kquantSource); err != nil {
 		t.Fatalf("kernels/kquant.ptx: %v", err)
 	}
+	if err := cuda.CheckCubin(kquantCubinSM90, kquantPTX); err != nil {
+		t.Fatalf("kernels/kquant.sm_90.cubin: %v", err)
+	}
 }
 
-// openGPUFitter opens GPU 0 and a fitter that poisons its outputs, skipping without a GPU.
+// openGPUFitter opens GPU 0 and a fitter that poisons its outputs, skipping without a GPU: the
+// embedded cubin where it fits the GPU, as in a conversion, else the PTX (-kquant.ptx's when set).
 func openGPUFitter(tb testing.TB) *GPUFitter {
 	tb.Helper()
 	dev := gputest.Open(tb)
-	g, err := newGPUFitter(dev, gputest.PTX(tb, kquantPTX, *gpuPTX))
+	var cubins [][]byte
+	if *gpuPTX == "" {
+		cubins = [][]byte{kquantCubinSM90}
+	}
+	g, err := newGPUFitter(dev, DefaultGPUSlots, gputest.PTX(tb, kquantPTX, *gpuPTX), cubins...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -228,7 +237,8 @@ func checkRefusals(t *testing.T, quantize quantizeFunc) {
 
 // BenchmarkGPUFit: a 4096×11008 q4_k fit with importance (a 7B MLP weight under --imatrix) on
 // the GPU, uploads and downloads included, in MB/s of float32 input; cpu-MB/s is QuantizeRow
-// over the same tensor on all cores, measured once in the same run, and x-cpu the ratio.
+// over the same tensor on all cores, measured once in the same run, and x-cpu the ratio;
+// kernel-MB/s is the fit kernel's alone (CUDA events), h2d-GB/s and d2h-GB/s the copies'.
 func BenchmarkGPUFit(b *testing.B) {
 	g := openGPUFitter(b)
 	g.poison = false
@@ -257,7 +267,166 @@ func BenchmarkGPUFit(b *testing.B) {
 	rate := float64(4*n*k) * float64(b.N) / b.Elapsed().Seconds() / 1e6
 	b.ReportMetric(cpuRate, "cpu-MB/s")
 	b.ReportMetric(rate/cpuRate, "x-cpu")
+	reportStats(b, g.Stats())
 	if err := sameTensor(got, want); err != nil {
 		b.Errorf("the GPU's tensor differs from the CPU's: %v", err)
+	}
+}
+
+// storedAs returns rows as a checkpoint stores them in dtype (little-endian bytes) and the
+// float32 values those bytes hold, which the CPU fits.
+func storedAs(rows [][]float32, dtype cuda.DType) (raw []byte, values [][]float32) {
+	for _, row := range rows {
+		v := make([]float32, len(row))
+		for i, x := range row {
+			switch dtype {
+			case cuda.BF16:
+				h := fp.F32ToBF16(x)
+				raw, v[i] = append(raw, byte(h), byte(h>>8)), fp.BF16ToF32(h)
+			case cuda.F16:
+				h := fp.F32ToF16(x)
+				raw, v[i] = append(raw, byte(h), byte(h>>8)), fp.F16ToF32(h)
+			default:
+				raw, v[i] = append(raw, cuda.Bytes([]float32{x})...), x
+			}
+		}
+		values = append(values, v)
+	}
+	return raw, values
+}
+
+// TestGPUFitBlocksMatchesCPU: FitBlocks and QuantizeRaw from weights stored as BF16, F16 and
+// F32, on fresh random rows of every kind with every importance of fitTestImportances, give
+// QuantizeRow's tensor and its bytes encoded by AppendRow for every type (or all refuse it
+// alike, words and all: a BF16 or F16 weight that is ±Inf or NaN, d beyond F16).
+func TestGPUFitBlocksMatchesCPU(t *testing.T) {
+	g := openGPUFitter(t)
+	r := rand.New(rand.NewPCG(33, 34))
+	for _, kt := range allTypes(t) {
+		for _, k := range []int{256, 1024} {
+			rows := fitTestRows(r, k, 2)
+			for _, dtype := range []cuda.DType{cuda.BF16, cuda.F16, cuda.F32} {
+				raw, values := storedAs(rows, dtype)
+				for i, imp := range fitTestImportances(r, k) {
+					t.Run(fmt.Sprintf("%s/k=%d/%s/importance=%d", kt.Scheme, k, dtype, i), func(t *testing.T) {
+						fill := func(dst []byte) error { copy(dst, raw); return nil }
+						wantT, cerr := cpuTensor(kt, values, imp)
+						var got []byte
+						gerr := g.FitBlocks(fill, dtype, len(rows), k, kt.Scheme, imp, func(b []byte) error { got = slices.Clone(b); return nil })
+						gotT, terr := g.QuantizeRaw(fill, dtype, len(rows), k, kt.Scheme, imp)
+						switch {
+						case cerr != nil || gerr != nil || terr != nil:
+							if fmt.Sprint(cerr) != fmt.Sprint(gerr) || fmt.Sprint(cerr) != fmt.Sprint(terr) {
+								t.Fatalf("the CPU says %v, FitBlocks %v, QuantizeRaw %v", cerr, gerr, terr)
+							}
+						case !slices.Equal(got, encodeRows(kt, wantT)):
+							want := encodeRows(kt, wantT)
+							t.Fatalf("the GPU's %d bytes differ from the CPU's %d (first at %d)", len(got), len(want), firstDiff(got, want))
+						default:
+							if err := sameTensor(gotT, wantT); err != nil {
+								t.Fatalf("QuantizeRaw: %v", err)
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+// TestGPUFitBlocksRefusals: a non-finite BF16 weight is named by row and column; shapes that
+// are not whole ggml blocks and other dtypes are refused before anything runs.
+func TestGPUFitBlocksRefusals(t *testing.T) {
+	g := openGPUFitter(t)
+	q4, _ := quant.KQuantScheme(4)
+	const n, k = 3, 512
+	raw := make([]byte, 2*n*k)
+	raw[2*(2*k+300)+1] = 0x7f // BF16 0x7f80: +Inf
+	raw[2*(2*k+300)] = 0x80
+	fill := func(dst []byte) error { copy(dst, raw); return nil }
+	use := func([]byte) error { return nil }
+	for _, c := range []struct {
+		what  string
+		err   error
+		wants string
+	}{
+		{"+Inf weight", g.FitBlocks(fill, cuda.BF16, n, k, q4, nil, use), "weight at row 2, column 300 is +Inf"},
+		{"K = 320", g.FitBlocks(fill, cuda.BF16, n, 320, q4, nil, use), "multiple of 256"},
+		{"short importance", g.FitBlocks(fill, cuda.BF16, n, k, q4, make([]float32, 3), use), "3 importance weights for 512"},
+		{"F64", g.FitBlocks(fill, cuda.DType(7), n, k, q4, nil, use), "BF16, F16 or F32"},
+	} {
+		if c.err == nil || !strings.Contains(c.err.Error(), c.wants) {
+			t.Errorf("%s: %v, want an error containing %q", c.what, c.err, c.wants)
+		}
+	}
+}
+
+// BenchmarkGPUFitBlocks: a 4096×11008 weight stored as BF16 (a 7B MLP weight) to ggml's q4_k
+// and q6_k blocks without importance (llama-quantize's Q4_K_M), from host memory to host
+// memory, in MB/s of BF16 input, with 1 caller and with as many callers as slots (a conversion's
+// overlap of upload, fit and download). kernel-MB/s is the input over the widening, fit and
+// pack kernels' device time (CUDA events), h2d-GB/s and d2h-GB/s the copies'.
+func BenchmarkGPUFitBlocks(b *testing.B) {
+	const n, k = 4096, 11008
+	r := rand.New(rand.NewPCG(43, 44))
+	rows := make([][]float32, n)
+	for i := range rows {
+		rows[i] = randomRow(r, i%2, k)
+	}
+	raw, _ := storedAs(rows, cuda.BF16)
+	fill := func(dst []byte) error { copy(dst, raw); return nil }
+	use := func([]byte) error { return nil }
+	for _, bits := range []int{4, 6} {
+		s, _ := quant.KQuantScheme(bits)
+		for _, callers := range []int{1, DefaultGPUSlots} {
+			b.Run(fmt.Sprintf("%s/callers=%d", s, callers), func(b *testing.B) {
+				g := openGPUFitter(b)
+				g.poison = false
+				b.SetBytes(int64(len(raw)))
+				runCallers(b, callers, func() error { return g.FitBlocks(fill, cuda.BF16, n, k, s, nil, use) })
+				reportStats(b, g.Stats())
+			})
+		}
+	}
+}
+
+// runCallers runs call b.N times from callers goroutines at once, after one untimed call from
+// each (which grows the slots' buffers).
+func runCallers(b *testing.B, callers int, call func() error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			if err := call(); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	b.ResetTimer()
+	for range callers {
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) {
+				if err := call(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// reportStats reports the device phases of a fitter's calls: kernel-MB/s (input bytes over the
+// kernels' time), h2d-GB/s and d2h-GB/s.
+func reportStats(b *testing.B, st cuda.SlotStats) {
+	if st.Kernels > 0 {
+		b.ReportMetric(float64(st.InBytes)/st.Kernels.Seconds()/1e6, "kernel-MB/s")
+	}
+	if st.Upload > 0 {
+		b.ReportMetric(float64(st.InBytes)/st.Upload.Seconds()/1e9, "h2d-GB/s")
+	}
+	if st.Download > 0 {
+		b.ReportMetric(float64(st.OutBytes)/st.Download.Seconds()/1e9, "d2h-GB/s")
 	}
 }

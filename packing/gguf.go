@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/qpack-dev/qpack/ggmltype"
+	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -28,7 +29,38 @@ func (GGUF) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
 	}
-	return []Raw{{Name: prefix + ".weight", DType: "U8", Shape: []int{t.N, typ.RowBytes(t.K)}, Data: b}}, nil
+	return []Raw{ggufRaw(prefix, typ, t.N, t.K, b)}, nil
+}
+
+func ggufRaw(prefix string, typ gguf.Type, n, k int, data []byte) Raw {
+	return Raw{Name: prefix + ".weight", DType: "U8", Shape: []int{n, typ.RowBytes(k)}, Data: data}
+}
+
+// Layout is the Raw that Pack returns for a tensor of n rows of k weights in scheme s, without
+// its data: what convert's header needs, without packing a tensor of that size.
+func (GGUF) Layout(prefix string, s quant.Scheme, n, k int) (Raw, error) {
+	typ, ok := ggmltype.HeldAs(s)
+	if !ok {
+		return Raw{}, fmt.Errorf("tensor %s: %w", prefix, ggmltype.Supports(s))
+	}
+	if err := ggmltype.Fits(typ, k); err != nil {
+		return Raw{}, fmt.Errorf("tensor %s: %w", prefix, err)
+	}
+	return ggufRaw(prefix, typ, n, k, nil), nil
+}
+
+// Blocks is what Pack returns for a tensor of n rows of k weights in scheme s whose ggml
+// blocks are b, made elsewhere (on the GPU, kquant.GPUFitter.FitBlocks).
+func (g GGUF) Blocks(prefix string, s quant.Scheme, n, k int, b []byte) ([]Raw, error) {
+	r, err := g.Layout(prefix, s, n, k)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) != n*r.Shape[1] {
+		return nil, fmt.Errorf("tensor %s: %d bytes are not %dx%d weights in ggml's blocks of %s", prefix, len(b), n, k, s)
+	}
+	r.Data = b
+	return []Raw{r}, nil
 }
 
 func (GGUF) Unpack(prefix string, _ func(string) (Raw, bool), _ map[string]string) (*quant.Tensor, error) {

@@ -75,10 +75,11 @@ func Dir(dst string, overwrite bool, log io.Writer, write func(dir string) error
 	return lock.Close()
 }
 
-// File writes the file dst through write, into a staging file beside it that is flushed to
-// disk and renamed to dst when write succeeds, and removed when it fails. Leftovers of dead
-// runs for dst are removed first, each reported to log (nil discards).
-func File(dst string, log io.Writer, write func(f *os.File) error) (err error) {
+// File writes the file dst through write, into a staging file beside it that is renamed to dst
+// when write succeeds (with sync, flushed to disk first, so that it survives a power loss right
+// after), and removed when it fails. Leftovers of dead runs for dst are removed first, each
+// reported to log (nil discards).
+func File(dst string, log io.Writer, sync bool, write func(f *os.File) error) (err error) {
 	var f *os.File
 	tmp, err := create(dst, log, func(name string) error {
 		var err error
@@ -97,8 +98,10 @@ func File(dst string, log io.Writer, write func(f *os.File) error) (err error) {
 	if err = write(f); err != nil {
 		return err
 	}
-	if err = f.Sync(); err != nil {
-		return err
+	if sync {
+		if err = f.Sync(); err != nil {
+			return err
+		}
 	}
 	if err = os.Rename(tmp, dst); err != nil {
 		return err

@@ -49,7 +49,7 @@ func TestPermissionsFollowUmask(t *testing.T) {
 	defer syscall.Umask(old)
 	parent := t.TempDir()
 	file := filepath.Join(parent, "model.gguf")
-	if err := File(file, nil, func(f *os.File) error { _, err := f.WriteString("GGUF"); return err }); err != nil {
+	if err := File(file, nil, true, func(f *os.File) error { _, err := f.WriteString("GGUF"); return err }); err != nil {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(parent, "out")
@@ -69,7 +69,7 @@ func TestPermissionsFollowUmask(t *testing.T) {
 
 func TestFileFailureLeavesNothing(t *testing.T) {
 	dst := filepath.Join(t.TempDir(), "model.gguf")
-	err := File(dst, nil, func(f *os.File) error { f.WriteString("half"); return errors.New("disk full") })
+	err := File(dst, nil, true, func(f *os.File) error { f.WriteString("half"); return errors.New("disk full") })
 	if err == nil {
 		t.Fatal("no error")
 	}

@@ -20,6 +20,14 @@
 // enough threads to fill the GPU, so the plain per-thread transcription of the Go code is
 // the clearest way to be exactly the CPU's. The super-block's weights are read in place
 // (global memory, cached); the codes are written in place.
+//
+// The fit also checks what the CPU checks around it (fitTensor): a thread that finds a
+// non-finite weight in its super-block lowers status[0] to that weight's flat index and fits
+// nothing, and one whose d or dmin overflowed F16 lowers status[1] to its super-block's flat
+// index, so that the host can name the first of each as the CPU does. kquant_pack_qX_k then
+// writes ggml's blocks (Type.appendBlock) from the fit's outputs, one thread per super-block.
+//
+// qpack-cubin: sm_90
 
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -47,6 +55,9 @@ __device__ __forceinline__ int nearest_int(float x) {
     if (v != v) return 0;
     return (__float_as_int(v) & 0x007fffff) - 0x00400000;
 }
+
+// finite32 is finite: false for ±Inf and NaN (exponent all ones).
+__device__ __forceinline__ bool finite32(float v) { return (__float_as_int(v) & 0x7f800000) != 0x7f800000; }
 
 __device__ __forceinline__ int clampi(int l, int lo, int hi) { return l < lo ? lo : (l > hi ? hi : l); }
 __device__ __forceinline__ int mini(int a, int b) { return a < b ? a : b; }
@@ -452,13 +463,19 @@ __device__ void requantize(int bits, const params* p, const float* x, int n, uin
 // at r·blocks + b, sub-block scales and mins at r·(k/sub) + b·(256/sub) + j. dmin and mins are
 // null for q3_k and q6_k.
 __device__ void fit_super_block(int bits, const float* w, const float* imp, int n, int k, uint8_t* codes, float* d,
-                                float* dmin, int8_t* scales, uint8_t* mins) {
+                                float* dmin, int8_t* scales, uint8_t* mins, unsigned long long* status) {
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int blocks = (k + QK_K - 1) / QK_K;
     if (t >= (long long)n * blocks) return;
     int r = (int)(t / blocks), b = (int)(t % blocks);
     int lo = b * QK_K, len = k - lo < QK_K ? k - lo : QK_K;
     const float* x = w + (long long)r * k + lo;
+    for (int i = 0; i < len; i++) { // fitTensor's check of the weights (checkTensor)
+        if (!finite32(x[i])) {
+            atomicMin(&status[0], (unsigned long long)((long long)r * k + lo + i));
+            return;
+        }
+    }
     const float* qw = imp ? imp + lo : nullptr;
     uint8_t* c = codes + (long long)r * k + lo;
     params p = {};
@@ -479,14 +496,135 @@ __device__ void fit_super_block(int bits, const float* w, const float* imp, int 
         dmin[t] = p.dmin;
         for (int j = 0; j < len / sub; j++) mins[s0 + j] = p.mins[j];
     }
+    if (!finite32(p.d) || !finite32(p.dmin)) atomicMin(&status[1], (unsigned long long)t); // checkScales
+}
+
+// put_f16 is appendF16 of a value that is already an F16 (the fitted d and dmin, once the
+// host has refused non-finite ones): its two bytes, little-endian.
+__device__ __forceinline__ void put_f16(uint8_t* o, float v) {
+    unsigned short u = __half_as_ushort(__float2half_rn(v));
+    o[0] = (uint8_t)u;
+    o[1] = (uint8_t)(u >> 8);
+}
+
+// put_crumbs is appendCrumbs: byte l of half h holds codes 128h + l + 32i in bits 2i, 2i+1.
+__device__ void put_crumbs(uint8_t* o, const uint8_t* L) {
+    for (int h = 0; h < QK_K; h += 128) {
+        for (int l = 0; l < 32; l++) {
+            const uint8_t* q = L + h + l;
+            *o++ = (uint8_t)((q[0] & 3) | (q[32] & 3) << 2 | (q[64] & 3) << 4 | (q[96] & 3) << 6);
+        }
+    }
+}
+
+// put_nibbles is appendNibbles: byte l of chunk c holds code 64c + l (low) and 64c + 32 + l.
+__device__ void put_nibbles(uint8_t* o, const uint8_t* L) {
+    for (int c = 0; c < QK_K; c += 64) {
+        for (int l = 0; l < 32; l++) *o++ = (uint8_t)((L[c + l] & 15) | (L[c + l + 32] & 15) << 4);
+    }
+}
+
+// put_scale_min_k4 is appendScaleMinK4: eight 6-bit scales and mins in 12 bytes.
+__device__ void put_scale_min_k4(uint8_t* o, const int8_t* sc, const uint8_t* m) {
+    uint8_t s[12] = {};
+    for (int j = 0; j < 8; j++) {
+        uint8_t v = (uint8_t)sc[j], mj = m[j];
+        if (j < 4) {
+            s[j] |= v;
+            s[j + 4] |= mj;
+            continue;
+        }
+        s[j + 4] = (uint8_t)((v & 15) | (mj & 15) << 4);
+        s[j - 4] |= (uint8_t)(v >> 4 << 6);
+        s[j] |= (uint8_t)(mj >> 4 << 6);
+    }
+    for (int i = 0; i < 12; i++) o[i] = s[i];
+}
+
+// pack_block is Type.appendBlock: super-block t's codes L and parameters as ggml's block.
+__device__ void pack_block(int bits, const uint8_t* L, float d, float dmin, const int8_t* sc, const uint8_t* m, uint8_t* o) {
+    switch (bits) {
+    case 2: // block_q2_K: scales[16], qs[64], d, dmin
+        for (int j = 0; j < 16; j++) o[j] = (uint8_t)((uint8_t)sc[j] | m[j] << 4);
+        put_crumbs(o + 16, L);
+        put_f16(o + 80, d);
+        put_f16(o + 82, dmin);
+        return;
+    case 3: { // block_q3_K: hmask[32], qs[64], scales[12], d (appendHighBits, appendScales6)
+        for (int l = 0; l < 32; l++) {
+            uint8_t h = 0;
+            for (int i = 0; i < 8; i++) h |= (uint8_t)((L[32 * i + l] >> 2 & 1) << i);
+            o[l] = h;
+        }
+        put_crumbs(o + 32, L);
+        uint8_t s[12] = {};
+        for (int j = 0; j < 16; j++) {
+            uint8_t v = (uint8_t)(sc[j] + 32); // StoredScale
+            s[j % 8] |= (uint8_t)((v & 15) << (4 * (j / 8)));
+            s[8 + j % 4] |= (uint8_t)((v >> 4) << (2 * (j / 4)));
+        }
+        for (int i = 0; i < 12; i++) o[96 + i] = s[i];
+        put_f16(o + 108, d);
+        return;
+    }
+    case 4: // block_q4_K: d, dmin, scales[12], qs[128]
+    case 5: // block_q5_K: d, dmin, scales[12], qh[32], qs[128] (appendFifthBits)
+        put_f16(o, d);
+        put_f16(o + 2, dmin);
+        put_scale_min_k4(o + 4, sc, m);
+        if (bits == 5) {
+            for (int l = 0; l < 32; l++) {
+                uint8_t h = 0;
+                for (int c = 0; c < 4; c++) h |= (uint8_t)((L[64 * c + l] >> 4 & 1) << (2 * c) | (L[64 * c + 32 + l] >> 4 & 1) << (2 * c + 1));
+                o[16 + l] = h;
+            }
+            put_nibbles(o + 48, L);
+        } else {
+            put_nibbles(o + 16, L);
+        }
+        return;
+    default: // block_q6_K: ql[128], qh[64], scales[16], d (appendQ6Codes)
+        for (int h = 0; h < 2; h++) {
+            const uint8_t* q = L + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                o[64 * h + l] = (uint8_t)((q[l] & 15) | (q[l + 64] & 15) << 4);
+                o[64 * h + l + 32] = (uint8_t)((q[l + 32] & 15) | (q[l + 96] & 15) << 4);
+                o[128 + 32 * h + l] = (uint8_t)(q[l] >> 4 | (q[l + 32] >> 4) << 2 | (q[l + 64] >> 4) << 4 | (q[l + 96] >> 4) << 6);
+            }
+        }
+        for (int j = 0; j < 16; j++) o[192 + j] = (uint8_t)sc[j];
+        put_f16(o + 208, d);
+    }
+}
+
+// block_bytes is Type.BlockBytes.
+__device__ __forceinline__ int block_bytes(int bits) {
+    return bits == 2 ? 84 : bits == 3 ? 110 : bits == 4 ? 144 : bits == 5 ? 176 : 210;
+}
+
+// pack_super_block packs super-block t of W[n, k] (k a multiple of 256) from the outputs of
+// fit_super_block into out, the tensor's ggml blocks in row order.
+__device__ void pack_super_block(int bits, int n, int k, const uint8_t* codes, const float* d, const float* dmin,
+                                 const int8_t* scales, const uint8_t* mins, uint8_t* out) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)n * (k / QK_K)) return;
+    const int nsub = QK_K / sub_of(bits);
+    pack_block(bits, codes + t * QK_K, d[t], dmin ? dmin[t] : 0.f, scales + t * nsub, mins ? mins + t * nsub : nullptr,
+               out + t * block_bytes(bits));
 }
 
 // One kernel per type, so that each gets the registers of its own path.
 #define KQUANT_KERNEL(B)                                                                                               \
     extern "C" __global__ void kquant_fit_q##B##_k(const float* __restrict__ w, const float* __restrict__ imp, int n, \
                                                   int k, uint8_t* codes, float* d, float* dmin, int8_t* scales,       \
-                                                  uint8_t* mins) {                                                   \
-        fit_super_block(B, w, imp, n, k, codes, d, dmin, scales, mins);                                                \
+                                                  uint8_t* mins, unsigned long long* status) {                       \
+        fit_super_block(B, w, imp, n, k, codes, d, dmin, scales, mins, status);                                        \
+    }                                                                                                                  \
+    extern "C" __global__ void kquant_pack_q##B##_k(int n, int k, const uint8_t* __restrict__ codes,                 \
+                                                   const float* __restrict__ d, const float* __restrict__ dmin,       \
+                                                   const int8_t* __restrict__ scales,                                 \
+                                                   const uint8_t* __restrict__ mins, uint8_t* out) {                  \
+        pack_super_block(B, n, k, codes, d, dmin, scales, mins, out);                                                  \
     }
 KQUANT_KERNEL(2)
 KQUANT_KERNEL(3)

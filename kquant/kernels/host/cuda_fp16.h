@@ -6,7 +6,8 @@
 //   - a NaN result is the GPU's canonical NaN 0x7fffffff, not x86's default NaN 0xffc00000, so
 //     that the kernel's handling of NaN is tested as the GPU will run it;
 //   - F16 rounding through _Float16 (round to nearest even, overflow to Inf: cvt.rn.f16.f32);
-//   - blockIdx, blockDim and threadIdx are globals the caller sets before each "thread".
+//   - blockIdx, blockDim and threadIdx are globals the caller sets before each "thread";
+//   - atomicMin on 64-bit words, as the threads run one after another.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -50,3 +51,13 @@ struct __half {
 };
 static inline __half __float2half_rn(float v) { return __half{(_Float16)v}; }
 static inline float __half2float(__half h) { return (float)h.h; }
+static inline unsigned short __half_as_ushort(__half h) {
+    unsigned short u;
+    memcpy(&u, &h.h, 2);
+    return u;
+}
+static inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
+    unsigned long long old = *p;
+    if (v < old) *p = v;
+    return old;
+}
