@@ -500,11 +500,12 @@ __device__ void fit_super_block(int bits, const float* w, const float* imp, int 
 }
 
 // put_f16 is appendF16 of a value that is already an F16 (the fitted d and dmin, once the
-// host has refused non-finite ones): its two bytes, little-endian.
+// host has refused non-finite ones): its two bytes, little-endian, in one 16-bit store (every
+// F16 of a ggml k-quant block is at an even offset of a block of even size). Stored as two
+// bytes, the low one came out 0 on an H100 (sm_90 code from ptxas 11.8 storing the low byte of
+// the F16 register), so the value takes the integer path of a 16-bit store.
 __device__ __forceinline__ void put_f16(uint8_t* o, float v) {
-    unsigned short u = __half_as_ushort(__float2half_rn(v));
-    o[0] = (uint8_t)u;
-    o[1] = (uint8_t)(u >> 8);
+    *reinterpret_cast<unsigned short*>(o) = __half_as_ushort(__float2half_rn(v));
 }
 
 // put_crumbs is appendCrumbs: byte l of half h holds codes 128h + l + 32i in bits 2i, 2i+1.
