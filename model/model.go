@@ -20,6 +20,7 @@ type Model struct {
 	rope    *ropeTable
 	mu      sync.Mutex
 	blocks  []*Block
+	closed  bool // Close has released the weights: no block can be read any more
 }
 
 // Linear is y = x·Wᵀ + Bias with W [Out, In] as PyTorch stores it.
@@ -75,6 +76,9 @@ func (m *Model) Block(i int) (*Block, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.blocks[i] == nil {
+		if m.closed {
+			return nil, fmt.Errorf("model: block %d read after the model was closed", i)
+		}
 		b, err := loadBlock(m.Config, m.weights, m.rope, i)
 		if err != nil {
 			return nil, err

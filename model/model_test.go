@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/qpack-dev/qpack/npy"
@@ -103,4 +104,25 @@ func TestProbeLogitsTiny(t *testing.T) { checkProbeLogits(t, openModel(t, tinyDi
 func TestProbeLogitsSmallLlama(t *testing.T) {
 	checkProbeLogits(t, openModel(t, smallLlamaDir), smallLlamaDir, 1e-3)
 	checkProbeLogits(t, openBF16Reference(t, smallLlamaDir), smallLlamaDir, 1e-5)
+}
+
+// TestBlockAfterCloseIsAnError: once the model is closed (its mapping released), reading a
+// block that is not in memory is an error, not a read of unmapped memory; Close waits for a
+// block being read.
+func TestBlockAfterCloseIsAnError(t *testing.T) {
+	m, err := Open(tinyDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { _, err := m.Block(1); done <- err }() // a prefetch racing the close
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil && !strings.Contains(err.Error(), "closed") {
+		t.Fatalf("block read during Close: %v", err)
+	}
+	if _, err := m.Block(0); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Fatalf("block read after Close: got %v, want an error saying the model is closed", err)
+	}
 }

@@ -28,7 +28,12 @@ func Open(dir string) (*Model, error) {
 }
 
 // Close releases the model's weight source when it holds resources (an open checkpoint).
+// A block being read (a prefetch in the background) is read to its end first: the weights
+// are memory-mapped, and unmapping them under a reader would crash the process.
 func (m *Model) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
 	if c, ok := m.weights.(io.Closer); ok {
 		return c.Close()
 	}
