@@ -1,9 +1,11 @@
 package cuda
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -141,5 +143,22 @@ func TestSelect(t *testing.T) {
 	_, _, err := Select(ChoiceCUDA)
 	if err == nil || !strings.Contains(err.Error(), "--device cuda") || !strings.Contains(err.Error(), reason.Error()) {
 		t.Errorf("cuda without a GPU: error %v, want one naming --device cuda and %q", err, reason)
+	}
+}
+
+// TestCopyParallel: copyParallel copies what copy copies, for pieces below and above its
+// threshold and destinations shorter and longer than the source.
+func TestCopyParallel(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, c := range []struct{ dst, src int }{{10, 10}, {100, 50}, {50 << 20, 40 << 20}, {33 << 20, 64<<20 + 3}} {
+		src := make([]byte, c.src)
+		for i := range src {
+			src[i] = byte(r.Uint32())
+		}
+		got, want := make([]byte, c.dst), make([]byte, c.dst)
+		n, m := copyParallel(got, src), copy(want, src)
+		if n != m || !bytes.Equal(got, want) {
+			t.Fatalf("dst %d, src %d: copied %d bytes, want %d, equal %v", c.dst, c.src, n, m, bytes.Equal(got, want))
+		}
 	}
 }

@@ -1,6 +1,10 @@
 package cuda
 
-import "fmt"
+import (
+	"fmt"
+	"runtime"
+	"sync"
+)
 
 // Stager copies pageable host memory (Go slices) to the device through a pinned buffer. A
 // cuMemcpyHtoD straight from pageable memory ran at about 1 GB/s on the H200 machine while
@@ -50,7 +54,7 @@ func (s *Stager) CopyToDevice(dst DevicePtr, src []byte, stream Stream) error {
 				return err
 			}
 		}
-		n := copy(s.halves[h], src[off:])
+		n := copyParallel(s.halves[h], src[off:])
 		if err := s.d.CopyToDeviceAsync(dst.Add(off), s.halves[h][:n], stream); err != nil {
 			return err
 		}
@@ -85,4 +89,24 @@ func (s *Stager) Close() error {
 		}
 	}
 	return first
+}
+
+// copyParallel is copy(dst, src) over several goroutines for large pieces: one core's copy into
+// pinned memory (about 6 GB/s on the H100 machine) bounded a calibration's weight uploads, while
+// the DMA behind it runs several times faster.
+func copyParallel(dst, src []byte) int {
+	n := min(len(dst), len(src))
+	const piece = 4 << 20
+	workers := min(runtime.GOMAXPROCS(0), 8, n/piece)
+	if workers < 2 {
+		return copy(dst, src[:n])
+	}
+	per := (n + workers - 1) / workers
+	var wg sync.WaitGroup
+	for at := 0; at < n; at += per {
+		end := min(at+per, n)
+		wg.Go(func() { copy(dst[at:end], src[at:end]) })
+	}
+	wg.Wait()
+	return n
 }
