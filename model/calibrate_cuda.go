@@ -96,11 +96,12 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 	if err != nil {
 		return err
 	}
+	lead := steps // the steps before the staged ones, or all of them
 	if st != nil {
-		return e.calibrateStaged(g, x, c, st)
+		lead = steps[:len(steps)-len(denseStages)]
 	}
 	var keep *mlpState
-	for i, step := range steps {
+	for i, step := range lead {
 		if i == len(steps)-1 && slices.Equal(step, []Group{GroupDown}) {
 			if keep, err = e.mlpState(x); err != nil {
 				return err
@@ -115,6 +116,9 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 		if err := e.timed(&e.times.Refresh, func() error { return e.refreshWeights(g, step) }); err != nil {
 			return err
 		}
+	}
+	if st != nil {
+		return e.calibrateStaged(g, x, c, st)
 	}
 	return e.timed(&e.times.Output, func() error {
 		if keep != nil {

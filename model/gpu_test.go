@@ -400,43 +400,46 @@ func testGPUCalibrate(t *testing.T, js string, trueSeq bool, experts ExpertObser
 // TestGPUStagedCalibrationIsExact: the staged true-sequential calibration of dense blocks
 // (stagedState: every GEMM once per block) gathers the Gram matrices of the recomputing passes
 // bit for bit, the later blocks' included (so the hidden states it passes on are the same too),
-// for every dense family.
+// for every dense family, also after a first step that updates every group (AWQ+GPTQ's).
 func TestGPUStagedCalibrationIsExact(t *testing.T) {
+	allFirst := func(b *Block) [][]Group { return append([][]Group{b.Groups()}, b.Stages()...) }
 	for _, tc := range gpuTestConfigs[:4] {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := mustConfig(t, strings.Replace(tc.json, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
-			r := freshRand(t)
-			w := randomWeights(cfg, tc.bias, !cfg.TieEmbeddings, r)
-			seqs := make([][]int, 5)
-			for i := range seqs {
-				seqs[i] = randomIDs(r, 23, cfg.Vocab)
-			}
-			var grams [2]map[string][]float64
-			for i, staged := range []bool{true, false} {
-				e := openGPU(t, cfg, GPUOptions{}, 50)
-				e.noStaging = !staged
-				rec := newGramRecorder(e)
-				m, err := Load(cfg, w)
-				if err != nil {
-					t.Fatal(err)
+		for _, opt := range []CalibrateOptions{{TrueSequential: true}, {Steps: allFirst}} {
+			t.Run(fmt.Sprintf("%s/all-first=%v", tc.name, opt.Steps != nil), func(t *testing.T) {
+				cfg := mustConfig(t, strings.Replace(tc.json, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
+				r := freshRand(t)
+				w := randomWeights(cfg, tc.bias, !cfg.TieEmbeddings, r)
+				seqs := make([][]int, 5)
+				for i := range seqs {
+					seqs[i] = randomIDs(r, 23, cfg.Vocab)
 				}
-				if err := e.Calibrate(m, seqs, rec, CalibrateOptions{TrueSequential: true}); err != nil {
-					t.Fatal(err)
+				var grams [2]map[string][]float64
+				for i, staged := range []bool{true, false} {
+					e := openGPU(t, cfg, GPUOptions{}, 50)
+					e.noStaging = !staged
+					rec := newGramRecorder(e)
+					m, err := Load(cfg, w)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := e.Calibrate(m, seqs, rec, opt); err != nil {
+						t.Fatal(err)
+					}
+					if _, kept := e.scratch["keep.attn"]; kept != staged {
+						t.Fatalf("staged=%v: keep.attn allocated: %v", staged, kept)
+					}
+					grams[i] = rec.grams
 				}
-				if _, kept := e.scratch["keep.attn"]; kept != staged {
-					t.Fatalf("staged=%v: keep.attn allocated: %v", staged, kept)
+				if len(grams[0]) != groupCount(cfg) {
+					t.Fatalf("staged calibration observed %d groups, want %d", len(grams[0]), groupCount(cfg))
 				}
-				grams[i] = rec.grams
-			}
-			if len(grams[0]) != groupCount(cfg) {
-				t.Fatalf("staged calibration observed %d groups, want %d", len(grams[0]), groupCount(cfg))
-			}
-			for key, want := range grams[1] {
-				if !slices.Equal(grams[0][key], want) {
-					t.Errorf("%s: staged Gram matrix differs from the recomputing passes' (relative %.2e)", key, relativeDiff(grams[0][key], want))
+				for key, want := range grams[1] {
+					if !slices.Equal(grams[0][key], want) {
+						t.Errorf("%s: staged Gram matrix differs from the recomputing passes' (relative %.2e)", key, relativeDiff(grams[0][key], want))
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 

@@ -26,11 +26,13 @@ type stagedState struct {
 // denseStages are the steps stagedState serves: Block.Stages of a dense block.
 var denseStages = [][]Group{{GroupQKV}, {GroupO}, {GroupGateUp}, {GroupDown}}
 
-// stagedState returns the buffers for calibrating b over x in steps, or nil where staging does
-// not apply (a block of experts, other steps, or too little GPU memory: under 4 GiB would be
-// left free; the recomputing passes then run).
+// stagedState returns the buffers for calibrating b over x in steps that end with denseStages
+// (AWQ+GPTQ's first step, every group at once, runs before them as usual), or nil where staging
+// does not apply (a block of experts, other steps, or too little GPU memory: under 4 GiB would
+// be left free; the recomputing passes then run).
 func (e *GPU) stagedState(b *Block, x *DeviceBatch, steps [][]Group) (*stagedState, error) {
-	if e.noStaging || b.MoE != nil || !slices.EqualFunc(steps, denseStages, slices.Equal) {
+	n := len(denseStages)
+	if e.noStaging || b.MoE != nil || len(steps) < n || !slices.EqualFunc(steps[len(steps)-n:], denseStages, slices.Equal) {
 		return nil, nil
 	}
 	rows, c := x.S*x.T, e.cfg
