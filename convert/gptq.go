@@ -36,9 +36,11 @@ type gptqResult struct {
 // one Hessian.
 type blockRunner struct {
 	opt     gptq.Options
-	solver  *gptq.GPUSolver // nil: the pure-Go solver
-	dev     *cuda.Device    // nil: the forward passes and Hessians on the CPU
-	gpu     *gpuCapture     // while calibrating on the GPU
+	solver  *gptq.GPUSolver      // nil: the pure-Go solver; else the first of all (for Supports)
+	solvers chan *gptq.GPUSolver // the free ones of all
+	all     []*gptq.GPUSolver
+	dev     *cuda.Device // nil: the forward passes and Hessians on the CPU
+	gpu     *gpuCapture  // while calibrating on the GPU
 	device  string
 	schemes map[string]quant.Scheme // module prefix → planned scheme
 	globals map[string]float32      // NVFP4 modules' shared global scales (Options.globals)
@@ -251,33 +253,70 @@ func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), er
 		return nil, nil, fmt.Errorf("block %d: no calibration inputs reached %s", block, g)
 	}
 	delete(r.hess, key)
+	hm := h.Matrix() // mirrored once, before the group's solves read it at once
 	solve := func(l *model.Linear, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
-		return r.quantize(l.W, l.Out, l.In, h.Matrix(), s, global)
+		return r.quantize(l.W, l.Out, l.In, hm, s, global)
 	}
 	return solve, func() {}, nil
 }
 
 // updateGroup quantizes the planned linears of group g and puts their dequantized weights back.
+// The linears of a group share its Hessian and nothing else, so with a GPU they are solved at
+// once by gpuSolvers solvers on streams of their own (q, k and v's solves each leave the GPU
+// mostly idle; on the CPU one solve already takes every core); results are used in the group's
+// order.
 func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc) error {
+	type solved struct {
+		l   *model.Linear
+		s   quant.Scheme
+		t   *quant.Tensor
+		st  gptq.Stats
+		err error
+	}
+	var todo []*solved
 	for _, l := range b.Linears(g) {
-		s, planned := r.schemes[l.Name]
-		if !planned {
-			continue
+		if s, planned := r.schemes[l.Name]; planned {
+			todo = append(todo, &solved{l: l, s: s})
 		}
-		t, st, err := solve(l, s, r.globals[l.Name])
-		if err != nil {
-			err = fmt.Errorf("tensor %s.weight: %w", l.Name, err)
+	}
+	at := make(chan struct{}, 1) // how many solve at once
+	if r.solvers != nil {
+		at = make(chan struct{}, gpuSolvers)
+	}
+	var wg sync.WaitGroup
+	for _, x := range todo {
+		at <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-at }()
+			x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name])
+		})
+	}
+	wg.Wait()
+	for _, x := range todo {
+		l := x.l
+		if x.err != nil {
+			err := fmt.Errorf("tensor %s.weight: %w", l.Name, x.err)
 			r.results[l.Name] <- gptqResult{err: err}
 			return err
 		}
-		if err := l.SetWeight(t.Dequantize(l.W)); err != nil { // in place: W is no longer needed
+		if err := l.SetWeight(x.t.Dequantize(l.W)); err != nil { // in place: W is no longer needed
 			return err
 		}
 		r.logf("gptq %s %s on %s: relative loss %.5f, damping %g (%d retries), %s\n",
-			l.Name, s, r.deviceFor(s), st.RelativeLoss, st.Damp, st.Retries, solveTimes(st))
-		r.results[l.Name] <- gptqResult{t: t, stats: st}
+			l.Name, x.s, r.deviceFor(x.s), x.st.RelativeLoss, x.st.Damp, x.st.Retries, solveTimes(x.st))
+		r.results[l.Name] <- gptqResult{t: x.t, stats: x.st}
 	}
 	return nil
+}
+
+// gpuSolvers is how many GPTQ solvers (each with its stream and buffers) the runner keeps on a GPU.
+const gpuSolvers = 3
+
+// withSolver runs f with a free GPU solver.
+func (r *blockRunner) withSolver(f func(s *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error)) (*quant.Tensor, gptq.Stats, error) {
+	s := <-r.solvers
+	defer func() { r.solvers <- s }()
+	return f(s)
 }
 
 // useGPU makes the runner calibrate and solve on the GPU: the forward passes and Hessians
@@ -290,11 +329,16 @@ func (r *blockRunner) useGPU(g *gpu) error {
 		r.device = DeviceCPU
 		return nil
 	}
-	solver, err := gptq.NewGPUSolver(g.dev)
-	if err != nil {
-		return err
+	r.solvers = make(chan *gptq.GPUSolver, gpuSolvers)
+	for range gpuSolvers {
+		solver, err := gptq.NewGPUSolver(g.dev)
+		if err != nil {
+			return err
+		}
+		r.solvers <- solver
+		r.all = append(r.all, solver)
 	}
-	r.solver, r.dev, r.device = solver, g.dev, DeviceCUDA
+	r.solver, r.dev, r.device = r.all[0], g.dev, DeviceCUDA
 	return nil
 }
 
@@ -308,7 +352,7 @@ func (r *blockRunner) deviceFor(s quant.Scheme) string {
 
 func (r *blockRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
 	if r.solver != nil && r.solver.Supports(s, r.opt) {
-		return r.solver.Quantize(w, n, k, h, s, r.opt)
+		return r.withSolver(func(g *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error) { return g.Quantize(w, n, k, h, s, r.opt) })
 	}
 	return gptq.Quantize(w, n, k, h, s, r.optFor(global))
 }
@@ -324,8 +368,8 @@ func (r *blockRunner) close() {
 	if r == nil {
 		return
 	}
-	if r.solver != nil {
-		r.solver.Close()
+	for _, s := range r.all {
+		s.Close()
 	}
 	if r.awq != nil {
 		r.awq.close()
