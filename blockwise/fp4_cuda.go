@@ -85,6 +85,9 @@ func checkFP4Job(j gpuJob, format string) error {
 	if !fp4Format(format) {
 		return fmt.Errorf("tensor %s: the GPU quantizer packs %s in format qpack or compressed-tensors, not %q", j.prefix, j.s, format)
 	}
+	if j.fp4Chunks() >= 1<<31 {
+		return fmt.Errorf("tensor %s: %d×%d weights are more than the FP4 kernels index (2^34)", j.prefix, j.n, j.k)
+	}
 	if j.global != 0 && (j.s.Grid != quant.NVFP4 || !(j.global > 0) || math.IsInf(float64(j.global), 0)) {
 		return fmt.Errorf("tensor %s: global scale %g given for %s (NVFP4 takes a finite positive one)", j.prefix, j.global, j.s)
 	}

@@ -22,9 +22,12 @@ var hostCXX = flag.String("blockwise.hostcxx", "", "compile kernels/microscaled.
 // TestFP4KernelOnCPU checks the transcription of the FP4 rules in kernels/microscaled.cu without
 // a GPU: the kernel source, compiled for the CPU with kernels/host's stand-ins (each float32
 // operation rounded once), codes whole tensors block by block with the kernels' own functions
-// (absmax, the E4M3 and E8M0 scales, the reciprocal with its division fallback, the E2M1 code),
+// (absmax, the E4M3 and E8M0 scales, the BF16 fast paths with the NVFP4 scale table, and the
+// general path: the reciprocal with its division fallback, the E2M1 code),
 // and must give the CPU reference's bytes for every dtype, both grids, computed and given global
-// scales, on fp4TestWeights (exact ties included). What it cannot check is the warps' indexing
+// scales, on fp4TestWeights (exact ties included); and the BF16 fast paths must code every BF16
+// weight as the general arithmetic does (the harness's exhaustive mode: every MXFP4 scale, every
+// NVFP4 scale byte under ten global scales). What it cannot check is the warps' indexing
 // and shuffles, nor nvcc's compilation: TestGPUFP4MatchesCPU does on a GPU.
 func TestFP4KernelOnCPU(t *testing.T) {
 	if *hostCXX == "" {
@@ -36,6 +39,18 @@ func TestFP4KernelOnCPU(t *testing.T) {
 		t.Fatalf("%v: %v\n%s", cmd, err, out)
 	}
 	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	// The BF16 fast paths against the kernel's general arithmetic on every BF16 weight: every
+	// MXFP4 scale, and the NVFP4 scale bytes the table clears under global scales given (with
+	// exact ties: 1, 3), typical (2688/amax for amax around 0.1), extreme and random.
+	gs := []string{}
+	for _, g := range []float32{1, 3, 1344, 2688 / 0.0731, 1e4, 0.37, 2.5e-30, 7.3e20, float32(math.Exp2(r.Float64()*40 - 10)), float32(math.Exp2(r.Float64()*40 - 10))} {
+		gs = append(gs, fmt.Sprintf("%x", math.Float32bits(g)))
+	}
+	if out, err := exec.Command(bin, append([]string{"exhaustive"}, gs...)...).CombinedOutput(); err != nil {
+		t.Fatalf("exhaustive check of the BF16 fast paths: %v\n%s", err, out)
+	} else {
+		t.Logf("exhaustive check of the BF16 fast paths:\n%s", out)
+	}
 	run := func(what string, w []float32, n, k, dt int, s quant.Scheme, g float32, raw []byte, want []packing.Raw) {
 		t.Helper()
 		nv := 0

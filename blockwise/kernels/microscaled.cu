@@ -35,6 +35,36 @@ typedef unsigned long long u64;
 
 #define FP4_THREADS 256
 
+// Packed BF16 and F16 operations on the two 16-bit lanes of a word (PTX for sm_80; the host
+// harness brings its own).
+#ifndef QPACK_HOST_STANDINS
+__device__ __forceinline__ unsigned int bf16x2_max_nan(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ unsigned int bf16x2_max(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ unsigned int bf16x2_min(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ unsigned int f16x2_fma(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ unsigned int f16x2_max(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+#endif
+
 // e4m3_byte is fp.F32ToE4M3 for v ≥ 0 (a block scale): round to nearest even, saturating at 448.
 __device__ __forceinline__ unsigned int e4m3_byte(float v) {
     if (v >= 448.0f) return 0x7eu;
@@ -86,7 +116,7 @@ struct Chunk {
 };
 
 template <int DT>
-__device__ __forceinline__ void load_chunk(const void* w, u64 c, Chunk<DT>& x) {
+__device__ __forceinline__ void load_chunk(const void* w, unsigned int c, Chunk<DT>& x) {
     if constexpr (DT == IN_F32) {
         const uint4* p = (const uint4*)w + 2 * c;
         const uint4 a = __ldg(p), b = __ldg(p + 1);
@@ -119,23 +149,27 @@ __device__ __forceinline__ unsigned int chunk_absmax(const Chunk<DT>& x) {
     if constexpr (DT == IN_F32) {
 #pragma unroll
         for (int j = 0; j < 8; j++) m = max(m, x.u[j] & 0x7fffffffu);
+    } else if constexpr (DT == IN_BF16) {
+        // Packed BF16 maxima of the magnitudes, NaN kept (as 0x7fff): lane 0 ends with the max.
+#pragma unroll
+        for (int j = 0; j < 4; j++) m = bf16x2_max_nan(m, x.u[j] & 0x7fff7fffu);
+        m = bf16x2_max_nan(m, m >> 16) << 16;
     } else {
 #pragma unroll
         for (int j = 0; j < 4; j++) m = __vmaxu2(m, x.u[j] & 0x7fff7fffu);  // both halves at once
         m = max(m & 0xffffu, m >> 16);
-        if constexpr (DT == IN_BF16) m <<= 16;
-        else m = __float_as_uint(__half2float(__ushort_as_half((unsigned short)m)));  // F16 bits order like F32's
+        m = __float_as_uint(__half2float(__ushort_as_half((unsigned short)m)));  // F16 bits order like F32's
     }
     return m;
 }
 
 // report_bad lowers status[0] to the flat index of the chunk's first non-finite weight.
 template <int DT>
-__device__ __forceinline__ void report_bad(const Chunk<DT>& x, u64 c, u64* status) {
+__device__ __forceinline__ void report_bad(const Chunk<DT>& x, unsigned int c, u64* status) {
 #pragma unroll
     for (int j = 7; j >= 0; j--) {
         const float v = chunk_at<DT>(x, j);
-        if ((__float_as_uint(v) & 0x7f800000u) == 0x7f800000u) atomicMin(status, 8 * c + j);
+        if ((__float_as_uint(v) & 0x7f800000u) == 0x7f800000u) atomicMin(status, 8 * (u64)c + j);
     }
 }
 
@@ -186,6 +220,176 @@ __device__ __forceinline__ unsigned int chunk_codes(const Chunk<DT>& x, const FP
     return word;
 }
 
+// chunk_codes_general codes a chunk of a block with finite absolute maximum amax (float bits)
+// by the rules above for any dtype, and sets byte to the block's scale byte.
+template <int DT, bool NV>
+__device__ __forceinline__ unsigned int chunk_codes_general(const Chunk<DT>& x, unsigned int amax, float g, unsigned int& byte) {
+    const FP4Block b = NV ? nvfp4_block(__uint_as_float(amax), g) : mxfp4_block(amax);
+    byte = b.byte;
+    return chunk_codes<DT, NV>(x, b);
+}
+
+// ---- BF16 fast paths ----------------------------------------------------------------------
+// A word holds two BF16 weights (lanes: the even column in bits 0-15, the odd one in 16-31).
+// The fast paths work on both lanes of a word at once where they can (packed BF16 and F16
+// min/max/FMA, integer steps that cannot carry between lanes) and reach the rules' bytes
+// exactly; the blocks they cannot do (MXFP4 scales below 2^-124; NVFP4 block scales whose
+// reciprocal path could differ from the division, a property of the scale byte that
+// nvfp4_entry decides beforehand) take chunk_codes_general.
+
+
+// signed_codes puts the signs of a chunk's 8 BF16 weights on the magnitudes mag (nibble j the
+// E2M1 magnitude of weight j) where the magnitude is not 0: fp.F32ToE2M1 codes zero as +0.
+// The sign bits (bit 15 of each lane) are gathered by byte permutes: weight 2m's sign to bit
+// 4·2m+3, weight 2m+1's to bit 4·(2m+1)+3.
+__device__ __forceinline__ unsigned int signed_codes(const Chunk<IN_BF16>& x, unsigned int mag) {
+    const unsigned int p01 = __byte_perm(x.u[0], x.u[1], 0x7531), p23 = __byte_perm(x.u[2], x.u[3], 0x7531);
+    const unsigned int even = __byte_perm(p01, p23, 0x6420), odd = __byte_perm(p01, p23, 0x7531);
+    const unsigned int signs = (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
+    const unsigned int nonzero = (mag + 0x77777777u) & 0x88888888u;  // bit 3 of a nibble: magnitude ≥ 1
+    return mag | (signs & nonzero);
+}
+
+// mxfp4_bf16_codes codes a chunk of an MXFP4 block with scale byte e, 3 ≤ e ≤ 252, both lanes
+// of a word at once. With s = 2^(e−127), clamping |w| to [0.25·s, 6·s] (BF16 min/max; all
+// normal BF16 for these e) changes no code, and x = |w|/s is then exactly the F16 number whose
+// bits are 8·bits(|w|) − (e − 15)·1024 (the exponent rebased, the 7 mantissa bits widened to
+// 10). Below 1 the E2M1 grid steps by 0.5 (2|x| rounded to an integer); x' = max(x, 0.5·x + 0.5)
+// maps [0.25, 1) onto [0.625, 1), exactly in F16, where the steps 1 and 2 begin at 0.875 and
+// the 0 → 1 step at 0.625 — the one-mantissa-bit steps of [0.5, 1) — and leaves x ≥ 1 alone.
+// So every code is x' rounded to one mantissa bit, ties to even, in integer steps on its F16
+// bits u: code = (u − bits(0.5) + 0xff + bit 9 of u) >> 9, 0 … 7 (u ≤ bits(6)), never
+// carrying between lanes.
+__device__ __forceinline__ unsigned int mxfp4_bf16_codes(const Chunk<IN_BF16>& x, unsigned int e) {
+    const unsigned int lo = e * 0x800080u - 0x1000100u;              // 0.25·s: exponent e − 2, both lanes
+    const unsigned int hi = e * 0x800080u + 0x1400140u;              // 6·s = 1.5·2^(e−125)
+    const unsigned int rebase = (15u - e) * 0x4000400u;              // per lane −(e − 15)·1024
+    const unsigned int round = (0xffu - 0x3800u) * 0x10001u;         // per lane 0xff − bits(0.5)
+    unsigned int t[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const unsigned int a = bf16x2_min(bf16x2_max(x.u[j] & 0x7fff7fffu, lo), hi);
+        const unsigned int q = a * 8u + rebase;                                   // F16 x, both lanes
+        const unsigned int u = f16x2_max(q, f16x2_fma(q, 0x38003800u, 0x38003800u));  // x'
+        const unsigned int v = u + ((u >> 9) & 0x00010001u) + round;              // code in bits 9-11
+        t[j] = v << 3;                                                            // ... in bits 12-14
+    }
+    // Gather the codes (high nibble of bytes 1 and 3 of each t) into nibbles 0-7.
+    const unsigned int p01 = __byte_perm(t[0], t[1], 0x7531), p23 = __byte_perm(t[2], t[3], 0x7531);
+    const unsigned int even = __byte_perm(p01, p23, 0x6420), odd = __byte_perm(p01, p23, 0x7531);
+    return signed_codes(x, ((even >> 4) & 0x07070707u) | (odd & 0x70707070u));
+}
+
+// NVEntry is what the NVFP4 BF16 path needs of one scale byte s under global scale G: r = 1/f
+// (f = s/G) and rh = r/2; r = 0 marks a byte whose blocks take chunk_codes_general.
+struct NVEntry {
+    float r, rh;
+};
+
+// nvfp4_bf16_step is the NVFP4 BF16 path's magnitude code of a BF16 magnitude w, in bits 28-30
+// of the result: with x = w·r, x' = max(x, w·rh + 0.5) (the map of mxfp4_bf16_codes, here in
+// float32) rounded half up to one mantissa bit is bits(x')·64 + 0x48000000 (0.5 → 0, 6 → 7),
+// for x' < 7. The code is monotone in w, and nvfp4_entry clears a byte only when it equals
+// E2M1(fl(w/f)) at every step and stays 7 up to the largest weight a block of that byte holds.
+__device__ __forceinline__ unsigned int nvfp4_bf16_step(float w, float r, float rh) {
+    return __float_as_uint(fmaxf(__fmul_rn(w, r), __fmaf_rn(w, rh, 0.5f))) * 64u + 0x48000000u;
+}
+__device__ __forceinline__ unsigned int nvfp4_bf16_fast(unsigned int a, float r, float rh) {
+    return nvfp4_bf16_step(__uint_as_float(a << 16), r, rh) >> 28;
+}
+
+// nvfp4_top is a BF16 magnitude at least as large as any weight of a block whose scale byte is
+// b < 0x7e under G (capped at the largest finite BF16): v = G·(amax/6) rounds to b, so
+// v ≤ (s + s⁺)/2 with s⁺ the next E4M3 value, and amax ≤ 3·(s + s⁺)/G up to the roundings of
+// amax/6 and of the product (relative 2^-24 each while normal, absolute 2^-149 each below).
+__device__ __forceinline__ unsigned int nvfp4_top(unsigned int b, float g) {
+    const double top = (3.0 * ((double)e4m3_value(b) + (double)e4m3_value(b + 1u)) * (1.0 + 0x1p-20) + 0x1p-146) / (double)g + 0x1p-146;
+    return min((__float_as_uint(__double2float_ru(top)) + 0xffffu) >> 16, 0x7f7fu);
+}
+
+// nvfp4_entry computes the NVEntry of scale byte b under G. The exact codes of BF16 magnitudes
+// change at 7 boundaries: fl(w/f) ≥ t exactly when w ≥ (t − ulp(t)/2)·f, and fl(w/f) > t
+// exactly when w > (t + ulp(t)/2)·f (ties go to t, whose mantissa is even), for the E2M1
+// thresholds t = 0.25 (>), 0.75 (≥), 1.25 (>), 1.75 (≥), 2.5 (>), 3.5 (≥), 5 (>); the products
+// are exact in float64 (25 × 24 bits) and rounded up or down to the BF16 boundary. The fast
+// code, monotone too, is exact for every weight of a block with this byte when it steps at the
+// same 7 places (the codes at each boundary and just below it agree) and its x' stays below 7
+// up to the block's largest possible weight (nvfp4_top). Byte 0x7e (448) also takes the blocks
+// that saturate, so it is never cleared.
+__device__ __forceinline__ NVEntry nvfp4_entry(unsigned int b, float g) {
+    NVEntry e;
+    e.r = 0.0f;
+    e.rh = 0.0f;
+    if (b == 0u || b >= 0x7eu) return e;  // byte 0 is never a block's (MinE4M3), 0x7f is NaN
+    const float f = __fdiv_rn(e4m3_value(b), g);
+    const float r = __frcp_rn(f), rh = __fmul_rn(r, 0.5f);
+    if (!(r >= 1.17549435e-38f && r <= 3.40282346638528859812e+38f)) return e;
+    // t ± ulp(t)/2 with ulp(t) = 2^(exponent of t − 23): 0.25 + 2^-26, 0.75 − 2^-25, ...
+    const double mid[7] = {0.25 + 0x1p-26, 0.75 - 0x1p-25, 1.25 + 0x1p-24, 1.75 - 0x1p-24,
+                           2.5 + 0x1p-23, 3.5 - 0x1p-23, 5.0 + 0x1p-22};
+#pragma unroll
+    for (int i = 0; i < 7; i++) {
+        const double p = mid[i] * (double)f;
+        const unsigned int u = (i & 1) ? (__float_as_uint(__double2float_ru(p)) + 0xffffu) >> 16  // ≥: smallest BF16 ≥ p
+                                       : (__float_as_uint(__double2float_rd(p)) >> 16) + 1u;     // >: smallest BF16 > p
+        if (u <= 0x7f7fu && nvfp4_bf16_fast(u, r, rh) < (unsigned int)i + 1u) return e;
+        if (u >= 1u && nvfp4_bf16_fast(min(u - 1u, 0x7f7fu), r, rh) > (unsigned int)i) return e;
+    }
+    const float w = __uint_as_float(nvfp4_top(b, g) << 16);
+    if (!(fmaxf(__fmul_rn(w, r), __fmaf_rn(w, rh, 0.5f)) < 7.0f)) return e;
+    e.r = r;
+    e.rh = rh;
+    return e;
+}
+
+// nvfp4_bf16_div6 is fl(amax/6) for a BF16 amax: the product by fl(1/6) corrected once by its
+// residual; equal to the division for all 2^15 non-negative BF16 values (checked exhaustively).
+__device__ __forceinline__ float nvfp4_bf16_div6(float amax) {
+    const float inv6 = 0.16666667163372039794921875f;  // fl(1/6)
+    const float q = __fmul_rn(amax, inv6);
+    return __fmaf_rn(__fmaf_rn(-q, 6.0f, amax), inv6, q);
+}
+
+// nvfp4_bf16_codes codes a chunk of an NVFP4 block by its scale byte's entry (r ≠ 0).
+__device__ __forceinline__ unsigned int nvfp4_bf16_codes(const Chunk<IN_BF16>& x, const NVEntry& e) {
+    unsigned int mag = 0;
+#pragma unroll
+    for (int j = 3; j >= 0; j--) {
+#pragma unroll
+        for (int h = 1; h >= 0; h--) {  // weight 2j + h; the last one coded ends in nibble 0
+            const float w = fabsf(__uint_as_float(h ? x.u[j] & 0xffff0000u : x.u[j] << 16));
+            mag = __funnelshift_l(nvfp4_bf16_step(w, e.r, e.rh), mag, 4);  // mag·16 + code
+        }
+    }
+    return signed_codes(x, mag);
+}
+
+// fp4_chunk codes a chunk of a block whose absolute maximum has the finite float bits amax and
+// sets byte to the block's scale byte: the BF16 fast paths where they apply, else
+// chunk_codes_general.
+template <int DT, bool NV>
+__device__ __forceinline__ unsigned int fp4_chunk(const Chunk<DT>& x, unsigned int amax, float g, const NVEntry* table,
+                                                  unsigned int& byte) {
+    if constexpr (DT == IN_BF16) {
+        if constexpr (NV) {
+            unsigned int s = e4m3_byte(__fmul_rn(g, nvfp4_bf16_div6(__uint_as_float(amax))));
+            s = s == 0u ? 1u : s;
+            const NVEntry e = table[s];
+            if (e.r != 0.0f) {
+                byte = s;
+                return nvfp4_bf16_codes(x, e);
+            }
+        } else {
+            const unsigned int e = (unsigned int)max((int)(amax >> 23) - 2, 0);
+            if (e >= 3u) {
+                byte = e;
+                return mxfp4_bf16_codes(x, e);
+            }
+        }
+    }
+    return chunk_codes_general<DT, NV>(x, amax, g, byte);
+}
+
 // fp4_kernel quantizes the chunks of W. amax_or_g holds G when have_g, else the bits of
 // amax(W) (bw_fp4_amax's result); NVFP4 writes the G it used to global_out. A warp handles two
 // runs of 32 chunks per step, so that each lane has two 16-byte loads in flight.
@@ -199,19 +403,23 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
         g = have_g ? __uint_as_float(*amax_or_g) : nvfp4_global(__uint_as_float(*amax_or_g));
         if (blockIdx.x == 0 && threadIdx.x == 0) *global_out = g;
     }
-    const u64 warps = (u64)gridDim.x * (FP4_THREADS / 32);
-    for (u64 wc = (u64)blockIdx.x * (FP4_THREADS / 32) + (threadIdx.x >> 5); wc * 32 < chunks; wc += runs * warps) {
+    __shared__ NVEntry table[NV && DT == IN_BF16 ? 128 : 1];
+    if constexpr (NV && DT == IN_BF16) {
+        for (unsigned int b = threadIdx.x; b < 128u; b += FP4_THREADS) table[b] = nvfp4_entry(b, g);
+        __syncthreads();
+    }
+    const unsigned int n = (unsigned int)chunks;  // < 2^31 (checkFP4Job): no index below wraps
+    const unsigned int warps = gridDim.x * (FP4_THREADS / 32);
+    for (unsigned int wc = blockIdx.x * (FP4_THREADS / 32) + (threadIdx.x >> 5); wc * 32 < n; wc += runs * warps) {
         Chunk<DT> x[runs];
-        unsigned int amax[runs];
-        u64 c[runs];
+        unsigned int amax[runs], c[runs];
 #pragma unroll
         for (int i = 0; i < runs; i++) {
             c[i] = (wc + i * warps) * 32 + lane;
-            amax[i] = 0;
-            if (c[i] < chunks) {
-                load_chunk<DT>(w, c[i], x[i]);
-                amax[i] = chunk_absmax<DT>(x[i]);
-            }
+            x[i] = Chunk<DT>{};
+            if (c[i] < n) load_chunk<DT>(w, c[i], x[i]);
+            amax[i] = chunk_absmax<DT>(x[i]);  // 0 past the end; computed here for every lane so
+                                               // that the coding reuses its magnitudes
         }
 #pragma unroll
         for (int i = 0; i < runs; i++) {
@@ -219,14 +427,14 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
             // block's lanes are all live or all past the end.
 #pragma unroll
             for (int off = 1; off < lanes_per_block; off <<= 1) amax[i] = max(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], off));
-            if (c[i] >= chunks) continue;
+            if (c[i] >= n) continue;
             if (amax[i] >= 0x7f800000u) {  // a non-finite weight in the block: report it; codes do not matter
                 report_bad<DT>(x[i], c[i], status);
                 continue;
             }
-            const FP4Block b = NV ? nvfp4_block(__uint_as_float(amax[i]), g) : mxfp4_block(amax[i]);
-            codes[c[i]] = chunk_codes<DT, NV>(x[i], b);
-            if ((lane & (lanes_per_block - 1)) == 0) scales[c[i] / lanes_per_block] = (unsigned char)b.byte;
+            unsigned int byte;
+            codes[c[i]] = fp4_chunk<DT, NV>(x[i], amax[i], g, table, byte);
+            if ((lane & (lanes_per_block - 1)) == 0) scales[c[i] / lanes_per_block] = (unsigned char)byte;
         }
     }
 }
@@ -236,9 +444,14 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
 template <int DT>
 __device__ __forceinline__ void fp4_amax_kernel(const void* w, u64 chunks, unsigned int* amax_bits) {
     unsigned int m = 0;
-    for (u64 c = (u64)blockIdx.x * FP4_THREADS + threadIdx.x; c < chunks; c += (u64)gridDim.x * FP4_THREADS) {
-        Chunk<DT> x;
+    const unsigned int n = (unsigned int)chunks, step = gridDim.x * FP4_THREADS;
+    for (unsigned int c = blockIdx.x * FP4_THREADS + threadIdx.x; c < n; c += 2 * step) {
+        Chunk<DT> x, y;  // two loads in flight
         load_chunk<DT>(w, c, x);
+        if (c + step < n) {
+            load_chunk<DT>(w, c + step, y);
+            m = max(m, chunk_absmax<DT>(y));
+        }
         m = max(m, chunk_absmax<DT>(x));
     }
 #pragma unroll

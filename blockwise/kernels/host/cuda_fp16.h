@@ -4,6 +4,10 @@
 //   - __fmul_rn, __fdiv_rn, __frcp_rn, __fmaf_rn: one IEEE float32 operation each (build with
 //     -ffp-contract=off; the volatile keeps the compiler from fusing anyway);
 //   - F16 decoding through _Float16 (g++ 12 or newer);
+//   - the packed BF16/F16 min, max and FMA of the BF16 fast paths (QPACK_HOST_STANDINS keeps
+//     microscaled.cu's inline assembly out), lane by lane in float (the F16 FMA's product and
+//     sum exact in double, then one rounding), and the byte permute, funnel shift and directed
+//     float64 → float32 conversions;
 //   - the warp and atomic built-ins exist only so that the kernels compile: the host driver runs
 //     the kernels' per-block arithmetic sequentially and never calls them.
 #pragma once
@@ -17,6 +21,8 @@
 #define __global__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __shared__ static
+#define QPACK_HOST_STANDINS 1
 
 struct host_dim3 {
     unsigned x, y, z;
@@ -61,3 +67,74 @@ template <typename T> static inline T __ldg(const T* p) { return *p; }
 template <typename T> static inline T __shfl_xor_sync(unsigned, T, int) { abort(); }
 static inline unsigned long long atomicMin(unsigned long long*, unsigned long long) { abort(); }
 static inline unsigned int atomicMax(unsigned int*, unsigned int) { abort(); }
+
+static inline void __syncthreads() {}
+
+static inline float bf16_lane(unsigned int w, int lane) { return __uint_as_float((w >> (16 * lane) & 0xffffu) << 16); }
+static inline unsigned int bf16x2_pick(unsigned int a, unsigned int b, bool (*take_b)(float, float)) {
+    unsigned int d = 0;
+    for (int lane = 0; lane < 2; lane++) {
+        const unsigned int h = take_b(bf16_lane(a, lane), bf16_lane(b, lane)) ? b : a;
+        d |= (h >> (16 * lane) & 0xffffu) << (16 * lane);
+    }
+    return d;
+}
+// max.NaN.bf16x2: the canonical NaN 0x7fff when either lane is NaN.
+static inline unsigned int bf16x2_max_nan(unsigned int a, unsigned int b) {
+    unsigned int d = bf16x2_pick(a, b, [](float x, float y) { return y > x; });
+    for (int lane = 0; lane < 2; lane++)
+        if (std::isnan(bf16_lane(a, lane)) || std::isnan(bf16_lane(b, lane))) d = (d & ~(0xffffu << (16 * lane))) | 0x7fffu << (16 * lane);
+    return d;
+}
+static inline unsigned int bf16x2_max(unsigned int a, unsigned int b) { return bf16x2_pick(a, b, [](float x, float y) { return y > x; }); }
+static inline unsigned int bf16x2_min(unsigned int a, unsigned int b) { return bf16x2_pick(a, b, [](float x, float y) { return y < x; }); }
+
+static inline _Float16 f16_lane(unsigned int w, int lane) {
+    const unsigned short s = (unsigned short)(w >> (16 * lane));
+    _Float16 h;
+    memcpy(&h, &s, 2);
+    return h;
+}
+static inline unsigned int f16_bits(_Float16 h) {
+    unsigned short s;
+    memcpy(&s, &h, 2);
+    return s;
+}
+static inline unsigned int f16x2_fma(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int d = 0;
+    for (int lane = 0; lane < 2; lane++) {
+        const double v = (double)f16_lane(a, lane) * (double)f16_lane(b, lane) + (double)f16_lane(c, lane);
+        d |= f16_bits((_Float16)v) << (16 * lane);
+    }
+    return d;
+}
+static inline unsigned int f16x2_max(unsigned int a, unsigned int b) {
+    unsigned int d = 0;
+    for (int lane = 0; lane < 2; lane++) {
+        const _Float16 x = f16_lane(a, lane), y = f16_lane(b, lane);
+        d |= f16_bits(y > x ? y : x) << (16 * lane);
+    }
+    return d;
+}
+
+static inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {
+    const unsigned long long v = (unsigned long long)y << 32 | x;
+    unsigned int d = 0;
+    for (int i = 0; i < 4; i++) d |= (unsigned int)(v >> (8 * (s >> (4 * i) & 7)) & 0xffu) << (8 * i);
+    return d;
+}
+static inline unsigned int __funnelshift_l(unsigned int lo, unsigned int hi, unsigned int shift) {
+    const unsigned long long v = (unsigned long long)hi << 32 | lo;
+    return (unsigned int)(v << (shift & 31) >> 32);
+}
+static inline float __double2float_ru(double v) {
+    float f = (float)v;
+    if ((double)f < v) f = std::nextafter(f, INFINITY);
+    return f;
+}
+static inline float __double2float_rd(double v) {
+    float f = (float)v;
+    if ((double)f > v) f = std::nextafter(f, -INFINITY);
+    return f;
+}
+using std::fmaxf;
