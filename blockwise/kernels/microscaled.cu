@@ -13,16 +13,21 @@
 //
 // K is a multiple of the block, so blocks never straddle rows and the tensor is a flat array of
 // N·K/8 chunks of 8 weights: chunk c's codes are the 4 bytes at 4c, block b's scale the byte b.
-// A warp takes 32 consecutive chunks (grid-stride over the tensor): lane l loads chunk 32i + l
-// (one 16-byte load of a 16-bit input), the 2 (NVFP4) or 4 (MXFP4) lanes of a block reduce its
-// absolute maximum with xor shuffles, and every lane stores its 4 code bytes (128 contiguous
-// bytes a warp); the block's first lane stores its scale byte.
+// BF16 (the common input) has its own loop and arithmetic, two weights per 32-bit operation
+// where it can (fp4_bf16_loop, mxfp4_bf16_codes, nvfp4_bf16_codes); F16 and F32 take the
+// general per-weight path (chunk_codes): a warp takes 32 consecutive chunks (grid-stride over
+// the tensor), lane l loads chunk 32i + l, the 2 (NVFP4) or 4 (MXFP4) lanes of a block reduce
+// its absolute maximum with xor shuffles, every lane stores its 4 code bytes and the block's
+// first lane its scale byte.
 //
-// NVFP4's quotient w/f without a division per weight: x = w·r with r = 1/f correctly rounded is
-// within 2 ulps of fl(w/f) (two roundings of relative size 2^-24 each). Every E2M1 decision
-// threshold (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) has a mantissa of at most 3 bits, so unless
-// x lies within 4 ulps of such a number, fl(w/f) is on the same side of every threshold and
-// codes the same; the rare weights that do (and any non-finite x) are redone with the division.
+// The general path's NVFP4 quotient w/f without a division per weight: x = w·r with r = 1/f
+// correctly rounded is within 2 ulps of fl(w/f) (two roundings of relative size 2^-24 each).
+// Every E2M1 decision threshold (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) has a mantissa of at most
+// 3 bits, so unless x lies within 4 ulps of such a number, fl(w/f) is on the same side of every
+// threshold and codes the same; the rare weights that do (and any non-finite x) are redone with
+// the division. The BF16 path instead decides per scale byte, before the loop, whether its
+// cheaper arithmetic is exact for every BF16 weight (nvfp4_entry), and sends the blocks of the
+// bytes where it is not to the general path.
 //
 // Non-finite weights are reported like blockwise.cu's kernels: status[0] is lowered to the
 // lowest flat index of one (atomicMin), and the host turns it into the CPU's error.
@@ -364,12 +369,12 @@ __device__ __forceinline__ unsigned int nvfp4_bf16_codes(const Chunk<IN_BF16>& x
     return signed_codes(x, mag);
 }
 
-// fp4_chunk codes a chunk of a block whose absolute maximum has the finite float bits amax and
-// sets byte to the block's scale byte: the BF16 fast paths where they apply, else
+// fp4_chunks codes m chunks of one block whose absolute maximum has the finite float bits amax
+// into out and sets byte to the block's scale byte: the BF16 fast paths where they apply, else
 // chunk_codes_general.
-template <int DT, bool NV>
-__device__ __forceinline__ unsigned int fp4_chunk(const Chunk<DT>& x, unsigned int amax, float g, const NVEntry* table,
-                                                  unsigned int& byte) {
+template <int DT, bool NV, int M>
+__device__ __forceinline__ void fp4_chunks(const Chunk<DT>* x, unsigned int amax, float g, const NVEntry* table,
+                                           unsigned int& byte, unsigned int* out) {
     if constexpr (DT == IN_BF16) {
         if constexpr (NV) {
             unsigned int s = e4m3_byte(__fmul_rn(g, nvfp4_bf16_div6(__uint_as_float(amax))));
@@ -377,22 +382,60 @@ __device__ __forceinline__ unsigned int fp4_chunk(const Chunk<DT>& x, unsigned i
             const NVEntry e = table[s];
             if (e.r != 0.0f) {
                 byte = s;
-                return nvfp4_bf16_codes(x, e);
+#pragma unroll
+                for (int i = 0; i < M; i++) out[i] = nvfp4_bf16_codes(x[i], e);
+                return;
             }
         } else {
             const unsigned int e = (unsigned int)max((int)(amax >> 23) - 2, 0);
             if (e >= 3u) {
                 byte = e;
-                return mxfp4_bf16_codes(x, e);
+#pragma unroll
+                for (int i = 0; i < M; i++) out[i] = mxfp4_bf16_codes(x[i], e);
+                return;
             }
         }
     }
-    return chunk_codes_general<DT, NV>(x, amax, g, byte);
+#pragma unroll
+    for (int i = 0; i < M; i++) out[i] = chunk_codes_general<DT, NV>(x[i], amax, g, byte);
+}
+
+// fp4_bf16_loop is fp4_kernel's loop for BF16: a lane takes 16 consecutive weights (two chunks,
+// 32 bytes: a whole NVFP4 block, half an MXFP4 one), a warp 512 weights in a row per step, so
+// that NVFP4's block work is done once per block and the codes leave as one 8-byte store.
+template <bool NV>
+__device__ __forceinline__ void fp4_bf16_loop(const void* w, unsigned int n, float g, const NVEntry* table,
+                                              unsigned int* codes, unsigned char* scales, u64* status) {
+    const unsigned int lane = threadIdx.x & 31, pairs = n / 2;  // n is even (NVFP4) or a multiple of 4
+    const unsigned int step = gridDim.x * FP4_THREADS;
+    for (unsigned int p0 = blockIdx.x * FP4_THREADS + (threadIdx.x & ~31u); p0 < pairs; p0 += step) {
+        const unsigned int p = p0 + lane;
+        Chunk<IN_BF16> x[2] = {};
+        if (p < pairs) {
+            load_chunk<IN_BF16>(w, 2 * p, x[0]);
+            load_chunk<IN_BF16>(w, 2 * p + 1, x[1]);
+        }
+        unsigned int amax = max(chunk_absmax<IN_BF16>(x[0]), chunk_absmax<IN_BF16>(x[1]));
+        if (!NV) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // an MXFP4 block is two lanes'
+        if (p >= pairs) continue;
+        if (amax >= 0x7f800000u) {  // a non-finite weight in the block: report it; codes do not matter
+            report_bad<IN_BF16>(x[0], 2 * p, status);
+            report_bad<IN_BF16>(x[1], 2 * p + 1, status);
+            continue;
+        }
+        unsigned int byte, out[2];
+        fp4_chunks<IN_BF16, NV, 2>(x, amax, g, table, byte, out);
+        reinterpret_cast<uint2*>(codes)[p] = make_uint2(out[0], out[1]);
+        if (NV) scales[p] = (unsigned char)byte;
+        else if ((lane & 1) == 0) scales[p / 2] = (unsigned char)byte;
+    }
 }
 
 // fp4_kernel quantizes the chunks of W. amax_or_g holds G when have_g, else the bits of
-// amax(W) (bw_fp4_amax's result); NVFP4 writes the G it used to global_out. A warp handles two
-// runs of 32 chunks per step, so that each lane has two 16-byte loads in flight.
+// amax(W) (bw_fp4_amax's result); NVFP4 writes the G it used to global_out. BF16 takes
+// fp4_bf16_loop; for F16 and F32 a warp handles two runs of 32 chunks per step, so that each
+// lane has two loads in flight, and the 2 (NVFP4) or 4 (MXFP4) lanes of a block reduce its
+// absolute maximum with xor shuffles.
 template <int DT, bool NV>
 __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsigned int* amax_or_g, int have_g,
                                            unsigned int* codes, unsigned char* scales, float* global_out, u64* status) {
@@ -409,6 +452,10 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
         __syncthreads();
     }
     const unsigned int n = (unsigned int)chunks;  // < 2^31 (checkFP4Job): no index below wraps
+    if constexpr (DT == IN_BF16) {
+        fp4_bf16_loop<NV>(w, n, g, table, codes, scales, status);
+        return;
+    }
     const unsigned int warps = gridDim.x * (FP4_THREADS / 32);
     for (unsigned int wc = blockIdx.x * (FP4_THREADS / 32) + (threadIdx.x >> 5); wc * 32 < n; wc += runs * warps) {
         Chunk<DT> x[runs];
@@ -433,7 +480,7 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
                 continue;
             }
             unsigned int byte;
-            codes[c[i]] = fp4_chunk<DT, NV>(x[i], amax[i], g, table, byte);
+            fp4_chunks<DT, NV, 1>(&x[i], amax[i], g, table, byte, &codes[c[i]]);
             if ((lane & (lanes_per_block - 1)) == 0) scales[c[i] / lanes_per_block] = (unsigned char)byte;
         }
     }

@@ -31,6 +31,10 @@ static host_dim3 blockIdx, blockDim, threadIdx, gridDim;
 struct uint4 {
     unsigned int x, y, z, w;
 };
+struct uint2 {
+    unsigned int x, y;
+};
+static inline uint2 make_uint2(unsigned int x, unsigned int y) { return uint2{x, y}; }
 
 using std::max;
 using std::min;

@@ -5,7 +5,7 @@
 //   fp4-host exhaustive G...
 // NV is 1 for NVFP4, 0 for MXFP4; DTYPE 0 (BF16), 1 (F16) or 2 (F32) as the kernels number
 // them; W the N·K raw weights; G the global scale's float bits in hex (0: from the tensor).
-// Each block's chunks are coded with the kernel's fp4_chunk (the BF16 fast paths included, with
+// Each block's chunks are coded two by two with the kernel's fp4_chunks (the BF16 fast paths included, with
 // the NVFP4 scale table built as each thread block builds it), its absmax is their max as the
 // kernel's shuffles take it, and G comes from the same amax the amax kernel reduces. Outputs:
 // codes (N·K/2 bytes), scale bytes (N·K/block) and G as float32 (NVFP4).
@@ -40,7 +40,7 @@ static void run(const void* w, u64 chunks, unsigned int g_bits, std::vector<unsi
             exit(5);
         }
         unsigned int byte = 0;
-        for (int i = 0; i < per; i++) codes[b * per + i] = fp4_chunk<DT, NV>(x[i], amax, g, table, byte);
+        for (int i = 0; i < per; i += 2) fp4_chunks<DT, NV, 2>(&x[i], amax, g, table, byte, &codes[b * per + i]);
         scales[b] = (unsigned char)byte;
     }
 }
