@@ -70,13 +70,17 @@ __device__ __forceinline__ unsigned int f16x2_max(unsigned int a, unsigned int b
 }
 #endif
 
-// e4m3_byte is fp.F32ToE4M3 for v ≥ 0 (a block scale): round to nearest even, saturating at 448.
+// e4m3_byte is fp.F32ToE4M3 for v ≥ 0 (a block scale, +Inf included): round to nearest even,
+// saturating at 448, without branches. From 2^-6 on, the float32 mantissa rounded to 3 bits
+// (ties to even) in integer steps; below, subnormal steps of 2^-9: v·512 (exact) rounded to an
+// integer by adding 2^23 in one fused rounding. Anything from 448 on (Inf too) gives at least
+// 0x7e before the saturation. Equal to the branching form for every non-negative float32
+// (checked exhaustively).
 __device__ __forceinline__ unsigned int e4m3_byte(float v) {
-    if (v >= 448.0f) return 0x7eu;
     const unsigned int u = __float_as_uint(v);
-    if (u < 0x3c800000u) return (unsigned int)rintf(__fmul_rn(v, 512.0f));  // below 2^-6: subnormal steps of 2^-9 (exact product)
-    const unsigned int r = u + 0x7ffffu + ((u >> 20) & 1u);                  // the mantissa rounded to 3 bits, ties to even
-    return (r >> 20) - ((127u - 7u) << 3);
+    const unsigned int normal = ((u + 0x7ffffu + ((u >> 20) & 1u)) >> 20) - ((127u - 7u) << 3);
+    const unsigned int sub = __float_as_uint(__fmaf_rn(v, 512.0f, 8388608.0f)) - 0x4b000000u;
+    return min(u < 0x3c800000u ? sub : normal, 0x7eu);
 }
 
 // e4m3_value is the value of an E4M3 byte below 0x7f (fp.E4M3ToF32).
@@ -277,12 +281,15 @@ __device__ __forceinline__ unsigned int mxfp4_bf16_codes(const Chunk<IN_BF16>& x
         const unsigned int q = a * 8u + rebase;                                   // F16 x, both lanes
         const unsigned int u = f16x2_max(q, f16x2_fma(q, 0x38003800u, 0x38003800u));  // x'
         const unsigned int v = u + ((u >> 9) & 0x00010001u) + round;              // code in bits 9-11
-        t[j] = v << 3;                                                            // ... in bits 12-14
+        t[j] = (v << 3) | (x.u[j] & 0x80008000u);  // code in bits 12-14, the weight's sign in 15
     }
-    // Gather the codes (high nibble of bytes 1 and 3 of each t) into nibbles 0-7.
+    // Gather the signed codes (high nibble of bytes 1 and 3 of each t) into nibbles 0-7, then
+    // clear the sign of code 0 (fp.F32ToE2M1 codes zero as +0).
     const unsigned int p01 = __byte_perm(t[0], t[1], 0x7531), p23 = __byte_perm(t[2], t[3], 0x7531);
     const unsigned int even = __byte_perm(p01, p23, 0x6420), odd = __byte_perm(p01, p23, 0x7531);
-    return signed_codes(x, ((even >> 4) & 0x07070707u) | (odd & 0x70707070u));
+    const unsigned int codes = ((even >> 4) & 0x0f0f0f0fu) | (odd & 0xf0f0f0f0u);
+    const unsigned int nonzero = ((codes & 0x77777777u) + 0x77777777u) & 0x88888888u;  // bit 3: magnitude ≥ 1
+    return codes & (0x77777777u | nonzero);
 }
 
 // NVEntry is what the NVFP4 BF16 path needs of one scale byte s under global scale G: r = 1/f
@@ -465,8 +472,7 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
             c[i] = (wc + i * warps) * 32 + lane;
             x[i] = Chunk<DT>{};
             if (c[i] < n) load_chunk<DT>(w, c[i], x[i]);
-            amax[i] = chunk_absmax<DT>(x[i]);  // 0 past the end; computed here for every lane so
-                                               // that the coding reuses its magnitudes
+            amax[i] = chunk_absmax<DT>(x[i]);  // 0 past the end
         }
 #pragma unroll
         for (int i = 0; i < runs; i++) {
@@ -512,7 +518,7 @@ __device__ __forceinline__ void fp4_amax_kernel(const void* w, u64 chunks, unsig
 #define FP4_ARGS w, chunks, amax_or_g, have_g, codes, scales, global_out, status
 
 #define FP4_ENTRIES(suffix, DTV)                                                                       \
-    extern "C" __global__ void __launch_bounds__(FP4_THREADS) bw_fp4_nvfp4##suffix(FP4_PARAMS) {       \
+    extern "C" __global__ void __launch_bounds__(FP4_THREADS, 4) bw_fp4_nvfp4##suffix(FP4_PARAMS) {    \
         fp4_kernel<DTV, true>(FP4_ARGS);                                                               \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(FP4_THREADS) bw_fp4_mxfp4##suffix(FP4_PARAMS) {       \
