@@ -39,16 +39,15 @@ static inline uint2 make_uint2(unsigned int x, unsigned int y) { return uint2{x,
 using std::max;
 using std::min;
 
-static inline float __uint_as_float(unsigned int u) {
-    float v;
-    memcpy(&v, &u, 4);
-    return v;
+// bits_as reinterprets the bits of v as a To of the same size.
+template <typename To, typename From> static inline To bits_as(From v) {
+    static_assert(sizeof(To) == sizeof(From), "sizes differ");
+    To t;
+    memcpy(&t, &v, sizeof t);
+    return t;
 }
-static inline unsigned int __float_as_uint(float v) {
-    unsigned int u;
-    memcpy(&u, &v, 4);
-    return u;
-}
+static inline float __uint_as_float(unsigned int u) { return bits_as<float>(u); }
+static inline unsigned int __float_as_uint(float v) { return bits_as<unsigned int>(v); }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
 static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
 static inline float __frcp_rn(float a) { volatile float r = 1.0f / a; return r; }
@@ -93,17 +92,8 @@ static inline unsigned int bf16x2_max_nan(unsigned int a, unsigned int b) {
 static inline unsigned int bf16x2_max(unsigned int a, unsigned int b) { return bf16x2_pick(a, b, [](float x, float y) { return y > x; }); }
 static inline unsigned int bf16x2_min(unsigned int a, unsigned int b) { return bf16x2_pick(a, b, [](float x, float y) { return y < x; }); }
 
-static inline _Float16 f16_lane(unsigned int w, int lane) {
-    const unsigned short s = (unsigned short)(w >> (16 * lane));
-    _Float16 h;
-    memcpy(&h, &s, 2);
-    return h;
-}
-static inline unsigned int f16_bits(_Float16 h) {
-    unsigned short s;
-    memcpy(&s, &h, 2);
-    return s;
-}
+static inline _Float16 f16_lane(unsigned int w, int lane) { return bits_as<_Float16>((unsigned short)(w >> (16 * lane))); }
+static inline unsigned int f16_bits(_Float16 h) { return bits_as<unsigned short>(h); }
 static inline unsigned int f16x2_fma(unsigned int a, unsigned int b, unsigned int c) {
     unsigned int d = 0;
     for (int lane = 0; lane < 2; lane++) {
