@@ -150,6 +150,14 @@ __device__ __forceinline__ float chunk_at(const Chunk<DT>& x, int j) {
     }
 }
 
+// bf16x2_absmax is the lane-wise maximum of a BF16 chunk's magnitudes (packed BF16 max, NaN
+// kept as 0x7fff); bf16_absmax_bits turns such a pair of lanes into the float32 bits of their max.
+__device__ __forceinline__ unsigned int bf16x2_absmax(const Chunk<IN_BF16>& x) {
+    const unsigned int m = bf16x2_max_nan(x.u[0] & 0x7fff7fffu, x.u[1] & 0x7fff7fffu);
+    return bf16x2_max_nan(m, bf16x2_max_nan(x.u[2] & 0x7fff7fffu, x.u[3] & 0x7fff7fffu));
+}
+__device__ __forceinline__ unsigned int bf16_absmax_bits(unsigned int m) { return bf16x2_max_nan(m, m >> 16) << 16; }
+
 // chunk_absmax returns the largest |w| of a chunk as float32 bits (non-negative floats order as
 // their bits), which exceed 0x7f7fffff exactly when a weight is not finite.
 template <int DT>
@@ -159,10 +167,7 @@ __device__ __forceinline__ unsigned int chunk_absmax(const Chunk<DT>& x) {
 #pragma unroll
         for (int j = 0; j < 8; j++) m = max(m, x.u[j] & 0x7fffffffu);
     } else if constexpr (DT == IN_BF16) {
-        // Packed BF16 maxima of the magnitudes, NaN kept (as 0x7fff): lane 0 ends with the max.
-#pragma unroll
-        for (int j = 0; j < 4; j++) m = bf16x2_max_nan(m, x.u[j] & 0x7fff7fffu);
-        m = bf16x2_max_nan(m, m >> 16) << 16;
+        m = bf16_absmax_bits(bf16x2_absmax(x));
     } else {
 #pragma unroll
         for (int j = 0; j < 4; j++) m = __vmaxu2(m, x.u[j] & 0x7fff7fffu);  // both halves at once
@@ -422,7 +427,7 @@ __device__ __forceinline__ void fp4_bf16_loop(const void* w, unsigned int n, flo
             load_chunk<IN_BF16>(w, 2 * p, x[0]);
             load_chunk<IN_BF16>(w, 2 * p + 1, x[1]);
         }
-        unsigned int amax = max(chunk_absmax<IN_BF16>(x[0]), chunk_absmax<IN_BF16>(x[1]));
+        unsigned int amax = bf16_absmax_bits(bf16x2_max_nan(bf16x2_absmax(x[0]), bf16x2_absmax(x[1])));
         if (!NV) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // an MXFP4 block is two lanes'
         if (p >= pairs) continue;
         if (amax >= 0x7f800000u) {  // a non-finite weight in the block: report it; codes do not matter
