@@ -522,6 +522,8 @@ __device__ __forceinline__ void fp4_amax_kernel(const void* w, u64 chunks, unsig
         unsigned char *scales, float *global_out, u64 *status
 #define FP4_ARGS w, chunks, amax_or_g, have_g, codes, scales, global_out, status
 
+// The NVFP4 kernels promise 4 resident blocks of 256 threads (at most 64 registers): the host
+// launches one wave of 4 a multiprocessor (blockwise.fp4NVFP4BlocksPerSM).
 #define FP4_ENTRIES(suffix, DTV)                                                                       \
     extern "C" __global__ void __launch_bounds__(FP4_THREADS, 4) bw_fp4_nvfp4##suffix(FP4_PARAMS) {    \
         fp4_kernel<DTV, true>(FP4_ARGS);                                                               \
