@@ -8,14 +8,20 @@
 //     microscaled.cu's inline assembly out), lane by lane in float (the F16 FMA's product and
 //     sum exact in double, then one rounding), and the byte permute, funnel shift and directed
 //     float64 → float32 conversions;
-//   - the warp and atomic built-ins exist only so that the kernels compile: the host driver runs
-//     the kernels' per-block arithmetic sequentially and never calls them.
+//   - thread blocks run as FP4_THREADS std::threads (host_launch): blockIdx and threadIdx are
+//     thread-local, __syncthreads waits for the block, __shfl_xor_sync swaps through the warp's
+//     slots between two waits for its 32 threads, atomics take a lock, __shared__ is static
+//     (blocks run one after another). Build with -std=c++20 -pthread.
 #pragma once
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #define __device__
 #define __global__
@@ -27,7 +33,8 @@
 struct host_dim3 {
     unsigned x, y, z;
 };
-static host_dim3 blockIdx, blockDim, threadIdx, gridDim;
+static thread_local host_dim3 blockIdx, threadIdx;
+static host_dim3 blockDim, gridDim;
 struct uint4 {
     unsigned int x, y, z, w;
 };
@@ -67,11 +74,64 @@ static inline __half __ushort_as_half(unsigned short s) {
 static inline float __half2float(__half h) { return (float)h.h; }
 
 template <typename T> static inline T __ldg(const T* p) { return *p; }
-template <typename T> static inline T __shfl_xor_sync(unsigned, T, int) { abort(); }
-static inline unsigned long long atomicMin(unsigned long long*, unsigned long long) { abort(); }
-static inline unsigned int atomicMax(unsigned int*, unsigned int) { abort(); }
 
-static inline void __syncthreads() {}
+// HostBlock is the running thread block's synchronisation: one barrier for __syncthreads, one
+// per warp and a slot per thread for the shuffles.
+struct HostBlock {
+    std::barrier<> all;
+    std::vector<std::barrier<>*> warps;
+    std::vector<unsigned long long> slot;
+    explicit HostBlock(unsigned threads) : all(threads), slot(threads) {
+        for (unsigned w = 0; w < threads / 32; w++) warps.push_back(new std::barrier<>(32));
+    }
+    ~HostBlock() {
+        for (auto* w : warps) delete w;
+    }
+};
+static HostBlock* host_block;
+static std::mutex host_atomics;
+
+template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int off) {
+    const unsigned t = threadIdx.x, w = t / 32;
+    host_block->slot[t] = (unsigned long long)v;
+    host_block->warps[w]->arrive_and_wait();
+    const T r = (T)host_block->slot[(t & ~31u) | ((t & 31u) ^ (unsigned)off)];
+    host_block->warps[w]->arrive_and_wait();
+    return r;
+}
+static inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
+    std::lock_guard<std::mutex> l(host_atomics);
+    const unsigned long long old = *p;
+    *p = std::min(old, v);
+    return old;
+}
+static inline unsigned int atomicMax(unsigned int* p, unsigned int v) {
+    std::lock_guard<std::mutex> l(host_atomics);
+    const unsigned int old = *p;
+    *p = std::max(old, v);
+    return old;
+}
+
+// host_launch runs kernel(args...) on a grid of blocks × threads, one block at a time.
+template <typename F, typename... A> static void host_launch(unsigned blocks, unsigned threads, F kernel, A... args) {
+    gridDim = host_dim3{blocks, 1, 1};
+    blockDim = host_dim3{threads, 1, 1};
+    for (unsigned b = 0; b < blocks; b++) {
+        HostBlock block(threads);
+        host_block = &block;
+        std::vector<std::thread> run;
+        for (unsigned t = 0; t < threads; t++)
+            run.emplace_back([=] {
+                blockIdx = host_dim3{b, 0, 0};
+                threadIdx = host_dim3{t, 0, 0};
+                kernel(args...);
+            });
+        for (auto& r : run) r.join();
+        host_block = nullptr;
+    }
+}
+
+static inline void __syncthreads() { host_block->all.arrive_and_wait(); }
 
 static inline float bf16_lane(unsigned int w, int lane) { return __uint_as_float((w >> (16 * lane) & 0xffffu) << 16); }
 static inline unsigned int bf16x2_pick(unsigned int a, unsigned int b, bool (*take_b)(float, float)) {

@@ -1,7 +1,8 @@
 // Runs microscaled.cu's FP4 arithmetic on the CPU, block after block, for blockwise's
 // TestFP4KernelOnCPU:
-//   c++ -O2 -ffp-contract=off -std=c++17 -I kernels/host -I kernels -o fp4-host kernels/host/microscaled_host.cpp
+//   c++ -O2 -ffp-contract=off -std=c++20 -pthread -I kernels/host -I kernels -o fp4-host kernels/host/microscaled_host.cpp
 //   fp4-host NV N K DTYPE G < W > CODES SCALES GLOBAL
+//   fp4-host kernel NV N K DTYPE G BLOCKS < W > CODES SCALES GLOBAL STATUS
 //   fp4-host exhaustive G...
 // NV is 1 for NVFP4, 0 for MXFP4; DTYPE 0 (BF16), 1 (F16) or 2 (F32) as the kernels number
 // them; W the N·K raw weights; G the global scale's float bits in hex (0: from the tensor).
@@ -100,8 +101,40 @@ static int exhaustive(int n, char** gs) {
     return 0;
 }
 
+// kernel runs the kernels themselves on a grid of the given number of thread blocks (each one
+// FP4_THREADS threads, host_launch): bw_fp4_amax first when NVFP4's G is not given, then the
+// quantization kernel, as blockwise.GPUQuantizer launches them. Outputs codes, scale bytes, G
+// (NVFP4) and the status word (the flat index of the first non-finite weight, else all ones).
+static int kernel(int nv, int n, int k, int dt, unsigned int g_bits, unsigned int blocks) {
+    const size_t size = (size_t)n * k * (dt == IN_F32 ? 4 : 2);
+    std::vector<unsigned char> w(size + 16);
+    void* wp = (void*)(((uintptr_t)w.data() + 15) & ~(uintptr_t)15);
+    if (fread(wp, 1, size, stdin) != size) return 3;
+    const u64 chunks = (u64)n * k / 8;
+    std::vector<unsigned int> codes(chunks);
+    std::vector<unsigned char> scales((size_t)n * k / (nv ? 16 : 32));
+    float global = 0;
+    u64 status = ~0ull;
+    unsigned int word = g_bits;
+    typedef void (*quantize)(const void*, u64, const unsigned int*, int, unsigned int*, unsigned char*, float*, u64*);
+    typedef void (*amax)(const void*, u64, unsigned int*);
+    const quantize q[2][3] = {{bw_fp4_mxfp4_bf16, bw_fp4_mxfp4_f16, bw_fp4_mxfp4_f32}, {bw_fp4_nvfp4_bf16, bw_fp4_nvfp4_f16, bw_fp4_nvfp4_f32}};
+    const amax a[3] = {bw_fp4_amax_bf16, bw_fp4_amax_f16, bw_fp4_amax_f32};
+    if (nv && g_bits == 0) host_launch(blocks, FP4_THREADS, a[dt], (const void*)wp, chunks, &word);
+    host_launch(blocks, FP4_THREADS, q[nv][dt], (const void*)wp, chunks, (const unsigned int*)&word, (int)(g_bits != 0), codes.data(),
+                scales.data(), &global, &status);
+    bool ok = fwrite(codes.data(), 4, codes.size(), stdout) == codes.size() &&
+              fwrite(scales.data(), 1, scales.size(), stdout) == scales.size();
+    if (nv) ok = ok && fwrite(&global, 4, 1, stdout) == 1;
+    ok = ok && fwrite(&status, 8, 1, stdout) == 1;
+    return ok ? 0 : 4;
+}
+
 int main(int argc, char** argv) {
     if (argc >= 2 && strcmp(argv[1], "exhaustive") == 0) return exhaustive(argc - 2, argv + 2);
+    if (argc == 8 && strcmp(argv[1], "kernel") == 0)
+        return kernel(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), (unsigned int)strtoul(argv[6], nullptr, 16),
+                      (unsigned int)atoi(argv[7]));
     if (argc != 6) return 2;
     const int nv = atoi(argv[1]), n = atoi(argv[2]), k = atoi(argv[3]), dt = atoi(argv[4]);
     const unsigned int g_bits = (unsigned int)strtoul(argv[5], nullptr, 16);
