@@ -412,34 +412,62 @@ __device__ __forceinline__ void fp4_chunks(const Chunk<DT>* x, unsigned int amax
     for (int i = 0; i < M; i++) out[i] = chunk_codes_general<DT, NV>(x[i], amax, g, byte);
 }
 
-// fp4_bf16_loop is fp4_kernel's loop for BF16: a lane takes 16 consecutive weights (two chunks,
-// 32 bytes: a whole NVFP4 block, half an MXFP4 one), a warp 512 weights in a row per step, so
-// that NVFP4's block work is done once per block and the codes leave as one 8-byte store.
+// load_pair loads pair p (chunks 2p and 2p + 1) into x when p < pairs, else leaves x zero.
+__device__ __forceinline__ void load_pair(const void* w, unsigned int p, unsigned int pairs, Chunk<IN_BF16>* x) {
+    x[0] = Chunk<IN_BF16>{};
+    x[1] = Chunk<IN_BF16>{};
+    if (p < pairs) {
+        load_chunk<IN_BF16>(w, 2 * p, x[0]);
+        load_chunk<IN_BF16>(w, 2 * p + 1, x[1]);
+    }
+}
+
+// code_pair codes pair p (x, its 16 weights) of fp4_bf16_loop.
+template <bool NV>
+__device__ __forceinline__ void code_pair(const Chunk<IN_BF16>* x, unsigned int p, unsigned int pairs, float g, const NVEntry* table,
+                                          unsigned int* codes, unsigned char* scales, u64* status) {
+    unsigned int amax = bf16_absmax_bits(bf16x2_max_nan(bf16x2_absmax(x[0]), bf16x2_absmax(x[1])));
+    if (!NV) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // an MXFP4 block is two lanes'
+    if (p >= pairs) return;
+    if (amax >= 0x7f800000u) {  // a non-finite weight in the block: report it; codes do not matter
+        report_bad<IN_BF16>(x[0], 2 * p, status);
+        report_bad<IN_BF16>(x[1], 2 * p + 1, status);
+        return;
+    }
+    unsigned int byte, out[2];
+    fp4_chunks<IN_BF16, NV, 2>(x, amax, g, table, byte, out);
+    reinterpret_cast<uint2*>(codes)[p] = make_uint2(out[0], out[1]);
+    if (NV) scales[p] = (unsigned char)byte;
+    else if ((p & 1) == 0) scales[p / 2] = (unsigned char)byte;
+}
+
+// fp4_bf16_loop is fp4_kernel's loop for BF16: a lane takes 16 consecutive weights (a pair of
+// chunks, 32 bytes: a whole NVFP4 block, half an MXFP4 one), a warp 512 weights in a row per
+// step, so that NVFP4's block work is done once per block and the codes leave as one 8-byte
+// store. NVFP4 loads the next step's pair before it codes this one, so that each lane keeps 32
+// bytes in flight while it computes: its kernels run 4 blocks of 256 threads a multiprocessor
+// (63 registers), MXFP4's 8 (40 registers with that prefetch, which would leave room for 6).
 template <bool NV>
 __device__ __forceinline__ void fp4_bf16_loop(const void* w, unsigned int n, float g, const NVEntry* table,
                                               unsigned int* codes, unsigned char* scales, u64* status) {
     const unsigned int lane = threadIdx.x & 31, pairs = n / 2;  // n is even (NVFP4) or a multiple of 4
     const unsigned int step = gridDim.x * FP4_THREADS;
-    for (unsigned int p0 = blockIdx.x * FP4_THREADS + (threadIdx.x & ~31u); p0 < pairs; p0 += step) {
-        const unsigned int p = p0 + lane;
-        Chunk<IN_BF16> x[2] = {};
-        if (p < pairs) {
-            load_chunk<IN_BF16>(w, 2 * p, x[0]);
-            load_chunk<IN_BF16>(w, 2 * p + 1, x[1]);
+    unsigned int p0 = blockIdx.x * FP4_THREADS + (threadIdx.x & ~31u);
+    Chunk<IN_BF16> x[2];
+    if constexpr (NV) {
+        Chunk<IN_BF16> next[2];
+        load_pair(w, p0 + lane, pairs, x);
+        for (; p0 < pairs; p0 += step) {
+            load_pair(w, p0 + step + lane, pairs, next);
+            code_pair<NV>(x, p0 + lane, pairs, g, table, codes, scales, status);
+            x[0] = next[0];
+            x[1] = next[1];
         }
-        unsigned int amax = bf16_absmax_bits(bf16x2_max_nan(bf16x2_absmax(x[0]), bf16x2_absmax(x[1])));
-        if (!NV) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // an MXFP4 block is two lanes'
-        if (p >= pairs) continue;
-        if (amax >= 0x7f800000u) {  // a non-finite weight in the block: report it; codes do not matter
-            report_bad<IN_BF16>(x[0], 2 * p, status);
-            report_bad<IN_BF16>(x[1], 2 * p + 1, status);
-            continue;
+    } else {
+        for (; p0 < pairs; p0 += step) {
+            load_pair(w, p0 + lane, pairs, x);
+            code_pair<NV>(x, p0 + lane, pairs, g, table, codes, scales, status);
         }
-        unsigned int byte, out[2];
-        fp4_chunks<IN_BF16, NV, 2>(x, amax, g, table, byte, out);
-        reinterpret_cast<uint2*>(codes)[p] = make_uint2(out[0], out[1]);
-        if (NV) scales[p] = (unsigned char)byte;
-        else if ((lane & 1) == 0) scales[p / 2] = (unsigned char)byte;
     }
 }
 
