@@ -101,15 +101,23 @@ static int exhaustive(int n, char** gs) {
     return 0;
 }
 
+// read_weights reads the N·K raw weights from stdin into buf, 16-byte aligned (the kernels load
+// 16 bytes at a time), and returns where they start, or nullptr when stdin is short.
+static void* read_weights(int n, int k, int dt, std::vector<unsigned char>& buf) {
+    const size_t size = (size_t)n * k * (dt == IN_F32 ? 4 : 2);
+    buf.resize(size + 16);
+    void* wp = (void*)(((uintptr_t)buf.data() + 15) & ~(uintptr_t)15);
+    return fread(wp, 1, size, stdin) == size ? wp : nullptr;
+}
+
 // kernel runs the kernels themselves on a grid of the given number of thread blocks (each one
 // FP4_THREADS threads, host_launch): bw_fp4_amax first when NVFP4's G is not given, then the
 // quantization kernel, as blockwise.GPUQuantizer launches them. Outputs codes, scale bytes, G
 // (NVFP4) and the status word (the flat index of the first non-finite weight, else all ones).
 static int kernel(int nv, int n, int k, int dt, unsigned int g_bits, unsigned int blocks) {
-    const size_t size = (size_t)n * k * (dt == IN_F32 ? 4 : 2);
-    std::vector<unsigned char> w(size + 16);
-    void* wp = (void*)(((uintptr_t)w.data() + 15) & ~(uintptr_t)15);
-    if (fread(wp, 1, size, stdin) != size) return 3;
+    std::vector<unsigned char> w;
+    void* wp = read_weights(n, k, dt, w);
+    if (wp == nullptr) return 3;
     const u64 chunks = (u64)n * k / 8;
     std::vector<unsigned int> codes(chunks);
     std::vector<unsigned char> scales((size_t)n * k / (nv ? 16 : 32));
@@ -138,10 +146,9 @@ int main(int argc, char** argv) {
     if (argc != 6) return 2;
     const int nv = atoi(argv[1]), n = atoi(argv[2]), k = atoi(argv[3]), dt = atoi(argv[4]);
     const unsigned int g_bits = (unsigned int)strtoul(argv[5], nullptr, 16);
-    const size_t size = (size_t)n * k * (dt == IN_F32 ? 4 : 2);
-    std::vector<unsigned char> w(size + 16);  // 16-byte loads: keep the buffer aligned and whole
-    void* wp = (void*)(((uintptr_t)w.data() + 15) & ~(uintptr_t)15);
-    if (fread(wp, 1, size, stdin) != size) return 3;
+    std::vector<unsigned char> w;
+    void* wp = read_weights(n, k, dt, w);
+    if (wp == nullptr) return 3;
     const u64 chunks = (u64)n * k / 8;
     std::vector<unsigned int> codes(chunks);
     std::vector<unsigned char> scales((size_t)n * k / (nv ? 16 : 32));
