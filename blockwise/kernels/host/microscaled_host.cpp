@@ -110,40 +110,27 @@ static void* read_weights(int n, int k, int dt, std::vector<unsigned char>& buf)
     return fread(wp, 1, size, stdin) == size ? wp : nullptr;
 }
 
-// kernel runs the kernels themselves on a grid of the given number of thread blocks (each one
+// launch runs the kernels themselves on a grid of the given number of thread blocks (each one
 // FP4_THREADS threads, host_launch): bw_fp4_amax first when NVFP4's G is not given, then the
-// quantization kernel, as blockwise.GPUQuantizer launches them. Outputs codes, scale bytes, G
-// (NVFP4) and the status word (the flat index of the first non-finite weight, else all ones).
-static int kernel(int nv, int n, int k, int dt, unsigned int g_bits, unsigned int blocks) {
-    std::vector<unsigned char> w;
-    void* wp = read_weights(n, k, dt, w);
-    if (wp == nullptr) return 3;
-    const u64 chunks = (u64)n * k / 8;
-    std::vector<unsigned int> codes(chunks);
-    std::vector<unsigned char> scales((size_t)n * k / (nv ? 16 : 32));
-    float global = 0;
-    u64 status = ~0ull;
-    unsigned int word = g_bits;
+// quantization kernel, as blockwise.GPUQuantizer launches them; status ends as the flat index
+// of the first non-finite weight, or all ones.
+static void launch(int nv, int dt, const void* w, u64 chunks, unsigned int g_bits, unsigned int blocks, std::vector<unsigned int>& codes,
+                   std::vector<unsigned char>& scales, float& g, u64& status) {
     typedef void (*quantize)(const void*, u64, const unsigned int*, int, unsigned int*, unsigned char*, float*, u64*);
     typedef void (*amax)(const void*, u64, unsigned int*);
     const quantize q[2][3] = {{bw_fp4_mxfp4_bf16, bw_fp4_mxfp4_f16, bw_fp4_mxfp4_f32}, {bw_fp4_nvfp4_bf16, bw_fp4_nvfp4_f16, bw_fp4_nvfp4_f32}};
     const amax a[3] = {bw_fp4_amax_bf16, bw_fp4_amax_f16, bw_fp4_amax_f32};
-    if (nv && g_bits == 0) host_launch(blocks, FP4_THREADS, a[dt], (const void*)wp, chunks, &word);
-    host_launch(blocks, FP4_THREADS, q[nv][dt], (const void*)wp, chunks, (const unsigned int*)&word, (int)(g_bits != 0), codes.data(),
-                scales.data(), &global, &status);
-    bool ok = fwrite(codes.data(), 4, codes.size(), stdout) == codes.size() &&
-              fwrite(scales.data(), 1, scales.size(), stdout) == scales.size();
-    if (nv) ok = ok && fwrite(&global, 4, 1, stdout) == 1;
-    ok = ok && fwrite(&status, 8, 1, stdout) == 1;
-    return ok ? 0 : 4;
+    unsigned int word = g_bits;
+    status = ~0ull;
+    if (nv && g_bits == 0) host_launch(blocks, FP4_THREADS, a[dt], w, chunks, &word);
+    host_launch(blocks, FP4_THREADS, q[nv][dt], w, chunks, (const unsigned int*)&word, (int)(g_bits != 0), codes.data(), scales.data(), &g, &status);
 }
 
 int main(int argc, char** argv) {
     if (argc >= 2 && strcmp(argv[1], "exhaustive") == 0) return exhaustive(argc - 2, argv + 2);
-    if (argc == 8 && strcmp(argv[1], "kernel") == 0)
-        return kernel(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), (unsigned int)strtoul(argv[6], nullptr, 16),
-                      (unsigned int)atoi(argv[7]));
-    if (argc != 6) return 2;
+    const bool kernels = argc == 8 && strcmp(argv[1], "kernel") == 0;
+    if (kernels) argv++;
+    else if (argc != 6) return 2;
     const int nv = atoi(argv[1]), n = atoi(argv[2]), k = atoi(argv[3]), dt = atoi(argv[4]);
     const unsigned int g_bits = (unsigned int)strtoul(argv[5], nullptr, 16);
     std::vector<unsigned char> w;
@@ -153,7 +140,10 @@ int main(int argc, char** argv) {
     std::vector<unsigned int> codes(chunks);
     std::vector<unsigned char> scales((size_t)n * k / (nv ? 16 : 32));
     float g = 0;
-    if (nv) {
+    u64 status = 0;
+    if (kernels) {
+        launch(nv, dt, wp, chunks, g_bits, (unsigned int)atoi(argv[6]), codes, scales, g, status);
+    } else if (nv) {
         if (dt == IN_BF16) run<IN_BF16, true>(wp, chunks, g_bits, codes, scales, g);
         else if (dt == IN_F16) run<IN_F16, true>(wp, chunks, g_bits, codes, scales, g);
         else run<IN_F32, true>(wp, chunks, g_bits, codes, scales, g);
@@ -165,5 +155,6 @@ int main(int argc, char** argv) {
     bool ok = fwrite(codes.data(), 4, codes.size(), stdout) == codes.size() &&
               fwrite(scales.data(), 1, scales.size(), stdout) == scales.size();
     if (nv) ok = ok && fwrite(&g, 4, 1, stdout) == 1;
+    if (kernels) ok = ok && fwrite(&status, 8, 1, stdout) == 1;
     return ok ? 0 : 4;
 }
