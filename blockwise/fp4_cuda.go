@@ -24,10 +24,13 @@ var (
 )
 
 // fp4Threads is FP4_THREADS of kernels/microscaled.cu; fp4BlocksPerSM the blocks per SM of its
-// grid-stride launches.
+// grid-stride launches, fp4NVFP4BlocksPerSM those of the NVFP4 kernels: their
+// __launch_bounds__ promise that 4 fit at once, so the grid is one wave and each block builds
+// its scale table (BF16) once.
 const (
-	fp4Threads     = 256
-	fp4BlocksPerSM = 8
+	fp4Threads          = 256
+	fp4BlocksPerSM      = 8
+	fp4NVFP4BlocksPerSM = 4
 )
 
 // fp4Kernels are the FP4 kernels (kernels/microscaled.cu), by dtype code. The module is loaded
@@ -85,6 +88,9 @@ func checkFP4Job(j gpuJob, format string) error {
 	if !fp4Format(format) {
 		return fmt.Errorf("tensor %s: the GPU quantizer packs %s in format qpack or compressed-tensors, not %q", j.prefix, j.s, format)
 	}
+	if j.fp4Chunks() >= 1<<31 {
+		return fmt.Errorf("tensor %s: %d×%d weights are more than the FP4 kernels index (2^34)", j.prefix, j.n, j.k)
+	}
 	if j.global != 0 && (j.s.Grid != quant.NVFP4 || !(j.global > 0) || math.IsInf(float64(j.global), 0)) {
 		return fmt.Errorf("tensor %s: global scale %g given for %s (NVFP4 takes a finite positive one)", j.prefix, j.global, j.s)
 	}
@@ -121,8 +127,11 @@ func (j gpuJob) fp4InitWord() []byte {
 func (q *GPUQuantizer) enqueueFP4(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.Stream) error {
 	k := &q.fp4
 	chunks := j.fp4Chunks()
-	blocks := int(min(uint64(q.dev.Info().Multiprocessors*fp4BlocksPerSM), (chunks+fp4Threads-1)/fp4Threads))
-	grid, block := cuda.Dim3{X: max(blocks, 1), Y: 1, Z: 1}, cuda.Dim3{X: fp4Threads, Y: 1, Z: 1}
+	gridOf := func(perSM int) cuda.Dim3 {
+		blocks := int(min(uint64(q.dev.Info().Multiprocessors*perSM), (chunks+fp4Threads-1)/fp4Threads))
+		return cuda.Dim3{X: max(blocks, 1), Y: 1, Z: 1}
+	}
+	grid, block := gridOf(fp4BlocksPerSM), cuda.Dim3{X: fp4Threads, Y: 1, Z: 1}
 	haveG := int32(0)
 	if j.global != 0 {
 		haveG = 1
@@ -135,6 +144,7 @@ func (q *GPUQuantizer) enqueueFP4(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cud
 				return err
 			}
 		}
+		grid = gridOf(fp4NVFP4BlocksPerSM)
 	}
 	return fn.Launch(grid, block, 0, st, ptrs[bufInput], chunks, ptrs[bufParamScale], haveG,
 		ptrs[bufCodes], ptrs[bufScales], ptrs[bufOffsets], ptrs[bufStatus])

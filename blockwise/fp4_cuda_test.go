@@ -224,8 +224,9 @@ func TestGPUFP4Refusals(t *testing.T) {
 // BenchmarkGPUQuantizeFP4 is BenchmarkGPUQuantize's measure (device-resident BF16 inputs, input
 // plus packed output bytes over the median CUDA-event time, against a device-to-device copy of
 // the same inputs in the same run) for NVFP4 with the global scale computed (two reads of W:
-// bw_fp4_amax, then the quantization) and given (one read, as convert gives it), and MXFP4, at
-// 50M and 180M weights. Run with -test.benchtime=1x; each sub-benchmark prints a TABLE line.
+// bw_fp4_amax, then the quantization; its TABLE line also gives the rate with both reads
+// counted) and given (one read, as convert gives it), and MXFP4, at 50M and 180M weights. Run
+// with -test.benchtime=1x; each sub-benchmark prints a TABLE line.
 func BenchmarkGPUQuantizeFP4(b *testing.B) {
 	dev, q := openGPUQuantizer(b)
 	if err := q.fp4.load(dev); err != nil {

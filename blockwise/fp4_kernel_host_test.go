@@ -22,42 +22,96 @@ var hostCXX = flag.String("blockwise.hostcxx", "", "compile kernels/microscaled.
 // TestFP4KernelOnCPU checks the transcription of the FP4 rules in kernels/microscaled.cu without
 // a GPU: the kernel source, compiled for the CPU with kernels/host's stand-ins (each float32
 // operation rounded once), codes whole tensors block by block with the kernels' own functions
-// (absmax, the E4M3 and E8M0 scales, the reciprocal with its division fallback, the E2M1 code),
+// (absmax, the E4M3 and E8M0 scales, the BF16 fast paths with the NVFP4 scale table, and the
+// general path: the reciprocal with its division fallback, the E2M1 code),
 // and must give the CPU reference's bytes for every dtype, both grids, computed and given global
-// scales, on fp4TestWeights (exact ties included). What it cannot check is the warps' indexing
-// and shuffles, nor nvcc's compilation: TestGPUFP4MatchesCPU does on a GPU.
+// scales, on fp4TestWeights (exact ties included); and the BF16 fast paths must code every BF16
+// weight as the general arithmetic does (the harness's exhaustive mode: every MXFP4 scale, every
+// NVFP4 scale byte under ten global scales); and the kernels themselves, run as thread blocks
+// of std::threads (the stand-ins' barriers give __syncthreads and the warps' shuffles), must give
+// the same bytes and report non-finite weights where the CPU does. What it cannot check is
+// nvcc's compilation and the PTX instructions themselves (their stand-ins follow the PTX
+// manual): TestGPUFP4MatchesCPU does on a GPU.
 func TestFP4KernelOnCPU(t *testing.T) {
 	if *hostCXX == "" {
 		t.Skip("-blockwise.hostcxx not set (a C++ compiler to run kernels/microscaled.cu on the CPU)")
 	}
 	bin := filepath.Join(t.TempDir(), "fp4-host")
-	cmd := exec.Command(*hostCXX, "-O2", "-ffp-contract=off", "-std=c++17", "-I", "kernels/host", "-I", "kernels", "-o", bin, "kernels/host/microscaled_host.cpp")
+	cmd := exec.Command(*hostCXX, "-O2", "-ffp-contract=off", "-std=c++20", "-pthread", "-I", "kernels/host", "-I", "kernels", "-o", bin, "kernels/host/microscaled_host.cpp")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v: %v\n%s", cmd, err, out)
 	}
 	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	// The BF16 fast paths against the kernel's general arithmetic on every BF16 weight: every
+	// MXFP4 scale, and the NVFP4 scale bytes the table clears under global scales given (with
+	// exact ties: 1, 3), typical (2688/amax for amax around 0.1), extreme and random.
+	gs := []string{}
+	for _, g := range []float32{1, 3, 1344, 2688 / 0.0731, 1e4, 0.37, 2.5e-30, 7.3e20, float32(math.Exp2(r.Float64()*40 - 10)), float32(math.Exp2(r.Float64()*40 - 10))} {
+		gs = append(gs, fmt.Sprintf("%x", math.Float32bits(g)))
+	}
+	if out, err := exec.Command(bin, append([]string{"exhaustive"}, gs...)...).CombinedOutput(); err != nil {
+		t.Fatalf("exhaustive check of the BF16 fast paths: %v\n%s", err, out)
+	} else {
+		t.Logf("exhaustive check of the BF16 fast paths:\n%s", out)
+	}
+	// run codes raw block by block, then with the kernels themselves on a grid of 2 thread blocks
+	// (grid-stride loops that go round several times), and compares both with the CPU's bytes.
 	run := func(what string, w []float32, n, k, dt int, s quant.Scheme, g float32, raw []byte, want []packing.Raw) {
 		t.Helper()
 		nv := 0
 		if s.Grid == quant.NVFP4 {
 			nv = 1
 		}
-		cmd := exec.Command(bin, fmt.Sprint(nv), fmt.Sprint(n), fmt.Sprint(k), fmt.Sprint(dt), fmt.Sprintf("%x", math.Float32bits(g)))
-		cmd.Stdin = bytes.NewReader(raw)
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("%s: %s: %v", what, bin, err)
+		args := []string{fmt.Sprint(nv), fmt.Sprint(n), fmt.Sprint(k), fmt.Sprint(dt), fmt.Sprintf("%x", math.Float32bits(g))}
+		for _, mode := range [][]string{args, append(append([]string{"kernel"}, args...), "2")} {
+			what := what
+			if mode[0] == "kernel" {
+				what += " (kernels on 2 thread blocks)"
+			}
+			cmd := exec.Command(bin, mode...)
+			cmd.Stdin = bytes.NewReader(raw)
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("%s: %s: %v", what, bin, err)
+			}
+			if mode[0] == "kernel" {
+				if status := binary.LittleEndian.Uint64(out[len(out)-8:]); status != math.MaxUint64 {
+					t.Errorf("%s: non-finite weight reported at %d", what, status)
+				}
+				out = out[:len(out)-8]
+			}
+			codes, scales := out[:n*k/2], out[n*k/2:n*k/2+n*k/s.GroupSize]
+			if !bytes.Equal(codes, want[1].Data) {
+				t.Errorf("%s: codes differ from the CPU's", what)
+			}
+			if !bytes.Equal(scales, want[2].Data) {
+				t.Errorf("%s: scale bytes differ from the CPU's", what)
+			}
+			if nv == 1 && !bytes.Equal(out[len(out)-4:], want[3].Data) {
+				t.Errorf("%s: global scale %v, CPU %v", what, math.Float32frombits(binary.LittleEndian.Uint32(out[len(out)-4:])),
+					math.Float32frombits(binary.LittleEndian.Uint32(want[3].Data)))
+			}
 		}
-		codes, scales := out[:n*k/2], out[n*k/2:n*k/2+n*k/s.GroupSize]
-		if !bytes.Equal(codes, want[1].Data) {
-			t.Errorf("%s: codes differ from the CPU's", what)
-		}
-		if !bytes.Equal(scales, want[2].Data) {
-			t.Errorf("%s: scale bytes differ from the CPU's", what)
-		}
-		if nv == 1 && !bytes.Equal(out[len(out)-4:], want[3].Data) {
-			t.Errorf("%s: global scale %v, CPU %v", what, math.Float32frombits(binary.LittleEndian.Uint32(out[len(out)-4:])),
-				math.Float32frombits(binary.LittleEndian.Uint32(want[3].Data)))
+	}
+	// A non-finite weight: the kernels report the first one's flat index, as the CPU's error (in
+	// an even and in an odd chunk: the BF16 loop's lanes hold two).
+	for dt, dtype := range []string{"BF16", "F16", "F32"} {
+		for nv, s := range []quant.Scheme{quant.MXFP4Scheme, quant.NVFP4Scheme} {
+			for _, col := range []int{70, 78} {
+				const n, k = 16, 128
+				w := fp4TestWeights(r, n, k)
+				w[5*k+col], w[9*k+3] = float32(math.NaN()), float32(math.Inf(1))
+				raw, _ := encodeWeights(w, dtype)
+				cmd := exec.Command(bin, "kernel", fmt.Sprint(nv), fmt.Sprint(n), fmt.Sprint(k), fmt.Sprint(dt), "0", "2")
+				cmd.Stdin = bytes.NewReader(raw)
+				out, err := cmd.Output()
+				if err != nil {
+					t.Fatalf("%s %s non-finite: %s: %v", dtype, s, bin, err)
+				}
+				if status := binary.LittleEndian.Uint64(out[len(out)-8:]); status != uint64(5*k+col) {
+					t.Errorf("%s %s: non-finite weight reported at %d, want %d", dtype, s, status, 5*k+col)
+				}
+			}
 		}
 	}
 	w, differ := nearTieWeights(r, 64, 512, 3)

@@ -13,16 +13,21 @@
 //
 // K is a multiple of the block, so blocks never straddle rows and the tensor is a flat array of
 // N·K/8 chunks of 8 weights: chunk c's codes are the 4 bytes at 4c, block b's scale the byte b.
-// A warp takes 32 consecutive chunks (grid-stride over the tensor): lane l loads chunk 32i + l
-// (one 16-byte load of a 16-bit input), the 2 (NVFP4) or 4 (MXFP4) lanes of a block reduce its
-// absolute maximum with xor shuffles, and every lane stores its 4 code bytes (128 contiguous
-// bytes a warp); the block's first lane stores its scale byte.
+// BF16 (the common input) has its own loop and arithmetic, two weights per 32-bit operation
+// where it can (fp4_bf16_loop, mxfp4_bf16_codes, nvfp4_bf16_codes); F16 and F32 take the
+// general per-weight path (chunk_codes): a warp takes 32 consecutive chunks (grid-stride over
+// the tensor), lane l loads chunk 32i + l, the 2 (NVFP4) or 4 (MXFP4) lanes of a block reduce
+// its absolute maximum with xor shuffles, every lane stores its 4 code bytes and the block's
+// first lane its scale byte.
 //
-// NVFP4's quotient w/f without a division per weight: x = w·r with r = 1/f correctly rounded is
-// within 2 ulps of fl(w/f) (two roundings of relative size 2^-24 each). Every E2M1 decision
-// threshold (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) has a mantissa of at most 3 bits, so unless
-// x lies within 4 ulps of such a number, fl(w/f) is on the same side of every threshold and
-// codes the same; the rare weights that do (and any non-finite x) are redone with the division.
+// The general path's NVFP4 quotient w/f without a division per weight: x = w·r with r = 1/f
+// correctly rounded is within 2 ulps of fl(w/f) (two roundings of relative size 2^-24 each).
+// Every E2M1 decision threshold (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) has a mantissa of at most
+// 3 bits, so unless x lies within 4 ulps of such a number, fl(w/f) is on the same side of every
+// threshold and codes the same; the rare weights that do (and any non-finite x) are redone with
+// the division. The BF16 path instead decides per scale byte, before the loop, whether its
+// cheaper arithmetic is exact for every BF16 weight (nvfp4_entry), and sends the blocks of the
+// bytes where it is not to the general path.
 //
 // Non-finite weights are reported like blockwise.cu's kernels: status[0] is lowered to the
 // lowest flat index of one (atomicMin), and the host turns it into the CPU's error.
@@ -35,13 +40,47 @@ typedef unsigned long long u64;
 
 #define FP4_THREADS 256
 
-// e4m3_byte is fp.F32ToE4M3 for v ≥ 0 (a block scale): round to nearest even, saturating at 448.
+// Packed BF16 and F16 operations on the two 16-bit lanes of a word (PTX for sm_80; the host
+// harness brings its own).
+#ifndef QPACK_HOST_STANDINS
+__device__ __forceinline__ unsigned int bf16x2_max_nan(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ unsigned int bf16x2_max(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ unsigned int bf16x2_min(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ unsigned int f16x2_fma(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ unsigned int f16x2_max(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+#endif
+
+// e4m3_byte is fp.F32ToE4M3 for v ≥ 0 (a block scale, +Inf included): round to nearest even,
+// saturating at 448, without branches. From 2^-6 on, the float32 mantissa rounded to 3 bits
+// (ties to even) in integer steps; below, subnormal steps of 2^-9: v·512 (exact) rounded to an
+// integer by adding 2^23 in one fused rounding. Anything from 448 on (Inf too) gives at least
+// 0x7e before the saturation. Equal to the branching form for every non-negative float32
+// (checked exhaustively).
 __device__ __forceinline__ unsigned int e4m3_byte(float v) {
-    if (v >= 448.0f) return 0x7eu;
     const unsigned int u = __float_as_uint(v);
-    if (u < 0x3c800000u) return (unsigned int)rintf(__fmul_rn(v, 512.0f));  // below 2^-6: subnormal steps of 2^-9 (exact product)
-    const unsigned int r = u + 0x7ffffu + ((u >> 20) & 1u);                  // the mantissa rounded to 3 bits, ties to even
-    return (r >> 20) - ((127u - 7u) << 3);
+    const unsigned int normal = ((u + 0x7ffffu + ((u >> 20) & 1u)) >> 20) - ((127u - 7u) << 3);
+    const unsigned int sub = __float_as_uint(__fmaf_rn(v, 512.0f, 8388608.0f)) - 0x4b000000u;
+    return min(u < 0x3c800000u ? sub : normal, 0x7eu);
 }
 
 // e4m3_value is the value of an E4M3 byte below 0x7f (fp.E4M3ToF32).
@@ -86,7 +125,7 @@ struct Chunk {
 };
 
 template <int DT>
-__device__ __forceinline__ void load_chunk(const void* w, u64 c, Chunk<DT>& x) {
+__device__ __forceinline__ void load_chunk(const void* w, unsigned int c, Chunk<DT>& x) {
     if constexpr (DT == IN_F32) {
         const uint4* p = (const uint4*)w + 2 * c;
         const uint4 a = __ldg(p), b = __ldg(p + 1);
@@ -111,6 +150,14 @@ __device__ __forceinline__ float chunk_at(const Chunk<DT>& x, int j) {
     }
 }
 
+// bf16x2_absmax is the lane-wise maximum of a BF16 chunk's magnitudes (packed BF16 max, NaN
+// kept as 0x7fff); bf16_absmax_bits turns such a pair of lanes into the float32 bits of their max.
+__device__ __forceinline__ unsigned int bf16x2_absmax(const Chunk<IN_BF16>& x) {
+    const unsigned int m = bf16x2_max_nan(x.u[0] & 0x7fff7fffu, x.u[1] & 0x7fff7fffu);
+    return bf16x2_max_nan(m, bf16x2_max_nan(x.u[2] & 0x7fff7fffu, x.u[3] & 0x7fff7fffu));
+}
+__device__ __forceinline__ unsigned int bf16_absmax_bits(unsigned int m) { return bf16x2_max_nan(m, m >> 16) << 16; }
+
 // chunk_absmax returns the largest |w| of a chunk as float32 bits (non-negative floats order as
 // their bits), which exceed 0x7f7fffff exactly when a weight is not finite.
 template <int DT>
@@ -119,23 +166,24 @@ __device__ __forceinline__ unsigned int chunk_absmax(const Chunk<DT>& x) {
     if constexpr (DT == IN_F32) {
 #pragma unroll
         for (int j = 0; j < 8; j++) m = max(m, x.u[j] & 0x7fffffffu);
+    } else if constexpr (DT == IN_BF16) {
+        m = bf16_absmax_bits(bf16x2_absmax(x));
     } else {
 #pragma unroll
         for (int j = 0; j < 4; j++) m = __vmaxu2(m, x.u[j] & 0x7fff7fffu);  // both halves at once
         m = max(m & 0xffffu, m >> 16);
-        if constexpr (DT == IN_BF16) m <<= 16;
-        else m = __float_as_uint(__half2float(__ushort_as_half((unsigned short)m)));  // F16 bits order like F32's
+        m = __float_as_uint(__half2float(__ushort_as_half((unsigned short)m)));  // F16 bits order like F32's
     }
     return m;
 }
 
 // report_bad lowers status[0] to the flat index of the chunk's first non-finite weight.
 template <int DT>
-__device__ __forceinline__ void report_bad(const Chunk<DT>& x, u64 c, u64* status) {
+__device__ __forceinline__ void report_bad(const Chunk<DT>& x, unsigned int c, u64* status) {
 #pragma unroll
     for (int j = 7; j >= 0; j--) {
         const float v = chunk_at<DT>(x, j);
-        if ((__float_as_uint(v) & 0x7f800000u) == 0x7f800000u) atomicMin(status, 8 * c + j);
+        if ((__float_as_uint(v) & 0x7f800000u) == 0x7f800000u) atomicMin(status, 8 * (u64)c + j);
     }
 }
 
@@ -186,9 +234,248 @@ __device__ __forceinline__ unsigned int chunk_codes(const Chunk<DT>& x, const FP
     return word;
 }
 
+// chunk_codes_general codes a chunk of a block with finite absolute maximum amax (float bits)
+// by the rules above for any dtype, and sets byte to the block's scale byte.
+template <int DT, bool NV>
+__device__ __forceinline__ unsigned int chunk_codes_general(const Chunk<DT>& x, unsigned int amax, float g, unsigned int& byte) {
+    const FP4Block b = NV ? nvfp4_block(__uint_as_float(amax), g) : mxfp4_block(amax);
+    byte = b.byte;
+    return chunk_codes<DT, NV>(x, b);
+}
+
+// ---- BF16 fast paths ----------------------------------------------------------------------
+// A word holds two BF16 weights (lanes: the even column in bits 0-15, the odd one in 16-31).
+// The fast paths work on both lanes of a word at once where they can (packed BF16 and F16
+// min/max/FMA, integer steps that cannot carry between lanes) and reach the rules' bytes
+// exactly; the blocks they cannot do (MXFP4 scales below 2^-124; NVFP4 block scales whose
+// reciprocal path could differ from the division, a property of the scale byte that
+// nvfp4_entry decides beforehand) take chunk_codes_general.
+
+
+// signed_codes puts the signs of a chunk's 8 BF16 weights on the magnitudes mag (nibble j the
+// E2M1 magnitude of weight j) where the magnitude is not 0: fp.F32ToE2M1 codes zero as +0.
+// The sign bits (bit 15 of each lane) are gathered by byte permutes: weight 2m's sign to bit
+// 4·2m+3, weight 2m+1's to bit 4·(2m+1)+3.
+__device__ __forceinline__ unsigned int signed_codes(const Chunk<IN_BF16>& x, unsigned int mag) {
+    const unsigned int p01 = __byte_perm(x.u[0], x.u[1], 0x7531), p23 = __byte_perm(x.u[2], x.u[3], 0x7531);
+    const unsigned int even = __byte_perm(p01, p23, 0x6420), odd = __byte_perm(p01, p23, 0x7531);
+    const unsigned int signs = (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
+    const unsigned int nonzero = (mag + 0x77777777u) & 0x88888888u;  // bit 3 of a nibble: magnitude ≥ 1
+    return mag | (signs & nonzero);
+}
+
+// mxfp4_bf16_codes codes a chunk of an MXFP4 block with scale byte e, 3 ≤ e ≤ 252, both lanes
+// of a word at once. With s = 2^(e−127), clamping |w| to [0.25·s, 6·s] (BF16 min/max; all
+// normal BF16 for these e) changes no code, and x = |w|/s is then exactly the F16 number whose
+// bits are 8·bits(|w|) − (e − 15)·1024 (the exponent rebased, the 7 mantissa bits widened to
+// 10). Below 1 the E2M1 grid steps by 0.5 (2|x| rounded to an integer); x' = max(x, 0.5·x + 0.5)
+// maps [0.25, 1) onto [0.625, 1), exactly in F16, where the steps 1 and 2 begin at 0.875 and
+// the 0 → 1 step at 0.625 — the one-mantissa-bit steps of [0.5, 1) — and leaves x ≥ 1 alone.
+// So every code is x' rounded to one mantissa bit, ties to even, in integer steps on its F16
+// bits u: code = (u − bits(0.5) + 0xff + bit 9 of u) >> 9, 0 … 7 (u ≤ bits(6)), never
+// carrying between lanes.
+__device__ __forceinline__ unsigned int mxfp4_bf16_codes(const Chunk<IN_BF16>& x, unsigned int e) {
+    const unsigned int lo = e * 0x800080u - 0x1000100u;              // 0.25·s: exponent e − 2, both lanes
+    const unsigned int hi = e * 0x800080u + 0x1400140u;              // 6·s = 1.5·2^(e−125)
+    const unsigned int rebase = (15u - e) * 0x4000400u;              // per lane −(e − 15)·1024
+    const unsigned int round = (0xffu - 0x3800u) * 0x10001u;         // per lane 0xff − bits(0.5)
+    unsigned int t[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const unsigned int a = bf16x2_min(bf16x2_max(x.u[j] & 0x7fff7fffu, lo), hi);
+        const unsigned int q = a * 8u + rebase;                                   // F16 x, both lanes
+        const unsigned int u = f16x2_max(q, f16x2_fma(q, 0x38003800u, 0x38003800u));  // x'
+        const unsigned int v = u + ((u >> 9) & 0x00010001u) + round;              // code in bits 9-11
+        t[j] = (v << 3) | (x.u[j] & 0x80008000u);  // code in bits 12-14, the weight's sign in 15
+    }
+    // Gather the signed codes (high nibble of bytes 1 and 3 of each t) into nibbles 0-7, then
+    // clear the sign of code 0 (fp.F32ToE2M1 codes zero as +0).
+    const unsigned int p01 = __byte_perm(t[0], t[1], 0x7531), p23 = __byte_perm(t[2], t[3], 0x7531);
+    const unsigned int even = __byte_perm(p01, p23, 0x6420), odd = __byte_perm(p01, p23, 0x7531);
+    const unsigned int codes = ((even >> 4) & 0x0f0f0f0fu) | (odd & 0xf0f0f0f0u);
+    const unsigned int nonzero = ((codes & 0x77777777u) + 0x77777777u) & 0x88888888u;  // bit 3: magnitude ≥ 1
+    return codes & (0x77777777u | nonzero);
+}
+
+// NVEntry is what the NVFP4 BF16 path needs of one scale byte s under global scale G: r = 1/f
+// (f = s/G) and rh = r/2; r = 0 marks a byte whose blocks take chunk_codes_general.
+struct NVEntry {
+    float r, rh;
+};
+
+// nvfp4_bf16_step is the NVFP4 BF16 path's magnitude code of a BF16 magnitude w, in bits 28-30
+// of the result: with x = w·r, x' = max(x, w·rh + 0.5) (the map of mxfp4_bf16_codes, here in
+// float32) rounded half up to one mantissa bit is bits(x')·64 + 0x48000000 (0.5 → 0, 6 → 7),
+// for x' < 7. The code is monotone in w, and nvfp4_entry clears a byte only when it equals
+// E2M1(fl(w/f)) at every step and stays 7 up to the largest weight a block of that byte holds.
+__device__ __forceinline__ unsigned int nvfp4_bf16_step(float w, float r, float rh) {
+    return __float_as_uint(fmaxf(__fmul_rn(w, r), __fmaf_rn(w, rh, 0.5f))) * 64u + 0x48000000u;
+}
+__device__ __forceinline__ unsigned int nvfp4_bf16_fast(unsigned int a, float r, float rh) {
+    return nvfp4_bf16_step(__uint_as_float(a << 16), r, rh) >> 28;
+}
+
+// nvfp4_top is a BF16 magnitude at least as large as any weight of a block whose scale byte is
+// b < 0x7e under G (capped at the largest finite BF16): v = G·(amax/6) rounds to b, so
+// v ≤ (s + s⁺)/2 with s⁺ the next E4M3 value, and amax ≤ 3·(s + s⁺)/G up to the roundings of
+// amax/6 and of the product (relative 2^-24 each while normal, absolute 2^-149 each below).
+__device__ __forceinline__ unsigned int nvfp4_top(unsigned int b, float g) {
+    const double top = (3.0 * ((double)e4m3_value(b) + (double)e4m3_value(b + 1u)) * (1.0 + 0x1p-20) + 0x1p-146) / (double)g + 0x1p-146;
+    return min((__float_as_uint(__double2float_ru(top)) + 0xffffu) >> 16, 0x7f7fu);
+}
+
+// nvfp4_entry computes the NVEntry of scale byte b under G. The exact codes of BF16 magnitudes
+// change at 7 boundaries: fl(w/f) ≥ t exactly when w ≥ (t − ulp(t)/2)·f, and fl(w/f) > t
+// exactly when w > (t + ulp(t)/2)·f (ties go to t, whose mantissa is even), for the E2M1
+// thresholds t = 0.25 (>), 0.75 (≥), 1.25 (>), 1.75 (≥), 2.5 (>), 3.5 (≥), 5 (>); the products
+// are exact in float64 (25 × 24 bits) and rounded up or down to the BF16 boundary. The fast
+// code, monotone too, is exact for every weight of a block with this byte when it steps at the
+// same 7 places (the codes at each boundary and just below it agree) and its x' stays below 7
+// up to the block's largest possible weight (nvfp4_top). Byte 0x7e (448) also takes the blocks
+// that saturate, so it is never cleared.
+__device__ __forceinline__ NVEntry nvfp4_entry(unsigned int b, float g) {
+    NVEntry e;
+    e.r = 0.0f;
+    e.rh = 0.0f;
+    if (b == 0u || b >= 0x7eu) return e;  // byte 0 is never a block's (MinE4M3), 0x7f is NaN
+    const float f = __fdiv_rn(e4m3_value(b), g);
+    const float r = __frcp_rn(f), rh = __fmul_rn(r, 0.5f);
+    if (!(r >= 1.17549435e-38f && r <= 3.40282346638528859812e+38f)) return e;
+    // t ± ulp(t)/2 with ulp(t) = 2^(exponent of t − 23): 0.25 + 2^-26, 0.75 − 2^-25, ...
+    const double mid[7] = {0.25 + 0x1p-26, 0.75 - 0x1p-25, 1.25 + 0x1p-24, 1.75 - 0x1p-24,
+                           2.5 + 0x1p-23, 3.5 - 0x1p-23, 5.0 + 0x1p-22};
+#pragma unroll
+    for (int i = 0; i < 7; i++) {
+        const double p = mid[i] * (double)f;
+        const unsigned int u = (i & 1) ? (__float_as_uint(__double2float_ru(p)) + 0xffffu) >> 16  // ≥: smallest BF16 ≥ p
+                                       : (__float_as_uint(__double2float_rd(p)) >> 16) + 1u;     // >: smallest BF16 > p
+        if (u <= 0x7f7fu && nvfp4_bf16_fast(u, r, rh) < (unsigned int)i + 1u) return e;
+        if (u >= 1u && nvfp4_bf16_fast(min(u - 1u, 0x7f7fu), r, rh) > (unsigned int)i) return e;
+    }
+    const float w = __uint_as_float(nvfp4_top(b, g) << 16);
+    if (!(fmaxf(__fmul_rn(w, r), __fmaf_rn(w, rh, 0.5f)) < 7.0f)) return e;
+    e.r = r;
+    e.rh = rh;
+    return e;
+}
+
+// nvfp4_bf16_div6 is fl(amax/6) for a BF16 amax: the product by fl(1/6) corrected once by its
+// residual; equal to the division for all 2^15 non-negative BF16 values (checked exhaustively).
+__device__ __forceinline__ float nvfp4_bf16_div6(float amax) {
+    const float inv6 = 0.16666667163372039794921875f;  // fl(1/6)
+    const float q = __fmul_rn(amax, inv6);
+    return __fmaf_rn(__fmaf_rn(-q, 6.0f, amax), inv6, q);
+}
+
+// nvfp4_bf16_codes codes a chunk of an NVFP4 block by its scale byte's entry (r ≠ 0).
+__device__ __forceinline__ unsigned int nvfp4_bf16_codes(const Chunk<IN_BF16>& x, const NVEntry& e) {
+    unsigned int mag = 0;
+#pragma unroll
+    for (int j = 3; j >= 0; j--) {
+#pragma unroll
+        for (int h = 1; h >= 0; h--) {  // weight 2j + h; the last one coded ends in nibble 0
+            const float w = fabsf(__uint_as_float(h ? x.u[j] & 0xffff0000u : x.u[j] << 16));
+            mag = __funnelshift_l(nvfp4_bf16_step(w, e.r, e.rh), mag, 4);  // mag·16 + code
+        }
+    }
+    return signed_codes(x, mag);
+}
+
+// fp4_chunks codes m chunks of one block whose absolute maximum has the finite float bits amax
+// into out and sets byte to the block's scale byte: the BF16 fast paths where they apply, else
+// chunk_codes_general.
+template <int DT, bool NV, int M>
+__device__ __forceinline__ void fp4_chunks(const Chunk<DT>* x, unsigned int amax, float g, const NVEntry* table,
+                                           unsigned int& byte, unsigned int* out) {
+    if constexpr (DT == IN_BF16) {
+        if constexpr (NV) {
+            unsigned int s = e4m3_byte(__fmul_rn(g, nvfp4_bf16_div6(__uint_as_float(amax))));
+            s = s == 0u ? 1u : s;
+            const NVEntry e = table[s];
+            if (e.r != 0.0f) {
+                byte = s;
+#pragma unroll
+                for (int i = 0; i < M; i++) out[i] = nvfp4_bf16_codes(x[i], e);
+                return;
+            }
+        } else {
+            const unsigned int e = (unsigned int)max((int)(amax >> 23) - 2, 0);
+            if (e >= 3u) {
+                byte = e;
+#pragma unroll
+                for (int i = 0; i < M; i++) out[i] = mxfp4_bf16_codes(x[i], e);
+                return;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < M; i++) out[i] = chunk_codes_general<DT, NV>(x[i], amax, g, byte);
+}
+
+// load_pair loads pair p (chunks 2p and 2p + 1) into x when p < pairs, else leaves x zero.
+__device__ __forceinline__ void load_pair(const void* w, unsigned int p, unsigned int pairs, Chunk<IN_BF16>* x) {
+    x[0] = Chunk<IN_BF16>{};
+    x[1] = Chunk<IN_BF16>{};
+    if (p < pairs) {
+        load_chunk<IN_BF16>(w, 2 * p, x[0]);
+        load_chunk<IN_BF16>(w, 2 * p + 1, x[1]);
+    }
+}
+
+// code_pair codes pair p (x, its 16 weights) of fp4_bf16_loop.
+template <bool NV>
+__device__ __forceinline__ void code_pair(const Chunk<IN_BF16>* x, unsigned int p, unsigned int pairs, float g, const NVEntry* table,
+                                          unsigned int* codes, unsigned char* scales, u64* status) {
+    unsigned int amax = bf16_absmax_bits(bf16x2_max_nan(bf16x2_absmax(x[0]), bf16x2_absmax(x[1])));
+    if (!NV) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // an MXFP4 block is two lanes'
+    if (p >= pairs) return;
+    if (amax >= 0x7f800000u) {  // a non-finite weight in the block: report it; codes do not matter
+        report_bad<IN_BF16>(x[0], 2 * p, status);
+        report_bad<IN_BF16>(x[1], 2 * p + 1, status);
+        return;
+    }
+    unsigned int byte, out[2];
+    fp4_chunks<IN_BF16, NV, 2>(x, amax, g, table, byte, out);
+    reinterpret_cast<uint2*>(codes)[p] = make_uint2(out[0], out[1]);
+    if (NV) scales[p] = (unsigned char)byte;
+    else if ((p & 1) == 0) scales[p / 2] = (unsigned char)byte;
+}
+
+// fp4_bf16_loop is fp4_kernel's loop for BF16: a lane takes 16 consecutive weights (a pair of
+// chunks, 32 bytes: a whole NVFP4 block, half an MXFP4 one), a warp 512 weights in a row per
+// step, so that NVFP4's block work is done once per block and the codes leave as one 8-byte
+// store. NVFP4 loads the next step's pair before it codes this one, so that each lane keeps 32
+// bytes in flight while it computes: its kernels run 4 blocks of 256 threads a multiprocessor
+// (63 registers), MXFP4's 8 (40 registers with that prefetch, which would leave room for 6).
+template <bool NV>
+__device__ __forceinline__ void fp4_bf16_loop(const void* w, unsigned int n, float g, const NVEntry* table,
+                                              unsigned int* codes, unsigned char* scales, u64* status) {
+    const unsigned int lane = threadIdx.x & 31, pairs = n / 2;  // n is even (NVFP4) or a multiple of 4
+    const unsigned int step = gridDim.x * FP4_THREADS;
+    unsigned int p0 = blockIdx.x * FP4_THREADS + (threadIdx.x & ~31u);
+    Chunk<IN_BF16> x[2];
+    if constexpr (NV) {
+        Chunk<IN_BF16> next[2];
+        load_pair(w, p0 + lane, pairs, x);
+        for (; p0 < pairs; p0 += step) {
+            load_pair(w, p0 + step + lane, pairs, next);
+            code_pair<NV>(x, p0 + lane, pairs, g, table, codes, scales, status);
+            x[0] = next[0];
+            x[1] = next[1];
+        }
+    } else {
+        for (; p0 < pairs; p0 += step) {
+            load_pair(w, p0 + lane, pairs, x);
+            code_pair<NV>(x, p0 + lane, pairs, g, table, codes, scales, status);
+        }
+    }
+}
+
 // fp4_kernel quantizes the chunks of W. amax_or_g holds G when have_g, else the bits of
-// amax(W) (bw_fp4_amax's result); NVFP4 writes the G it used to global_out. A warp handles two
-// runs of 32 chunks per step, so that each lane has two 16-byte loads in flight.
+// amax(W) (bw_fp4_amax's result); NVFP4 writes the G it used to global_out. BF16 takes
+// fp4_bf16_loop; for F16 and F32 a warp handles two runs of 32 chunks per step, so that each
+// lane has two loads in flight, and the 2 (NVFP4) or 4 (MXFP4) lanes of a block reduce its
+// absolute maximum with xor shuffles.
 template <int DT, bool NV>
 __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsigned int* amax_or_g, int have_g,
                                            unsigned int* codes, unsigned char* scales, float* global_out, u64* status) {
@@ -199,19 +486,26 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
         g = have_g ? __uint_as_float(*amax_or_g) : nvfp4_global(__uint_as_float(*amax_or_g));
         if (blockIdx.x == 0 && threadIdx.x == 0) *global_out = g;
     }
-    const u64 warps = (u64)gridDim.x * (FP4_THREADS / 32);
-    for (u64 wc = (u64)blockIdx.x * (FP4_THREADS / 32) + (threadIdx.x >> 5); wc * 32 < chunks; wc += runs * warps) {
+    __shared__ NVEntry table[NV && DT == IN_BF16 ? 128 : 1];
+    if constexpr (NV && DT == IN_BF16) {
+        for (unsigned int b = threadIdx.x; b < 128u; b += FP4_THREADS) table[b] = nvfp4_entry(b, g);
+        __syncthreads();
+    }
+    const unsigned int n = (unsigned int)chunks;  // < 2^31 (checkFP4Job): no index below wraps
+    if constexpr (DT == IN_BF16) {
+        fp4_bf16_loop<NV>(w, n, g, table, codes, scales, status);
+        return;
+    }
+    const unsigned int warps = gridDim.x * (FP4_THREADS / 32);
+    for (unsigned int wc = blockIdx.x * (FP4_THREADS / 32) + (threadIdx.x >> 5); wc * 32 < n; wc += runs * warps) {
         Chunk<DT> x[runs];
-        unsigned int amax[runs];
-        u64 c[runs];
+        unsigned int amax[runs], c[runs];
 #pragma unroll
         for (int i = 0; i < runs; i++) {
             c[i] = (wc + i * warps) * 32 + lane;
-            amax[i] = 0;
-            if (c[i] < chunks) {
-                load_chunk<DT>(w, c[i], x[i]);
-                amax[i] = chunk_absmax<DT>(x[i]);
-            }
+            x[i] = Chunk<DT>{};
+            if (c[i] < n) load_chunk<DT>(w, c[i], x[i]);
+            amax[i] = chunk_absmax<DT>(x[i]);  // 0 past the end
         }
 #pragma unroll
         for (int i = 0; i < runs; i++) {
@@ -219,14 +513,14 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
             // block's lanes are all live or all past the end.
 #pragma unroll
             for (int off = 1; off < lanes_per_block; off <<= 1) amax[i] = max(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], off));
-            if (c[i] >= chunks) continue;
+            if (c[i] >= n) continue;
             if (amax[i] >= 0x7f800000u) {  // a non-finite weight in the block: report it; codes do not matter
                 report_bad<DT>(x[i], c[i], status);
                 continue;
             }
-            const FP4Block b = NV ? nvfp4_block(__uint_as_float(amax[i]), g) : mxfp4_block(amax[i]);
-            codes[c[i]] = chunk_codes<DT, NV>(x[i], b);
-            if ((lane & (lanes_per_block - 1)) == 0) scales[c[i] / lanes_per_block] = (unsigned char)b.byte;
+            unsigned int byte;
+            fp4_chunks<DT, NV, 1>(&x[i], amax[i], g, table, byte, &codes[c[i]]);
+            if ((lane & (lanes_per_block - 1)) == 0) scales[c[i] / lanes_per_block] = (unsigned char)byte;
         }
     }
 }
@@ -236,9 +530,14 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
 template <int DT>
 __device__ __forceinline__ void fp4_amax_kernel(const void* w, u64 chunks, unsigned int* amax_bits) {
     unsigned int m = 0;
-    for (u64 c = (u64)blockIdx.x * FP4_THREADS + threadIdx.x; c < chunks; c += (u64)gridDim.x * FP4_THREADS) {
-        Chunk<DT> x;
+    const unsigned int n = (unsigned int)chunks, step = gridDim.x * FP4_THREADS;
+    for (unsigned int c = blockIdx.x * FP4_THREADS + threadIdx.x; c < n; c += 2 * step) {
+        Chunk<DT> x, y;  // two loads in flight
         load_chunk<DT>(w, c, x);
+        if (c + step < n) {
+            load_chunk<DT>(w, c + step, y);
+            m = max(m, chunk_absmax<DT>(y));
+        }
         m = max(m, chunk_absmax<DT>(x));
     }
 #pragma unroll
@@ -251,8 +550,10 @@ __device__ __forceinline__ void fp4_amax_kernel(const void* w, u64 chunks, unsig
         unsigned char *scales, float *global_out, u64 *status
 #define FP4_ARGS w, chunks, amax_or_g, have_g, codes, scales, global_out, status
 
+// The NVFP4 kernels promise 4 resident blocks of 256 threads (at most 64 registers): the host
+// launches one wave of 4 a multiprocessor (blockwise.fp4NVFP4BlocksPerSM).
 #define FP4_ENTRIES(suffix, DTV)                                                                       \
-    extern "C" __global__ void __launch_bounds__(FP4_THREADS) bw_fp4_nvfp4##suffix(FP4_PARAMS) {       \
+    extern "C" __global__ void __launch_bounds__(FP4_THREADS, 4) bw_fp4_nvfp4##suffix(FP4_PARAMS) {    \
         fp4_kernel<DTV, true>(FP4_ARGS);                                                               \
     }                                                                                                  \
     extern "C" __global__ void __launch_bounds__(FP4_THREADS) bw_fp4_mxfp4##suffix(FP4_PARAMS) {       \

@@ -1,10 +1,13 @@
 // Runs microscaled.cu's FP4 arithmetic on the CPU, block after block, for blockwise's
 // TestFP4KernelOnCPU:
-//   c++ -O2 -ffp-contract=off -std=c++17 -I kernels/host -I kernels -o fp4-host kernels/host/microscaled_host.cpp
+//   c++ -O2 -ffp-contract=off -std=c++20 -pthread -I kernels/host -I kernels -o fp4-host kernels/host/microscaled_host.cpp
 //   fp4-host NV N K DTYPE G < W > CODES SCALES GLOBAL
+//   fp4-host kernel NV N K DTYPE G BLOCKS < W > CODES SCALES GLOBAL STATUS
+//   fp4-host exhaustive G...
 // NV is 1 for NVFP4, 0 for MXFP4; DTYPE 0 (BF16), 1 (F16) or 2 (F32) as the kernels number
 // them; W the N·K raw weights; G the global scale's float bits in hex (0: from the tensor).
-// Each block's chunks are coded with the kernel's functions, its absmax is their max as the
+// Each block's chunks are coded two by two with the kernel's fp4_chunks (the BF16 fast paths included, with
+// the NVFP4 scale table built as each thread block builds it), its absmax is their max as the
 // kernel's shuffles take it, and G comes from the same amax the amax kernel reduces. Outputs:
 // codes (N·K/2 bytes), scale bytes (N·K/block) and G as float32 (NVFP4).
 #include <cuda_fp16.h>  // the stand-ins in this directory
@@ -24,6 +27,8 @@ static void run(const void* w, u64 chunks, unsigned int g_bits, std::vector<unsi
         amax_all = max(amax_all, chunk_absmax<DT>(x));
     }
     g = g_bits ? __uint_as_float(g_bits) : nvfp4_global(__uint_as_float(amax_all));
+    NVEntry table[128];
+    for (unsigned int b = 0; b < 128; b++) table[b] = nvfp4_entry(b, g);
     for (u64 b = 0; b < chunks / per; b++) {
         Chunk<DT> x[4];
         unsigned int amax = 0;
@@ -35,25 +40,110 @@ static void run(const void* w, u64 chunks, unsigned int g_bits, std::vector<unsi
             fprintf(stderr, "non-finite weight in block %llu\n", b);
             exit(5);
         }
-        const FP4Block blk = NV ? nvfp4_block(__uint_as_float(amax), g) : mxfp4_block(amax);
-        for (int i = 0; i < per; i++) codes[b * per + i] = chunk_codes<DT, NV>(x[i], blk);
-        scales[b] = (unsigned char)blk.byte;
+        unsigned int byte = 0;
+        for (int i = 0; i < per; i += 2) fp4_chunks<DT, NV, 2>(&x[i], amax, g, table, byte, &codes[b * per + i]);
+        scales[b] = (unsigned char)byte;
     }
 }
 
+// exhaustive checks the BF16 fast paths against the kernels' general arithmetic (the division
+// path and e2m1_code, which the block runs check against the CPU reference) on every BF16
+// weight: MXFP4 for every scale byte the fast path takes (3 … 252) and every magnitude below
+// 8·scale, both signs; NVFP4 for every scale byte the table clears under each global scale G
+// given (hex float bits), every magnitude up to nvfp4_top, both signs. It prints what it checked and
+// fails on the first difference.
+static int exhaustive(int n, char** gs) {
+    long checked = 0;
+    for (unsigned int e = 3; e <= 252; e++) {
+        const float r = __uint_as_float((254u - e) << 23);
+        const unsigned int top = min((e + 3u) << 7, 0x7f80u);
+        for (unsigned int a = 0; a < top; a += 4) {
+            Chunk<IN_BF16> x;
+            for (int j = 0; j < 4; j++) x.u[j] = min(a + j, top - 1) | (min(a + j, top - 1) | 0x8000u) << 16;
+            const unsigned int got = mxfp4_bf16_codes(x, e);
+            for (int j = 0; j < 8; j++) {
+                const unsigned int want = e2m1_code(__fmul_rn(chunk_at<IN_BF16>(x, j), r));
+                if ((got >> (4 * j) & 15u) != want) {
+                    fprintf(stderr, "MXFP4 byte %u, weight %08x: code %x, want %x\n", e, __float_as_uint(chunk_at<IN_BF16>(x, j)), got >> (4 * j) & 15u, want);
+                    return 1;
+                }
+            }
+            checked += 8;
+        }
+    }
+    printf("MXFP4: %ld weights\n", checked);
+    for (int i = 0; i < n; i++) {
+        const float g = __uint_as_float((unsigned int)strtoul(gs[i], nullptr, 16));
+        int fast = 0;
+        checked = 0;
+        for (unsigned int b = 1; b < 0x7f; b++) {
+            const NVEntry entry = nvfp4_entry(b, g);
+            if (entry.r == 0.0f) continue;
+            fast++;
+            const float f = __fdiv_rn(e4m3_value(b), g);
+            const unsigned int top = nvfp4_top(b, g);
+            for (unsigned int a = 0; a <= top; a += 4) {
+                Chunk<IN_BF16> x;
+                for (int j = 0; j < 4; j++) x.u[j] = min(a + j, top) | (min(a + j, top) | 0x8000u) << 16;
+                const unsigned int got = nvfp4_bf16_codes(x, entry);
+                for (int j = 0; j < 8; j++) {
+                    const unsigned int want = e2m1_code(__fdiv_rn(chunk_at<IN_BF16>(x, j), f));
+                    if ((got >> (4 * j) & 15u) != want) {
+                        fprintf(stderr, "NVFP4 G %g byte %u, weight %08x: code %x, want %x\n", g, b, __float_as_uint(chunk_at<IN_BF16>(x, j)), got >> (4 * j) & 15u, want);
+                        return 1;
+                    }
+                }
+                checked += 8;
+            }
+        }
+        printf("NVFP4 G=%g: %d of 126 scale bytes on the fast path, %ld weights\n", g, fast, checked);
+    }
+    return 0;
+}
+
+// read_weights reads the N·K raw weights from stdin into buf, 16-byte aligned (the kernels load
+// 16 bytes at a time), and returns where they start, or nullptr when stdin is short.
+static void* read_weights(int n, int k, int dt, std::vector<unsigned char>& buf) {
+    const size_t size = (size_t)n * k * (dt == IN_F32 ? 4 : 2);
+    buf.resize(size + 16);
+    void* wp = (void*)(((uintptr_t)buf.data() + 15) & ~(uintptr_t)15);
+    return fread(wp, 1, size, stdin) == size ? wp : nullptr;
+}
+
+// launch runs the kernels themselves on a grid of the given number of thread blocks (each one
+// FP4_THREADS threads, host_launch): bw_fp4_amax first when NVFP4's G is not given, then the
+// quantization kernel, as blockwise.GPUQuantizer launches them; status ends as the flat index
+// of the first non-finite weight, or all ones.
+static void launch(int nv, int dt, const void* w, u64 chunks, unsigned int g_bits, unsigned int blocks, std::vector<unsigned int>& codes,
+                   std::vector<unsigned char>& scales, float& g, u64& status) {
+    typedef void (*quantize)(const void*, u64, const unsigned int*, int, unsigned int*, unsigned char*, float*, u64*);
+    typedef void (*amax)(const void*, u64, unsigned int*);
+    const quantize q[2][3] = {{bw_fp4_mxfp4_bf16, bw_fp4_mxfp4_f16, bw_fp4_mxfp4_f32}, {bw_fp4_nvfp4_bf16, bw_fp4_nvfp4_f16, bw_fp4_nvfp4_f32}};
+    const amax a[3] = {bw_fp4_amax_bf16, bw_fp4_amax_f16, bw_fp4_amax_f32};
+    unsigned int word = g_bits;
+    status = ~0ull;
+    if (nv && g_bits == 0) host_launch(blocks, FP4_THREADS, a[dt], w, chunks, &word);
+    host_launch(blocks, FP4_THREADS, q[nv][dt], w, chunks, (const unsigned int*)&word, (int)(g_bits != 0), codes.data(), scales.data(), &g, &status);
+}
+
 int main(int argc, char** argv) {
-    if (argc != 6) return 2;
+    if (argc >= 2 && strcmp(argv[1], "exhaustive") == 0) return exhaustive(argc - 2, argv + 2);
+    const bool kernels = argc == 8 && strcmp(argv[1], "kernel") == 0;
+    if (kernels) argv++;
+    else if (argc != 6) return 2;
     const int nv = atoi(argv[1]), n = atoi(argv[2]), k = atoi(argv[3]), dt = atoi(argv[4]);
     const unsigned int g_bits = (unsigned int)strtoul(argv[5], nullptr, 16);
-    const size_t size = (size_t)n * k * (dt == IN_F32 ? 4 : 2);
-    std::vector<unsigned char> w(size + 16);  // 16-byte loads: keep the buffer aligned and whole
-    void* wp = (void*)(((uintptr_t)w.data() + 15) & ~(uintptr_t)15);
-    if (fread(wp, 1, size, stdin) != size) return 3;
+    std::vector<unsigned char> w;
+    void* wp = read_weights(n, k, dt, w);
+    if (wp == nullptr) return 3;
     const u64 chunks = (u64)n * k / 8;
     std::vector<unsigned int> codes(chunks);
     std::vector<unsigned char> scales((size_t)n * k / (nv ? 16 : 32));
     float g = 0;
-    if (nv) {
+    u64 status = 0;
+    if (kernels) {
+        launch(nv, dt, wp, chunks, g_bits, (unsigned int)atoi(argv[6]), codes, scales, g, status);
+    } else if (nv) {
         if (dt == IN_BF16) run<IN_BF16, true>(wp, chunks, g_bits, codes, scales, g);
         else if (dt == IN_F16) run<IN_F16, true>(wp, chunks, g_bits, codes, scales, g);
         else run<IN_F32, true>(wp, chunks, g_bits, codes, scales, g);
@@ -65,5 +155,6 @@ int main(int argc, char** argv) {
     bool ok = fwrite(codes.data(), 4, codes.size(), stdout) == codes.size() &&
               fwrite(scales.data(), 1, scales.size(), stdout) == scales.size();
     if (nv) ok = ok && fwrite(&g, 4, 1, stdout) == 1;
+    if (kernels) ok = ok && fwrite(&status, 8, 1, stdout) == 1;
     return ok ? 0 : 4;
 }
