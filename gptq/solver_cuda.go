@@ -253,18 +253,7 @@ func (g *GPUSolver) supports(s quant.Scheme, opt Options) error {
 // and only its diagonal comes to the host (for the dead columns, the order and the damping),
 // so a K×K matrix never crosses the bus. gram is read before QuantizeGram returns.
 func (g *GPUSolver) QuantizeGram(w []float32, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
-	start := time.Now()
-	if err := checkWeights(w, n, k, s, opt); err != nil {
-		return nil, Stats{}, err
-	}
-	if err := g.supports(s, opt); err != nil {
-		return nil, Stats{}, err
-	}
-	diag, err := g.loadGram(gram, k, scale)
-	if err != nil {
-		return nil, Stats{}, err
-	}
-	return g.quantizeLoaded(w, n, k, diag, s, opt, start, g.uploadWeights(w))
+	return g.quantizeGram(w, n, k, gram, scale, s, opt, g.uploadWeights(w))
 }
 
 // QuantizeGramResident is QuantizeGram for weights that are on the device already at src
@@ -272,6 +261,17 @@ func (g *GPUSolver) QuantizeGram(w []float32, n, k int, gram cuda.DevicePtr, sca
 // are copied there instead of sent again over the bus. Work queued on other streams that writes
 // src must be finished.
 func (g *GPUSolver) QuantizeGramResident(w []float32, src cuda.DevicePtr, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	return g.quantizeGram(w, n, k, gram, scale, s, opt, func() error {
+		dst, err := g.buffer(slotOrig, 4*len(w))
+		if err != nil {
+			return err
+		}
+		return g.dev.CopyDeviceAsync(dst, src, 4*len(w), g.stream)
+	})
+}
+
+// quantizeGram is QuantizeGram with load putting the weights into slotOrig.
+func (g *GPUSolver) quantizeGram(w []float32, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options, load func() error) (*quant.Tensor, Stats, error) {
 	start := time.Now()
 	if err := checkWeights(w, n, k, s, opt); err != nil {
 		return nil, Stats{}, err
@@ -283,13 +283,7 @@ func (g *GPUSolver) QuantizeGramResident(w []float32, src cuda.DevicePtr, n, k i
 	if err != nil {
 		return nil, Stats{}, err
 	}
-	return g.quantizeLoaded(w, n, k, diag, s, opt, start, func() error {
-		dst, err := g.buffer(slotOrig, 4*len(w))
-		if err != nil {
-			return err
-		}
-		return g.dev.CopyDeviceAsync(dst, src, 4*len(w), g.stream)
-	})
+	return g.quantizeLoaded(w, n, k, diag, s, opt, start, load)
 }
 
 // loadGram sets slotH = scale·gram in float64 and returns its diagonal, checked finite.
