@@ -15,9 +15,10 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// hostCXX names a C++ compiler (g++ 12 or newer: _Float16) for TestFP4KernelOnCPU:
+// hostCXX names a C++ compiler (g++ 12 or newer: _Float16, C++20) for TestFP4KernelOnCPU and
+// TestKernelsOnCPU:
 // go test ./blockwise -run FP4KernelOnCPU -args -blockwise.hostcxx=g++
-var hostCXX = flag.String("blockwise.hostcxx", "", "compile kernels/microscaled.cu for the CPU with this C++ compiler and test it")
+var hostCXX = flag.String("blockwise.hostcxx", "", "compile the kernels for the CPU with this C++ compiler and test them")
 
 // TestFP4KernelOnCPU checks the transcription of the FP4 rules in kernels/microscaled.cu without
 // a GPU: the kernel source, compiled for the CPU with kernels/host's stand-ins (each float32

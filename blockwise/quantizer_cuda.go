@@ -59,8 +59,11 @@ var kernelSuffixes = [3]string{"_bf16", "_f16", "_f32"}
 // increasing order; the last one times 256 is rowpcMaxCols.
 var rowpcChunksPerLane = []int{16, 24}
 
-// pieceGroupSizes are the group sizes bw_piece_* handles.
+// pieceGroupSizes are the group sizes bw_piece_* and bw_bin_* handle.
 var pieceGroupSizes = []int{32, 64, 128}
+
+// pieceFamilies are the grids of bw_piece_* (by name) and bw_rowpc_* (the last three).
+var pieceFamilies = []string{"int2", "int3", "int4", "int8", "nf4"}
 
 var gpuDTypes = map[string]struct {
 	code int32
@@ -83,7 +86,7 @@ type GPUQuantizer struct {
 		// the parameters of bw_params / bw_params_bin
 		fusedInt, fusedNF4, encodeInt, encodeNF4, encodeBin [3]cuda.Function
 		gptq4g128                                           [3]cuda.Function         // see gpuJob.gptq4g128
-		piece                                               map[string]cuda.Function // by name: see gpuJob.pieceKernel, rowpcKernel
+		piece                                               map[string]cuda.Function // by name: see gpuJob.pieceKernel, rowpcKernel, binKernel
 		params, paramsBin, packZeros                        cuda.Function
 	}
 	fp4        fp4Kernels      // kernels/microscaled.cu, loaded on the first FP4 tensor
@@ -145,13 +148,19 @@ func newGPUQuantizer(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) 
 		{&k.params, "bw_params"}, {&k.paramsBin, "bw_params_bin"}, {&k.packZeros, "bw_pack_zeros"},
 	}
 	k.piece = map[string]cuda.Function{}
-	for _, family := range []string{"int4", "int8", "nf4"} {
+	for _, family := range append(slices.Clone(pieceFamilies), "bin") {
 		var variants []string
 		for _, gs := range pieceGroupSizes {
-			variants = append(variants, fmt.Sprintf("bw_piece_%s_g%d", family, gs))
+			if family == "bin" {
+				variants = append(variants, fmt.Sprintf("bw_bin_g%d", gs))
+			} else {
+				variants = append(variants, fmt.Sprintf("bw_piece_%s_g%d", family, gs))
+			}
 		}
-		for _, cpl := range rowpcChunksPerLane {
-			variants = append(variants, fmt.Sprintf("bw_rowpc_%s_c%d", family, cpl))
+		if family == "int4" || family == "int8" || family == "nf4" {
+			for _, cpl := range rowpcChunksPerLane {
+				variants = append(variants, fmt.Sprintf("bw_rowpc_%s_c%d", family, cpl))
+			}
 		}
 		for _, v := range variants {
 			for _, suffix := range kernelSuffixes[:2] {
@@ -330,20 +339,41 @@ func (j gpuJob) gptq4g128() bool {
 }
 
 // pieceKernel names the one-launch kernel bw_piece_* that runs the job, or is "" when none does:
-// it takes 16-bit inputs with K a multiple of 128, integer 4- or 8-bit or NF4 groups of 32, 64
-// or 128 columns, and at most 65535 bands of 16 rows. GPTQ int4 g128 keeps bw_gptq4_g128.
+// it takes 16-bit inputs with K a multiple of 128, integer 2-, 3-, 4- or 8-bit or NF4 groups of
+// 32, 64 or 128 columns, and at most 65535 bands of 16 rows. GPTQ int4 g128 keeps bw_gptq4_g128.
 func (j gpuJob) pieceKernel() string {
 	if j.gptq4g128() || j.dtype == gpuDTypes["F32"].code || j.k%pieceCols != 0 || (j.n+pieceRows-1)/pieceRows > 65535 ||
 		!slices.Contains(pieceGroupSizes, j.gsize) {
 		return ""
 	}
 	switch {
-	case j.s.Grid == quant.Integer && (j.s.Bits == 4 || j.s.Bits == 8):
+	case j.s.Grid == quant.Integer && slices.Contains([]int{2, 3, 4, 8}, j.s.Bits):
 		return fmt.Sprintf("bw_piece_int%d_g%d%s", j.s.Bits, j.gsize, kernelSuffixes[j.dtype])
 	case j.s.Grid == quant.NF4:
 		return fmt.Sprintf("bw_piece_nf4_g%d%s", j.gsize, kernelSuffixes[j.dtype])
 	}
 	return ""
+}
+
+// binKernel names the one-launch binary kernel bw_bin_* that runs the job, or is "" when none
+// does: 16-bit inputs, groups of 32, 64 or 128 columns with K a multiple of two groups, and at
+// most 65535 bands of 16 rows.
+func (j gpuJob) binKernel() string {
+	if j.s.Grid != quant.Binary || j.dtype == gpuDTypes["F32"].code || !slices.Contains(pieceGroupSizes, j.gsize) ||
+		j.k%(2*j.gsize) != 0 || (j.n+pieceRows-1)/pieceRows > 65535 {
+		return ""
+	}
+	return fmt.Sprintf("bw_bin_g%d%s", j.gsize, kernelSuffixes[j.dtype])
+}
+
+// pieceGrid is the launch grid of bw_piece_* and bw_bin_*: blocks of 8 warps along K (a warp
+// takes 128 columns, or two binary groups), one band of 16 rows per block row.
+func (j gpuJob) pieceGrid() cuda.Dim3 {
+	cols := pieceCols
+	if j.binKernel() != "" {
+		cols = 2 * j.gsize
+	}
+	return cuda.Dim3{X: (j.k/cols + gpuWarps - 1) / gpuWarps, Y: (j.n + pieceRows - 1) / pieceRows, Z: 1}
 }
 
 // rowpcKernel names the one-launch per-channel kernel bw_rowpc_* that runs the job, or is ""
@@ -402,10 +432,10 @@ func (j gpuJob) deviceBytes() [numBufs]int {
 	if j.s.Grid == quant.Integer && !j.gptq4g128() && j.pieceKernel() == "" && j.rowpcKernel() == "" {
 		sz[bufZeroBytes] = ng
 	}
-	if !j.fused() {
+	if !j.fused() && j.binKernel() == "" {
 		sz[bufParamScale] = 4 * ng
 	}
-	if j.s.Grid == quant.Binary {
+	if j.s.Grid == quant.Binary && j.binKernel() == "" {
 		sz[bufParamOffset] = 4 * ng
 	}
 	sz[bufStatus] = statusBytes
@@ -451,9 +481,12 @@ func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.S
 			ptrs[bufCodes], ptrs[bufScales], ptrs[bufZeros], ptrs[bufStatus])
 	}
 	if name := j.pieceKernel(); name != "" {
-		grid := cuda.Dim3{X: (j.k/pieceCols + gpuWarps - 1) / gpuWarps, Y: (j.n + pieceRows - 1) / pieceRows, Z: 1}
-		return k.piece[name].Launch(grid, block, 0, st, ptrs[bufInput], n, kk, sym, j.zeroShift, j.layout,
+		return k.piece[name].Launch(j.pieceGrid(), block, 0, st, ptrs[bufInput], n, kk, sym, j.zeroShift, j.layout,
 			ptrs[bufCodes], ptrs[bufScales], ptrs[bufZeros], q.nf4, ptrs[bufStatus])
+	}
+	if name := j.binKernel(); name != "" {
+		return k.piece[name].Launch(j.pieceGrid(), block, 0, st, ptrs[bufInput], n, kk, sym, ptrs[bufCodes], ptrs[bufScales],
+			ptrs[bufOffsets], ptrs[bufStatus])
 	}
 	if name := j.rowpcKernel(); name != "" {
 		shared := 0

@@ -339,10 +339,11 @@ func checkGPUAgainstCPU(t *testing.T, q *GPUQuantizer, r *rand.Rand, dtype strin
 	compareRaws(t, what, got, wantRaws)
 }
 
-// TestGPUQuantizerPieces covers the one-launch kernels bw_piece_* (integer 4/8-bit and NF4 groups
-// of 32, 64, 128) in every format they serve, on both 16-bit dtypes and both zero-point modes:
-// N not a multiple of 16 (partial row bands and qzeros words), K of one piece, and K of 9 pieces
-// (an odd number: blocks with idle warps, a half-filled qpack zero byte for 4-bit g128).
+// TestGPUQuantizerPieces covers the one-launch kernels bw_piece_* (integer 2/3/4/8-bit and NF4
+// groups of 32, 64, 128) and bw_bin_* (binary groups of 32, 64, 128) in every format they serve,
+// on both 16-bit dtypes and both zero-point modes: N not a multiple of 16 (partial row bands and
+// qzeros words; 3-bit GPTQ qzeros words shared by two bands), K of one piece, and K of 9 or 10
+// pieces (blocks with idle warps, a half-filled qpack zero byte for 4-bit g128).
 func TestGPUQuantizerPieces(t *testing.T) {
 	_, q := openGPUQuantizer(t)
 	q.poison = true
@@ -351,12 +352,12 @@ func TestGPUQuantizerPieces(t *testing.T) {
 	r := rand.New(rand.NewPCG(seed, 13))
 	var names []string
 	for _, gs := range pieceGroupSizes {
-		for _, b := range []int{4, 8} {
+		for _, b := range []int{2, 3, 4, 8} {
 			names = append(names, fmt.Sprintf("int%d-g%d-asym", b, gs), fmt.Sprintf("int%d-g%d-sym", b, gs))
 		}
-		names = append(names, fmt.Sprintf("nf4-g%d", gs))
+		names = append(names, fmt.Sprintf("nf4-g%d", gs), fmt.Sprintf("bin-g%d-asym", gs), fmt.Sprintf("bin-g%d-sym", gs))
 	}
-	for _, shape := range [][2]int{{45, 1152}, {16, 128}, {203, 384}} {
+	for _, shape := range [][2]int{{45, 1152}, {16, 128}, {203, 384}, {33, 1280}, {16, 256}} {
 		n, k := shape[0], shape[1]
 		for _, name := range names {
 			s, err := quant.ParseScheme(name)
@@ -365,8 +366,10 @@ func TestGPUQuantizerPieces(t *testing.T) {
 			}
 			for _, format := range gpuFormats(s) {
 				for _, dtype := range []string{"BF16", "F16"} {
-					takes := func(j gpuJob) bool { return j.pieceKernel() != "" || j.gptq4g128() }
-					checkGPUAgainstCPU(t, q, r, dtype, n, k, s, format, takes, true)
+					takes := func(j gpuJob) bool { return j.pieceKernel() != "" || j.gptq4g128() || j.binKernel() != "" }
+					// bw_bin_* needs K a multiple of two groups
+					want := s.Grid != quant.Binary || k%(2*s.GroupSize) == 0
+					checkGPUAgainstCPU(t, q, r, dtype, n, k, s, format, takes, want)
 				}
 			}
 		}
@@ -401,7 +404,7 @@ func TestGPUQuantizerRowPC(t *testing.T) {
 	}
 }
 
-// TestGPUQuantizerPiecesReportBadInput checks the status reports of bw_piece_* and bw_rowpc_*: the lowest
+// TestGPUQuantizerPiecesReportBadInput checks the status reports of bw_piece_*, bw_rowpc_* and bw_bin_*: the lowest
 // non-finite weight (NaN or Inf, in either lane of a row and in any group of a piece, two bad
 // weights so that the lower one must win) and a scale that overflows F16.
 func TestGPUQuantizerPiecesReportBadInput(t *testing.T) {
@@ -424,13 +427,19 @@ func TestGPUQuantizerPiecesReportBadInput(t *testing.T) {
 		{"int4-pc-asym", "gptq", [][3]float32{{12, 400, nan}, {12, 401, inf}}, "row 12, column 400"},
 		{"nf4-pc", "qpack", [][3]float32{{39, 3, -inf}}, "row 39, column 3"},
 		{"int8-pc-sym", "qpack", [][3]float32{{5, 70, 3e38}}, "row 5, group 0"},
+		{"int3-g128-asym", "gptq", [][3]float32{{21, 300, nan}, {30, 2, nan}}, "row 21, column 300"},
+		{"int2-g64-asym", "qpack", [][3]float32{{2, 511, inf}, {2, 509, nan}}, "row 2, column 509"},
+		{"int3-g32-sym", "qpack", [][3]float32{{5, 70, 3e38}}, "row 5, group 2"},
+		{"bin-g128-asym", "qpack", [][3]float32{{33, 9, -inf}, {33, 300, nan}}, "row 33, column 9"},
+		{"bin-g64-sym", "qpack", [][3]float32{{38, 511, nan}}, "row 38, column 511"},
+		{"bin-g128-asym", "qpack", [][3]float32{{9, 130, 3e38}}, "row 9, group 1"},
 	} {
 		s, err := quant.ParseScheme(c.scheme)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if j, err := newGPUJob("BF16", n, k, s, c.format, "w", 0); err != nil || j.pieceKernel()+j.rowpcKernel() == "" {
-			t.Fatalf("%s %s: no bw_piece or bw_rowpc kernel (%v)", c.format, c.scheme, err)
+		if j, err := newGPUJob("BF16", n, k, s, c.format, "w", 0); err != nil || j.pieceKernel()+j.rowpcKernel()+j.binKernel() == "" {
+			t.Fatalf("%s %s: no bw_piece, bw_rowpc or bw_bin kernel (%v)", c.format, c.scheme, err)
 		}
 		raw := slices.Clone(good)
 		for _, b := range c.bad {
@@ -446,7 +455,8 @@ func TestGPUQuantizerPiecesReportBadInput(t *testing.T) {
 // TestGPURoundExactExhaustive checks int_round_exact, the division-free rounding the kernels use
 // for BF16 and F16 weights, against rintf of the true division, and the NF4 code of
 // quotient_exact against that of the true division, on every finite 16-bit weight and every
-// finite positive F16 scale (2^16 × 31,743 pairs per dtype) where the kernels use them.
+// finite positive F16 scale (2^16 × 31,743 pairs per dtype) where the kernels use them; for NF4
+// also the bucket table of the bw_piece_nf4 kernels (nf4_code_table, both variants).
 func TestGPURoundExactExhaustive(t *testing.T) {
 	dev, q := openGPUQuantizer(t)
 	check, err := q.module.Function("bw_check_round_exact")

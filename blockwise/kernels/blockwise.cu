@@ -219,6 +219,37 @@ __device__ __forceinline__ unsigned int nf4_code(float x, const float t[15]) {
     return c;
 }
 
+// NF4 codes by table (bw_piece_nf4_*, about half the instructions of nf4_code's search): the
+// quotient x in [−1, 1] falls in one of 32 buckets of width 1/15, b = 16 + round(15x); no bucket
+// holds two thresholds (the closest two, t7 and t8, are 0.0805 apart), so with base_b the number of
+// thresholds below bucket b, the code is base_b + (x > t[base_b]). Lane b of each warp holds
+// bucket b's base and threshold (nf4_bucket), and two shuffles fetch them for a weight. x beyond
+// ±1 has the code of ±1 (t0 > −1, t14 < 1): CLAMP clamps it, which a group whose F16 scale is
+// normal does not need (|x| ≤ 1 + 2^-10 stays in buckets 1–31); subnormal scales round absmax by
+// up to half, x up to 1.5. TestGPURoundExactExhaustive checks both variants against the division.
+__device__ __forceinline__ void nf4_bucket(const float (&t)[15], float& thr, unsigned int& base) {
+    // bucket b is x in [(b − 16.5)/15, (b − 15.5)/15]; lo lies below it, with a margin
+    const float lo = __fsub_rn(__fdiv_rn(__fsub_rn((float)(threadIdx.x & 31), 16.5f), 15.0f), 1e-3f);
+    base = 0;
+#pragma unroll
+    for (int i = 0; i < 15; i++) base += t[i] < lo ? 1u : 0u;
+    thr = __int_as_float(0x7f800000);
+#pragma unroll
+    for (int i = 0; i < 15; i++) thr = base == (unsigned int)i ? t[i] : thr;
+}
+
+// nf4_bucket_of is x's bucket in its low 5 bits: the bits of 2^23·1.5 + 16 + round(15x).
+template <bool CLAMP>
+__device__ __forceinline__ int nf4_bucket_of(float x) {
+    return __float_as_int(__fmaf_rn(CLAMP ? fminf(fmaxf(x, -1.0f), 1.0f) : x, 15.0f, ROUND_MAGIC + 16.0f));
+}
+
+template <bool CLAMP>
+__device__ __forceinline__ unsigned int nf4_code_table(float x, float thr, unsigned int base) {
+    const int b = nf4_bucket_of<CLAMP>(x);
+    return __shfl_sync(0xffffffffu, base, b) + (x > __shfl_sync(0xffffffffu, thr, b) ? 1u : 0u);
+}
+
 __device__ __forceinline__ void store_scale(unsigned short* scales, int layout, int r, int g, int n_rows, int groups, __half h) {
     u64 i = layout == LAYOUT_GPTQ ? (u64)g * n_rows + r : (u64)r * groups + g;
     scales[i] = __half_as_ushort(h);
@@ -550,17 +581,25 @@ extern "C" __global__ void bw_pack_zeros(const unsigned char* zbytes, int n_rows
 // (RecipInt.safe) and takes the division path, which reports it.
 template <int DT>
 __device__ __forceinline__ unsigned int min2(unsigned int a, unsigned int b) {
+#ifdef QPACK_HOST  // kernels/host/cuda_fp16.h's stand-in
+    return host_minmax2(DT == IN_BF16, false, a, b);
+#else
     unsigned int d;
     if constexpr (DT == IN_BF16) asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     else asm("min.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
+#endif
 }
 template <int DT>
 __device__ __forceinline__ unsigned int max2(unsigned int a, unsigned int b) {
+#ifdef QPACK_HOST
+    return host_minmax2(DT == IN_BF16, true, a, b);
+#else
     unsigned int d;
     if constexpr (DT == IN_BF16) asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     else asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
+#endif
 }
 
 // range16 is the range of chunks x[j0, j0 + jn) of a 16-bit input (both ends including 0), from
@@ -605,6 +644,26 @@ __device__ __forceinline__ void int_chunk_words(const Raw<DT>& xj, const RecipIn
     }
 #pragma unroll
     for (int m = 0; m < BITS / 4; m++) word[m] = __byte_perm(__float_as_uint(pk[2 * m]), __float_as_uint(pk[2 * m + 1]), 0x5410);
+}
+
+// int_chunk_bits codes chunk xj of a 16-bit input in 8·BITS bits (BITS 2 or 3) as int_chunk_words
+// does: the 8 2-bit codes in one float (2^23 + Σ c_e·4^e < 2^23 + 2^16), the 3-bit codes 0–3 and
+// 4–7 in two (12 bits each; the second one's exponent bits shift out: 0x4b000000 << 12 is 0).
+template <int DT, int BITS, bool CLAMP>
+__device__ __forceinline__ unsigned int int_chunk_bits(const Raw<DT>& xj, const RecipInt& p, float zero) {
+    constexpr int per = BITS == 2 ? 8 : 4;  // codes per float
+    const float pack0 = __fadd_rn(8388608.0f, __fmul_rn(zero, BITS == 2 ? 21845.0f : 585.0f));  // 2^23 + zero·Σ 2^(b·e)
+    float pk[8 / per];
+#pragma unroll
+    for (int i = 0; i < 8 / per; i++) pk[i] = pack0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float n = int_round_exact(raw_at<DT>(xj, e), p);
+        if (CLAMP) n = fminf(fmaxf(n, p.nlo), p.nhi);
+        pk[e / per] = __fmaf_rn(n, (float)(1 << (BITS * (e % per))), pk[e / per]);
+    }
+    if constexpr (BITS == 2) return __float_as_uint(pk[0]) & 0xffffu;
+    else return (__float_as_uint(pk[0]) & 0xfffu) | __float_as_uint(pk[1]) << 12;
 }
 
 template <int DT>
@@ -733,11 +792,11 @@ GPTQ4_ENTRY(_f32, IN_F32, 2)
 #define PIECE_ARGS w, n_rows, k, sym, zero_shift, layout, codes, scales, zeros, nf4t, status
 
 // chunk_codes_div loads the chunk at flat index at and codes it with the true division (the
-// reference formula; for groups that are not finite or not safe), into BITS/4 words. It returns
-// the chunk's non-finite weights as a bit mask.
+// reference formula; for groups that are not finite or not safe), into the 8·BITS low bits of
+// codes. It returns the chunk's non-finite weights as a bit mask.
 template <int DT, int GRID, int BITS>
 __device__ __forceinline__ unsigned int chunk_codes_div(const void* w, u64 at, float scale, float zero, const float (&t)[15],
-                                                     unsigned int (&word)[BITS / 4]) {
+                                                     u64& codes) {
     Raw<DT> x;
     load_raw<DT>(w, at, 8, true, x);
     u64 wd = 0;
@@ -749,22 +808,21 @@ __device__ __forceinline__ unsigned int chunk_codes_div(const void* w, u64 at, f
         const unsigned int code = GRID == GRID_INT ? int_code(v, scale, zero, (1 << BITS) - 1) : nf4_code(__fdiv_rn(v, scale), t);
         wd |= (u64)code << (BITS * e);
     }
-#pragma unroll
-    for (int m = 0; m < BITS / 4; m++) word[m] = (unsigned int)(wd >> (32 * m));
+    codes = wd;
     return bad;
 }
 
-// chunk_store writes chunk c's BITS/4 code words of row r, alone (the rare division path).
+// chunk_store writes chunk c's codes (BITS 4 or 8: BITS/4 words) of row r, alone (the rare
+// division path).
 template <int BITS>
-__device__ __forceinline__ void chunk_store(unsigned char* codes, int layout, int n_rows, int k, int r, u64 c,
-                                            const unsigned int (&word)[BITS / 4]) {
+__device__ __forceinline__ void chunk_store(unsigned char* codes, int layout, int n_rows, int k, int r, u64 c, u64 bits) {
     if (layout == LAYOUT_GPTQ) {
 #pragma unroll
-        for (int m = 0; m < BITS / 4; m++) ((unsigned int*)codes)[(c * (BITS / 4) + m) * n_rows + r] = word[m];
+        for (int m = 0; m < BITS / 4; m++) ((unsigned int*)codes)[(c * (BITS / 4) + m) * n_rows + r] = (unsigned int)(bits >> (32 * m));
     } else {
         unsigned char* dst = codes + (u64)r * ((u64)k / 8 * BITS) + c * BITS;
-        if constexpr (BITS == 4) *(unsigned int*)dst = word[0];
-        else *(uint2*)dst = make_uint2(word[0], word[1]);
+        if constexpr (BITS == 4) *(unsigned int*)dst = (unsigned int)bits;
+        else *(uint2*)dst = make_uint2((unsigned int)bits, (unsigned int)(bits >> 32));
     }
 }
 
@@ -820,6 +878,53 @@ __device__ __forceinline__ void piece_store(unsigned char* codes, int layout, in
     }
 }
 
+// piece_store_narrow is piece_store for 2- and 3-bit codes: cb[j] holds the 8·BITS bits of chunk
+// 2j + h. The piece's row is 4·BITS words of both layouts' bitstream; lane h stores words
+// 2·BITS·h … 2·BITS·h + 2·BITS − 1 (chunks 8h … 8h + 7), so the lanes of a row first swap four
+// chunks. BITS 2: word t is chunks 2t and 2t + 1 (lane 0's cb[t] and lane 1's). BITS 3: four
+// chunks (96 bits) are three words, lane 0 holding chunks 4u and 4u + 2 of them. GPTQ: each store
+// instruction writes two runs of 16 consecutive qweight words; qpack: 16 rows × 32 (2-bit) or 48
+// (3-bit) contiguous bytes in a 16- and an 8-byte store per lane.
+template <int BITS>
+__device__ __forceinline__ void piece_store_narrow(unsigned char* codes, int layout, int n_rows, int k, int r, int pc, bool live,
+                                                   const unsigned int (&cb)[8]) {
+    constexpr int W = 2 * BITS;  // words per lane
+    const int h = threadIdx.x & 1;
+    unsigned int own[4], got[4];  // own[q]: this lane's chunk of its half; got[q]: the other lane's
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        own[q] = h ? cb[4 + q] : cb[q];
+        got[q] = __shfl_xor_sync(0xffffffffu, h ? cb[q] : cb[4 + q], 1);
+    }
+    unsigned int wd[W];
+    if constexpr (BITS == 2) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) wd[q] = h ? got[q] | own[q] << 16 : own[q] | got[q] << 16;
+    } else {
+#pragma unroll
+        for (int v = 0; v < 2; v++) {  // chunks 4u .. 4u + 3 of unit u = 2h + v, in order
+            const unsigned int c0 = h ? got[2 * v] : own[2 * v], c1 = h ? own[2 * v] : got[2 * v];
+            const unsigned int c2 = h ? got[2 * v + 1] : own[2 * v + 1], c3 = h ? own[2 * v + 1] : got[2 * v + 1];
+            wd[3 * v] = c0 | c1 << 24;
+            wd[3 * v + 1] = c1 >> 8 | c2 << 16;
+            wd[3 * v + 2] = c2 >> 16 | c3 << 8;
+        }
+    }
+    if (!live) return;
+    if (layout == LAYOUT_GPTQ) {
+#pragma unroll
+        for (int t = 0; t < W; t++) ((unsigned int*)codes)[((u64)pc * 4 * BITS + W * h + t) * n_rows + r] = wd[t];
+        return;
+    }
+    unsigned char* row = codes + (u64)r * ((u64)k / 8 * BITS) + (u64)pc * 16 * BITS;
+    if constexpr (BITS == 2) {
+        *(uint4*)(row + 16 * h) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+    } else {  // lane 0: bytes 0–15 and 16–23; lane 1: 32–47 and 24–31
+        *(uint4*)(row + 32 * h) = h ? make_uint4(wd[2], wd[3], wd[4], wd[5]) : make_uint4(wd[0], wd[1], wd[2], wd[3]);
+        *(uint2*)(row + 16 + 8 * h) = h ? make_uint2(wd[0], wd[1]) : make_uint2(wd[4], wd[5]);
+    }
+}
+
 template <int DT, int GRID, int BITS, int GS>
 __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
     constexpr int NG = PIECE_COLS / GS;  // groups per piece
@@ -839,10 +944,12 @@ __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
         Raw<DT> x[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) load_raw<DT>(w, base + 8 * (2 * j + h), 8, true, x[j]);
-        float t[15];
+        float t[15], thr = 0.0f;
+        unsigned int tbase = 0;
         if (GRID == GRID_NF4) {
 #pragma unroll
             for (int i = 0; i < 15; i++) t[i] = __ldg(nf4t + i);
+            nf4_bucket(t, thr, tbase);
         }
         __half scale_h[NG];
         float scale[NG];
@@ -864,38 +971,74 @@ __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
             // Rounding is monotone in w: when the extremes round inside the code range, all do.
             if (GRID == GRID_INT) inside = inside && int_round_exact(lo, p[q]) >= p[q].nlo && int_round_exact(hi, p[q]) <= p[q].nhi;
         }
-        const bool skip_clamp = GRID == GRID_INT && __all_sync(0xffffffffu, ok && inside);
-        unsigned int word[8][BITS / 4];  // chunk 2j + h's codes (garbage where !ok: redone below)
+        bool normal = true;  // NF4: every scale a normal F16 (see nf4_code_table)
+#pragma unroll
+        for (int q = 0; q < NG; q++) normal = normal && scale[q] >= 6.103515625e-05f;
+        const bool skip_clamp = __all_sync(0xffffffffu, ok && (GRID == GRID_INT ? inside : normal));
+        constexpr int WPC = BITS >= 4 ? BITS / 4 : 1;
+        // chunk 2j + h's codes: BITS/4 words, or (BITS 2, 3) its 8·BITS bits in word[j][0]; garbage
+        // where !ok (redone below)
+        unsigned int word[8][WPC];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int q = j / JG;
-            if (GRID == GRID_NF4) {
+            if constexpr (GRID == GRID_NF4) {
                 word[j][0] = 0;
+                if (skip_clamp) {
 #pragma unroll
-                for (int e = 0; e < 8; e++) word[j][0] |= nf4_code(quotient_exact(raw_at<DT>(x[j], e), p[q]), t) << (4 * e);
+                    for (int e = 0; e < 8; e++) word[j][0] |= nf4_code_table<false>(quotient_exact(raw_at<DT>(x[j], e), p[q]), thr, tbase) << (4 * e);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) word[j][0] |= nf4_code_table<true>(quotient_exact(raw_at<DT>(x[j], e), p[q]), thr, tbase) << (4 * e);
+                }
+            } else if constexpr (BITS < 4) {
+                word[j][0] = skip_clamp ? int_chunk_bits<DT, BITS, false>(x[j], p[q], zero[q]) : int_chunk_bits<DT, BITS, true>(x[j], p[q], zero[q]);
             } else if (skip_clamp) {
                 int_chunk_words<DT, BITS, false>(x[j], p[q], zero[q], word[j]);
             } else {
                 int_chunk_words<DT, BITS, true>(x[j], p[q], zero[q], word[j]);
             }
         }
-        piece_store<BITS>(codes, layout, n_rows, k, r, pc, live && ok, word);  // converged: it shuffles
-        if (!ok) {  // not finite, or an unsafe group (rare): the true division, and the status report
-#pragma unroll 1
-            for (int j = 0; j < 8; j++) {
-                float sc = scale[0], zq = zero[0];  // group j / JG's, without indexing the arrays at run time
+        // divide codes chunk 2j + h with the true division (groups not finite or not safe: rare) and
+        // reports its non-finite weights.
+        auto divide = [&](int j, u64& bits) {
+            float sc = scale[0], zq = zero[0];  // group j / JG's, without indexing the arrays at run time
 #pragma unroll
-                for (int q = 1; q < NG; q++) {
-                    if (j / JG == q) {
-                        sc = scale[q];
-                        zq = zero[q];
+            for (int q = 1; q < NG; q++) {
+                if (j / JG == q) {
+                    sc = scale[q];
+                    zq = zero[q];
+                }
+            }
+            const u64 at = base + 8 * (2 * j + h);
+            const unsigned int bad = chunk_codes_div<DT, GRID, BITS>(w, at, sc, zq, t, bits);
+            if (bad) atomicMin(status, at + __ffs(bad) - 1);
+        };
+        if constexpr (BITS < 4) {  // 3-bit words hold parts of both lanes' chunks: divide first, then store
+            if (!ok) {
+#pragma unroll 1
+                for (int j = 0; j < 8; j++) {
+                    u64 bits;
+                    divide(j, bits);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        if (i == j) word[i][0] = (unsigned int)bits;
                     }
                 }
-                const u64 at = base + 8 * (2 * j + h);
-                unsigned int wd[BITS / 4];
-                const unsigned int bad = chunk_codes_div<DT, GRID, BITS>(w, at, sc, zq, t, wd);
-                if (bad) atomicMin(status, at + __ffs(bad) - 1);
-                if (live) chunk_store<BITS>(codes, layout, n_rows, k, r, (u64)pc * 16 + 2 * j + h, wd);
+            }
+            unsigned int cb[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) cb[j] = word[j][0];
+            piece_store_narrow<BITS>(codes, layout, n_rows, k, r, pc, live, cb);  // converged: it shuffles
+        } else {
+            piece_store<BITS>(codes, layout, n_rows, k, r, pc, live && ok, word);  // converged: it shuffles
+            if (!ok) {
+#pragma unroll 1
+                for (int j = 0; j < 8; j++) {
+                    u64 bits;
+                    divide(j, bits);
+                    if (live) chunk_store<BITS>(codes, layout, n_rows, k, r, (u64)pc * 16 + 2 * j + h, bits);
+                }
             }
         }
         if (live && h == 0) {
@@ -906,9 +1049,29 @@ __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
                 if (non_finite(scale[q])) atomicMin(status + 1, (u64)r * groups + g);
             }
         }
-        if (GRID == GRID_INT && layout == LAYOUT_GPTQ) {
+        if (GRID == GRID_INT && layout == LAYOUT_GPTQ && BITS == 3) {
+            // qzeros [groups, ceil(3N/32)], each group a bitstream over rows: the warp's 16 rows are 48
+            // bits from bit 48·band, whole and half words (even bands: a word and the low half of the
+            // next, which the next band completes; odd bands: a high half and a word).
+            const int wpg = (3 * n_rows + 31) / 32, bit = 48 * (int)blockIdx.y, wi = bit / 32;
+#pragma unroll
+            for (int q = 0; q < NG; q++) {
+                u64 zb = live && h == 0 ? (u64)(((int)zero[q] - zero_shift) & 7) << (3 * (lane >> 1)) : 0;
+#pragma unroll
+                for (int off = 1; off < 32; off <<= 1) zb |= __shfl_xor_sync(0xffffffffu, zb, off);
+                unsigned int* qz = (unsigned int*)zeros + (u64)(pc * NG + q) * wpg;
+                if (lane == 0 && bit % 32 == 0) {
+                    qz[wi] = (unsigned int)zb;
+                    if (wi + 1 < wpg && r0 + PIECE_ROWS < n_rows) ((unsigned short*)(qz + wi + 1))[0] = (unsigned short)(zb >> 32);
+                    else if (wi + 1 < wpg) qz[wi + 1] = (unsigned int)(zb >> 32);  // no next band: the whole word
+                } else if (lane == 0) {
+                    ((unsigned short*)(qz + wi))[1] = (unsigned short)zb;
+                    if (wi + 1 < wpg) qz[wi + 1] = (unsigned int)(zb >> 16);
+                }
+            }
+        } else if (GRID == GRID_INT && layout == LAYOUT_GPTQ) {
             // qzeros [groups, ceil(N·b/32)]: word (g, r/rpw) holds rows r..r+rpw−1, (z − zero_shift) mod 2^b each.
-            constexpr int rpw = 32 / BITS, lpw = 2 * rpw;  // rows and lanes per word
+            constexpr int rpw = 32 / BITS, lpw = 2 * rpw > 32 ? 32 : 2 * rpw;  // rows and lanes per word
 #pragma unroll
             for (int q = 0; q < NG; q++) {
                 unsigned int zw = live && h == 0 ? ((unsigned int)((int)zero[q] - zero_shift) & maxq) << (BITS * ((lane >> 1) & (rpw - 1))) : 0u;
@@ -924,10 +1087,34 @@ __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
             if constexpr (BITS == 8) {
 #pragma unroll
                 for (int q = 0; q < NG; q++) zeros[(u64)r * groups + pc * NG + q] = (unsigned char)zero[q];
-            } else if constexpr (NG > 1) {
+            } else if constexpr (BITS == 4 && NG > 1) {
 #pragma unroll
                 for (int q = 0; q < NG; q += 2)
                     zeros[(u64)r * (groups / 2) + (pc * NG + q) / 2] = (unsigned char)((int)zero[q] | (int)zero[q + 1] << 4);
+            }
+        }
+    }
+    if constexpr (GRID == GRID_INT && BITS < 4) {
+        if (layout == LAYOUT_QPACK && !sym) {  // block-uniform: every thread reaches the barrier
+            // qpack zeros U8 [N, ceil(groups·b/8)], each row a bitstream over groups: the block's 8
+            // pieces are 8·NG groups, NG·b whole bytes of each row, gathered in shared memory.
+            constexpr int bpr = NG * BITS;  // bytes per row and block
+            __shared__ unsigned char zs[PIECE_ROWS][WARPS * NG];
+            if (h == 0) {
+#pragma unroll
+                for (int q = 0; q < NG; q++) zs[lane >> 1][warp * NG + q] = active ? (unsigned char)zero[q] : 0;
+            }
+            __syncthreads();
+            const int row_bytes = (groups * BITS + 7) / 8;
+            for (int idx = threadIdx.x; idx < PIECE_ROWS * bpr; idx += THREADS) {
+                const int i = idx / bpr, m = idx % bpr, byte = blockIdx.x * bpr + m;
+                if (r0 + i >= n_rows || byte >= row_bytes) continue;
+                unsigned int v = 0;
+                for (int l = 8 * m / BITS; l < WARPS * NG && l * BITS < 8 * m + 8; l++) {
+                    const int pos = l * BITS - 8 * m;
+                    v |= pos >= 0 ? (unsigned int)zs[i][l] << pos : (unsigned int)zs[i][l] >> -pos;
+                }
+                zeros[(u64)(r0 + i) * row_bytes + byte] = (unsigned char)v;
             }
         }
     }
@@ -950,6 +1137,12 @@ __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
     extern "C" __global__ void __launch_bounds__(THREADS, 3) name##_f16(PIECE_PARAMS) {               \
         piece_kernel<IN_F16, GRIDV, BITSV, GSV>(PIECE_ARGS);                                           \
     }
+PIECE_ENTRY(bw_piece_int2_g32, GRID_INT, 2, 32)
+PIECE_ENTRY(bw_piece_int2_g64, GRID_INT, 2, 64)
+PIECE_ENTRY(bw_piece_int2_g128, GRID_INT, 2, 128)
+PIECE_ENTRY(bw_piece_int3_g32, GRID_INT, 3, 32)
+PIECE_ENTRY(bw_piece_int3_g64, GRID_INT, 3, 64)
+PIECE_ENTRY(bw_piece_int3_g128, GRID_INT, 3, 128)
 PIECE_ENTRY(bw_piece_int4_g32, GRID_INT, 4, 32)
 PIECE_ENTRY(bw_piece_int4_g64, GRID_INT, 4, 64)
 PIECE_ENTRY(bw_piece_int4_g128, GRID_INT, 4, 128)
@@ -959,6 +1152,142 @@ PIECE_ENTRY(bw_piece_int8_g128, GRID_INT, 8, 128)
 PIECE_ENTRY(bw_piece_nf4_g32, GRID_NF4, 4, 32)
 PIECE_ENTRY(bw_piece_nf4_g64, GRID_NF4, 4, 64)
 PIECE_ENTRY(bw_piece_nf4_g128, GRID_NF4, 4, 128)
+
+// bw_bin_g*: binary groups of GS = 32, 64 or 128 columns of a 16-bit input (BF16, F16), qpack
+// layout, K a multiple of 2·GS, in one launch (bw_params_bin + bw_encode_bin read the input twice,
+// one thread summing a whole group with scattered loads). A warp takes 16 rows × 2 groups: lanes
+// 2i and 2i + 1 hold row r0 + i, lane half h loading chunks 2j + h (j < GS/8) so that each 16-byte
+// load instruction reads 16 rows × 32 contiguous bytes; then the row's lanes swap GS/16 chunks so
+// that lane h holds group h whole. Each lane then sums its group one weight after another in
+// float64, as quant.BinaryParams does (no reordering: float64 sums of float32 terms are not
+// associative), codes it and stores its GS/8 bytes of codes, its scale and its offset.
+// The offset's sum adds scaled_double(w) = w·2^-896 (every 16-bit weight's sum is exact so, see
+// scaled_double); the absolute deviations convert with cvt.f64.f32. A non-finite weight or
+// parameter makes its lane reload its group and report (rare).
+// scaled_pair adds the two weights of word u (16-bit input, element 0 first) to sum, a float64
+// sum scaled by 2^-896: a weight v adds v·2^-896 built from its bits, the exponent field copied
+// into the double's, not rebiased (a float32 subnormal becomes a double subnormal of the same
+// fraction, also v·2^-896), and for BF16 straight from the packed word (a shift and a mask, with
+// expressions of their own, so that the compiler does not keep 128 unpacked weights alive for
+// the second pass). Sums of such terms round as the unscaled sums do: the weights are multiples
+// of 2^-133 (BF16) or 2^-24 (F16), so every partial sum below 2^-126 in magnitude, the scaled
+// ones' subnormal range, is exact either way, and above it both have 53 bits. NaN and Inf give
+// finite garbage; the kernel detects them through the absolute deviations.
+template <int DT>
+__device__ __forceinline__ double scaled_pair(double sum, unsigned int u) {
+    if constexpr (DT == IN_BF16) {
+        sum = __dadd_rn(sum, __hiloint2double((int)__byte_perm(u, 0u, 0x1044) >> 3 & 0x8fffe000, 0));
+        return __dadd_rn(sum, __hiloint2double((int)u >> 3 & 0x8fffe000, 0));
+    } else {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const unsigned int b = __float_as_uint(__half2float(__ushort_as_half((unsigned short)(e ? u >> 16 : u & 0xffffu))));
+            sum = __dadd_rn(sum, __hiloint2double((int)b >> 3 & 0x8fffffff, (int)(b << 29)));
+        }
+        return sum;
+    }
+}
+
+template <int DT, int GS>
+__device__ __forceinline__ void bin_kernel(const void* w, int n_rows, int k, int sym, unsigned char* codes,
+                                           unsigned short* scales, unsigned short* offsets, u64* status) {
+    constexpr int J = GS / 16;  // chunks of each group a lane loads
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int pc = blockIdx.x * WARPS + warp;  // pair of groups
+    if (pc >= k / (2 * GS)) return;            // whole warps: no shuffle misses a lane
+    const int groups = k / GS, g = 2 * pc + (lane & 1);
+    const int r = blockIdx.y * PIECE_ROWS + (lane >> 1), h = lane & 1;
+    const bool live = r < n_rows;
+    const u64 base = (u64)min(r, n_rows - 1) * k + (u64)pc * 2 * GS;  // rows past N reload the last
+    Raw<DT> x[2 * J];
+#pragma unroll
+    for (int j = 0; j < 2 * J; j++) load_raw<DT>(w, base + 8 * (2 * j + h), 8, true, x[j]);
+    // Lane 0 keeps its chunks 2j of group 0 and gets lane 1's 2j + 1; lane 1 keeps its chunks 2j + 1
+    // of group 1 (its x[J + j]) and gets lane 0's 2j (lane 0's x[J + j]).
+    Raw<DT> ev[J], od[J];  // the own group's chunks 2j and 2j + 1
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const unsigned int got = __shfl_xor_sync(0xffffffffu, h ? x[j].u[q] : x[J + j].u[q], 1);
+            ev[j].u[q] = h ? got : x[j].u[q];
+            od[j].u[q] = h ? x[J + j].u[q] : got;
+        }
+    }
+    float offset = 0.0f;
+    __half offset_h = __float2half_rn(0.0f);
+    if (!sym) {
+        double sum = 0.0;  // scaled by 2^-896
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) sum = scaled_pair<DT>(sum, ev[j].u[q]);
+#pragma unroll
+            for (int q = 0; q < 4; q++) sum = scaled_pair<DT>(sum, od[j].u[q]);
+        }
+        // sum·2^896 / GS: one exact multiplication (GS is a power of two, nothing underflows)
+        offset_h = __float2half_rn(__double2float_rn(__dmul_rn(sum, __hiloint2double(0x77f00000, 0) / GS)));
+        offset = __half2float(offset_h);
+    }
+    // The code is 1 where w − offset ≥ 0. Against an offset of −0 instead of +0 (the same
+    // differences) no difference is −0, so the code is the complement of the difference's sign bit,
+    // shifted in from the right (one funnel shift per weight) and the word's bits reversed after.
+    const float off_nz = offset == 0.0f ? -0.0f : offset;
+    double sum_abs = 0.0;
+    unsigned int cw[GS / 32];  // codes, 32 per word
+#pragma unroll
+    for (int c = 0; c < GS / 8; c++) {  // the group's chunk c, in order
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float d = __fsub_rn(raw_at<DT>(c & 1 ? od[c >> 1] : ev[c >> 1], e), off_nz);
+            sum_abs = __dadd_rn(sum_abs, (double)fabsf(d));
+            cw[c / 4] = __funnelshift_l(__float_as_uint(d), c % 4 == 0 && e == 0 ? 0u : cw[c / 4], 1);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < GS / 32; i++) cw[i] = ~__brev(cw[i]);
+    __half scale_h = __float2half_rn(__double2float_rn(__dmul_rn(sum_abs, 1.0 / GS)));
+    if (__half2float(scale_h) == 0.0f) scale_h = __ushort_as_half((unsigned short)1);
+    const float scale = __half2float(scale_h);
+    if (!live) return;
+    if (non_finite(scale) || non_finite(offset)) {  // a weight not finite, or a parameter out of F16's range
+        atomicMin(status + 1, (u64)r * groups + g);
+#pragma unroll 1
+        for (int c = 0; c < GS / 8; c++) {
+            Raw<DT> y;
+            const u64 at = (u64)r * k + (u64)g * GS + 8 * c;
+            load_raw<DT>(w, at, 8, true, y);
+            unsigned int bad = 0;
+#pragma unroll
+            for (int e = 0; e < 8; e++) bad |= (non_finite(raw_at<DT>(y, e)) ? 1u : 0u) << e;
+            if (bad) {
+                atomicMin(status, at + __ffs(bad) - 1);
+                break;
+            }
+        }
+    }
+    unsigned char* dst = codes + (u64)r * (k / 8) + (u64)g * (GS / 8);
+    if constexpr (GS == 128) *(uint4*)dst = make_uint4(cw[0], cw[1], cw[2], cw[3]);
+    else if constexpr (GS == 64) *(uint2*)dst = make_uint2(cw[0], cw[1]);
+    else *(unsigned int*)dst = cw[0];
+    scales[(u64)r * groups + g] = __half_as_ushort(scale_h);
+    if (!sym) offsets[(u64)r * groups + g] = __half_as_ushort(offset_h);
+}
+
+#define BIN_ENTRY(GSV)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2) bw_bin_g##GSV##_bf16(                      \
+        const void* w, int n_rows, int k, int sym, unsigned char* codes, unsigned short* scales,        \
+        unsigned short* offsets, u64* status) {                                                         \
+        bin_kernel<IN_BF16, GSV>(w, n_rows, k, sym, codes, scales, offsets, status);                   \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS, 2) bw_bin_g##GSV##_f16(                       \
+        const void* w, int n_rows, int k, int sym, unsigned char* codes, unsigned short* scales,        \
+        unsigned short* offsets, u64* status) {                                                         \
+        bin_kernel<IN_F16, GSV>(w, n_rows, k, sym, codes, scales, offsets, status);                    \
+    }
+BIN_ENTRY(32)
+BIN_ENTRY(64)
+BIN_ENTRY(128)
 
 // bw_rowpc_*: per-channel integer 4- and 8-bit and NF4 groups (one group per row) of a 16-bit
 // input with K a multiple of 8 and K ≤ 256·CPL (CPL 16 or 24), in one launch that reads the input once: a warp
@@ -972,7 +1301,11 @@ PIECE_ENTRY(bw_piece_nf4_g128, GRID_NF4, 4, 128)
 
 template <int DT, int GRID, int BITS, int CPL>
 __device__ __forceinline__ void rowpc_kernel(PIECE_PARAMS) {
+#ifdef QPACK_HOST
+    static unsigned int rstage[(48 << 10) / 4];  // the stand-ins' shared memory: one block at a time
+#else
     extern __shared__ unsigned int rstage[];
+#endif
     constexpr int wpc = BITS / 4, maxq = (1 << BITS) - 1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = blockIdx.x * RPC_ROWS, r = r0 + warp;
@@ -1038,9 +1371,12 @@ __device__ __forceinline__ void rowpc_kernel(PIECE_PARAMS) {
         for (int i = 0; i < CPL; i++) {
             const int c = lane + 32 * i;
             if (c >= nchunks) break;
-            unsigned int word[wpc];
-            const unsigned int bad = chunk_codes_div<DT, GRID, BITS>(w, base + 8 * c, scale, zero, t, word);
+            u64 bits;
+            const unsigned int bad = chunk_codes_div<DT, GRID, BITS>(w, base + 8 * c, scale, zero, t, bits);
             if (bad) atomicMin(status, base + 8 * c + __ffs(bad) - 1);
+            unsigned int word[wpc];
+#pragma unroll
+            for (int m = 0; m < wpc; m++) word[m] = (unsigned int)(bits >> (32 * m));
             emit(i, word);
         }
     }
@@ -1097,24 +1433,38 @@ ROWPC_ENTRY(bw_rowpc_nf4_c24, GRID_NF4, 4, 24, 2)
 // rintf of the true division (nf4t null), or the NF4 code of quotient_exact with that of the true
 // division (nf4t the thresholds), wherever RecipInt.safe holds. counts[0] gets the mismatches,
 // counts[1] the pairs compared; first gets the lowest mismatching weight << 16 | scale bits.
+// With the thresholds, nf4_code_table's clamped variant is compared too, on every pair, and the
+// unclamped one where the scale is a normal F16 and |w| ≤ scale·(1 + 2^-10), as in the kernels
+// (the loop over scales is the same in every lane: the table's shuffles see the whole warp).
 extern "C" __global__ void bw_check_round_exact(int dtype, const float* nf4t, u64* counts, unsigned int* first) {
     const unsigned int bits = blockIdx.x * blockDim.x + threadIdx.x;
-    if (bits > 0xffffu) return;
+    if (bits > 0xffffu) return;  // whole warps
     const float w = dtype == IN_BF16 ? __uint_as_float(bits << 16) : __half2float(__ushort_as_half((unsigned short)bits));
-    if (non_finite(w)) return;
-    float t[15];
+    const bool finite = !non_finite(w);
+    float t[15], thr = 0.0f;
+    unsigned int tbase = 0;
     if (nf4t) {
 #pragma unroll
         for (int i = 0; i < 15; i++) t[i] = nf4t[i];
+        nf4_bucket(t, thr, tbase);
     }
     u64 bad = 0, checked = 0;
     for (unsigned int sb = 1; sb < 0x7c00u; sb++) {
         const float scale = __half2float(__ushort_as_half((unsigned short)sb));
         const RecipInt p = recip_int(scale, 0.0f, 15, fabsf(w));
-        if (!p.safe) continue;
+        const bool safe = finite && p.safe;
+        bool same;
+        if (nf4t) {
+            const float x = quotient_exact(w, p);
+            const unsigned int want = nf4_code(__fdiv_rn(w, scale), t);
+            const unsigned int clamped = nf4_code_table<true>(x, thr, tbase), plain = nf4_code_table<false>(x, thr, tbase);
+            same = nf4_code(x, t) == want && clamped == want &&
+                   (sb < 0x0400u || fabsf(w) > __fmul_rn(scale, 1.0009765625f) || plain == want);
+        } else {
+            same = int_round_exact(w, p) == rintf(__fdiv_rn(w, scale));
+        }
+        if (!safe) continue;
         checked++;
-        const bool same = nf4t ? nf4_code(quotient_exact(w, p), t) == nf4_code(__fdiv_rn(w, scale), t)
-                               : int_round_exact(w, p) == rintf(__fdiv_rn(w, scale));
         if (!same) {
             bad++;
             atomicMin(first, bits << 16 | sb);

@@ -1,0 +1,189 @@
+package blockwise
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/packing"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// hostKernels compiles kernels/blockwise.cu for the CPU (kernels/host: warps emulated with threads
+// and barriers, each float operation rounded once) and returns the binary, or skips without
+// -blockwise.hostcxx.
+func hostKernels(t *testing.T) string {
+	t.Helper()
+	if *hostCXX == "" {
+		t.Skip("-blockwise.hostcxx not set (a C++ compiler to run kernels/blockwise.cu on the CPU)")
+	}
+	bin := filepath.Join(t.TempDir(), "bw-host")
+	cmd := exec.Command(*hostCXX, "-O2", "-ffp-contract=off", "-std=c++20", "-pthread", "-I", "kernels/host", "-I", "kernels",
+		"-o", bin, "kernels/host/blockwise_host.cpp")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v\n%s", cmd, err, out)
+	}
+	return bin
+}
+
+// nf4ThresholdBytes are quant.NF4Thresholds as the kernels read them.
+func nf4ThresholdBytes() []byte {
+	th := quant.NF4Thresholds()
+	b := make([]byte, 4*len(th))
+	for i, v := range th {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
+}
+
+// hostQuantizePack runs job j's bw_piece_* or bw_bin_* kernel on the CPU, as enqueue launches it,
+// and returns what QuantizePack would.
+func hostQuantizePack(bin string, j gpuJob, raw []byte) ([]packing.Raw, error) {
+	name := j.pieceKernel() + j.binKernel()
+	if name == "" {
+		return nil, fmt.Errorf("%s %s: no bw_piece or bw_bin kernel", j.format, j.s)
+	}
+	g := j.pieceGrid()
+	sym := 0
+	if j.s.Sym {
+		sym = 1
+	}
+	c, s, z, o := j.outputSizes()
+	cmd := exec.Command(bin, name, fmt.Sprint(g.X), fmt.Sprint(g.Y), fmt.Sprint(j.n), fmt.Sprint(j.k), fmt.Sprint(sym),
+		fmt.Sprint(j.zeroShift), fmt.Sprint(j.layout), fmt.Sprint(c), fmt.Sprint(s), fmt.Sprint(z), fmt.Sprint(o))
+	cmd.Stdin = bytes.NewReader(append(nf4ThresholdBytes(), raw...))
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v", name, err)
+	}
+	if len(out) != c+s+z+o+16 {
+		return nil, fmt.Errorf("%s: %d bytes out, want %d", name, len(out), c+s+z+o+16)
+	}
+	st := out[c+s+z+o:]
+	if err := j.statusError([2]uint64{binary.LittleEndian.Uint64(st), binary.LittleEndian.Uint64(st[8:])}); err != nil {
+		return nil, err
+	}
+	return j.raws(out[:c], out[c:c+s], out[c+s:c+s+z], out[c+s+z:c+s+z+o]), nil
+}
+
+// TestKernelsOnCPU runs the one-launch kernels bw_piece_* (integer 2/3/4/8-bit and NF4 groups of
+// 32, 64, 128) and bw_bin_* (binary groups of 32, 64, 128) on the CPU — the kernel source itself,
+// its warps' shuffles and barriers included — in every format they serve, both 16-bit dtypes and
+// zero-point modes, on gpuTestWeights (exact rounding ties, zero and one-value rows, tiny and large
+// magnitudes), with N not a multiple of 16 or 32 and K of one and of several blocks; every byte
+// must be the CPU reference's. It also checks the reports of non-finite weights and of parameters
+// out of F16's range, and NF4's bucket table on a sample of all (weight, scale) pairs (the GPU
+// test TestGPURoundExactExhaustive takes all of them). What it cannot check is nvcc's
+// compilation: TestGPUQuantizerPieces does, on a GPU.
+// go test ./blockwise -run KernelsOnCPU -args -blockwise.hostcxx=g++
+func TestKernelsOnCPU(t *testing.T) {
+	bin := hostKernels(t)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 19))
+	var names []string
+	for _, gs := range pieceGroupSizes {
+		for _, b := range []int{2, 3, 4, 8} {
+			names = append(names, fmt.Sprintf("int%d-g%d-asym", b, gs), fmt.Sprintf("int%d-g%d-sym", b, gs))
+		}
+		names = append(names, fmt.Sprintf("nf4-g%d", gs), fmt.Sprintf("bin-g%d-asym", gs), fmt.Sprintf("bin-g%d-sym", gs))
+	}
+	// 45 rows: three bands, the last partial (GPTQ 3-bit qzeros: an even band without a next one
+	// writes its second word whole); 1280 columns: 10 pieces (5 binary g128 pairs), two blocks, the
+	// second with idle warps; 33 rows: one row in the third band.
+	for _, shape := range [][2]int{{45, 1280}, {33, 512}} {
+		n, k := shape[0], shape[1]
+		for _, name := range names {
+			s, err := quant.ParseScheme(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, format := range gpuFormats(s) {
+				dtype := []string{"BF16", "F16"}[r.IntN(2)]
+				what := fmt.Sprintf("%s %s %s %dx%d", format, name, dtype, n, k)
+				j, err := newGPUJob(dtype, n, k, s, format, "m", 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if j.gptq4g128() { // bw_gptq4_g128, not a piece kernel
+					continue
+				}
+				raw, held := encodeWeights(gpuTestWeights(r, n, k), dtype)
+				want, err := cpuQuantizePack(held, n, k, s, format, "m")
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := hostQuantizePack(bin, j, raw)
+				if err != nil {
+					t.Errorf("%s: %v", what, err)
+					continue
+				}
+				compareRaws(t, what, got, want)
+			}
+		}
+	}
+}
+
+// TestKernelsOnCPUReportBadInput checks bw_piece_*'s and bw_bin_*'s reports on the CPU: the
+// lowest non-finite weight, and a scale or offset that overflows F16.
+func TestKernelsOnCPUReportBadInput(t *testing.T) {
+	bin := hostKernels(t)
+	const n, k = 40, 512
+	good, _ := encodeWeights(gpuTestWeights(rand.New(rand.NewPCG(3, 4)), n, k), "BF16")
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	for _, c := range []struct {
+		scheme, format string
+		bad            [][3]float32 // row, column, value
+		want           string
+	}{
+		{"int3-g128-asym", "gptq", [][3]float32{{21, 300, nan}, {30, 2, nan}}, "row 21, column 300"},
+		{"int2-g64-asym", "qpack", [][3]float32{{2, 511, inf}, {2, 509, nan}}, "row 2, column 509"},
+		{"int3-g32-sym", "qpack", [][3]float32{{5, 70, 3e38}}, "row 5, group 2"},
+		{"nf4-g64", "qpack", [][3]float32{{17, 200, inf}}, "row 17, column 200"},
+		{"bin-g128-asym", "qpack", [][3]float32{{33, 9, -inf}, {33, 300, nan}}, "row 33, column 9"},
+		{"bin-g64-sym", "qpack", [][3]float32{{38, 511, nan}}, "row 38, column 511"},
+		{"bin-g128-asym", "qpack", [][3]float32{{9, 130, 3e38}}, "row 9, group 1"},
+		{"bin-g32-sym", "qpack", [][3]float32{{9, 130, -3e38}, {9, 131, -3e38}}, "row 9, group 4"},
+	} {
+		s, err := quant.ParseScheme(c.scheme)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := newGPUJob("BF16", n, k, s, c.format, "w", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw := slices.Clone(good)
+		for _, b := range c.bad {
+			at, h := 2*(int(b[0])*k+int(b[1])), fp.F32ToBF16(b[2])
+			raw[at], raw[at+1] = byte(h), byte(h>>8)
+		}
+		if _, err := hostQuantizePack(bin, j, raw); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %s: got %v, want an error naming %q", c.format, c.scheme, err, c.want)
+		}
+	}
+}
+
+// TestNF4TableOnCPU checks nf4_code_table's buckets against nf4_code of the true division on
+// every finite BF16 and F16 weight and every 97th finite positive F16 scale (about 3·10^7 pairs;
+// `bw-host nf4table DTYPE 1` takes them all, as TestGPURoundExactExhaustive does on a GPU).
+func TestNF4TableOnCPU(t *testing.T) {
+	bin := hostKernels(t)
+	for dt, name := range []string{"BF16", "F16"} {
+		cmd := exec.Command(bin, "nf4table", fmt.Sprint(dt), "97")
+		cmd.Stdin = bytes.NewReader(nf4ThresholdBytes())
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: %v\n%s", name, err, out)
+		}
+		t.Logf("%s: %s", name, strings.TrimSpace(string(out)))
+	}
+}
