@@ -172,18 +172,20 @@ func TestKernelsOnCPUReportBadInput(t *testing.T) {
 	}
 }
 
-// TestNF4TableOnCPU checks nf4_code_table's buckets against nf4_code of the true division on
-// every finite BF16 and F16 weight and every 97th finite positive F16 scale (about 3·10^7 pairs;
-// `bw-host nf4table DTYPE 1` takes them all, as TestGPURoundExactExhaustive does on a GPU).
-func TestNF4TableOnCPU(t *testing.T) {
+// TestKernelArithmeticOnCPU checks nf4_code_table's buckets against nf4_code of the true
+// division on every finite BF16 and F16 weight and every 97th finite positive F16 scale (about
+// 3·10^7 pairs; `bw-host nf4table DTYPE 1` takes them all, as TestGPURoundExactExhaustive does on
+// a GPU), and div_const against the division on every 1001st finite float32 ≥ 0 (`bw-host
+// divcheck 1` takes all 8.6·10^9 quotients).
+func TestKernelArithmeticOnCPU(t *testing.T) {
 	bin := hostKernels(t)
-	for dt, name := range []string{"BF16", "F16"} {
-		cmd := exec.Command(bin, "nf4table", fmt.Sprint(dt), "97")
+	for _, args := range [][]string{{"nf4table", "0", "97"}, {"nf4table", "1", "97"}, {"divcheck", "1001"}} {
+		cmd := exec.Command(bin, args...)
 		cmd.Stdin = bytes.NewReader(nf4ThresholdBytes())
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			t.Errorf("%s: %v\n%s", name, err, out)
+			t.Errorf("%v: %v\n%s", args, err, out)
 		}
-		t.Logf("%s: %s", name, strings.TrimSpace(string(out)))
+		t.Logf("%v: %s", args, strings.TrimSpace(string(out)))
 	}
 }

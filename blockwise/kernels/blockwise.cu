@@ -191,6 +191,45 @@ __device__ __forceinline__ unsigned int int_code_exact(float w, const RecipInt& 
     return __float_as_uint(__fadd_rn(n, p.magic_zero)) - __float_as_uint(ROUND_MAGIC);
 }
 
+// div_const is x / C for x ≥ 0 (C = 2^b − 1), correctly rounded, without a division: the product
+// by the rounded reciprocal is faithful, and Markstein's correction (its remainder exact in an
+// FMA) rounds it correctly. TestKernelsOnCPU's divcheck compares it with the division on every
+// finite float32 x ≥ 0 for C = 3, 7, 15, 255 (Inf gives NaN: a scale out of F16's range either way).
+template <int C>
+__device__ __forceinline__ float div_const(float x) {
+    constexpr float r = 1.0f / C;
+    const float q = __fmul_rn(x, r);
+    return __fmaf_rn(__fmaf_rn(-q, (float)C, x), r, q);
+}
+
+// int_params16 is int_params and recip_int for a group of 16-bit weights (the range's ends are
+// weights or 0), with no division where the group is safe: (xmax − xmin)/maxq by div_const, the
+// zero point's −xmin/scale by quotient_exact (xmin is a 16-bit weight and |xmin| ≤ absw, see
+// TestGPURoundExactExhaustive); an unsafe group divides.
+template <int MAXQ>
+__device__ __forceinline__ RecipInt int_params16(float xmin, float xmax, int sym, float absw, __half* scale_h, float* scale, float* zero) {
+    if (sym) {
+        xmax = fmaxf(-xmin, xmax);
+        if (xmin < 0.0f) xmin = -xmax;
+    }
+    if (xmin == 0.0f && xmax == 0.0f) {
+        xmin = -1.0f;
+        xmax = 1.0f;
+    }
+    __half h = __float2half_rn(div_const<MAXQ>(xmax - xmin));
+    if (__half2float(h) == 0.0f) h = __ushort_as_half((unsigned short)1);
+    *scale_h = h;
+    *scale = __half2float(h);
+    RecipInt p = recip_int(*scale, 0.0f, MAXQ, absw);
+    float z = (float)((MAXQ + 1) / 2);
+    if (!sym) z = fminf(fmaxf(rintf(p.safe ? quotient_exact(-xmin, p) : __fdiv_rn(-xmin, *scale)), 0.0f), (float)MAXQ);
+    *zero = z;
+    p.nlo = -z;
+    p.nhi = __fsub_rn((float)MAXQ, z);
+    p.magic_zero = __fadd_rn(ROUND_MAGIC, z);
+    return p;
+}
+
 // int_code is the reference formula with the true division.
 __device__ __forceinline__ unsigned int int_code(float w, float scale, float zero, int maxq) {
     return (unsigned int)fminf(fmaxf(rintf(__fdiv_rn(w, scale)) + zero, 0.0f), (float)maxq);
@@ -964,9 +1003,12 @@ __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
             hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
             finite = __shfl_xor_sync(0xffffffffu, (int)finite, 1) && finite;  // the row's two lanes
             zero[q] = 0.0f;
-            if (GRID == GRID_INT) int_params(lo, hi, sym, maxq, &scale_h[q], &scale[q], &zero[q]);
-            else nf4_params(fmaxf(-lo, hi), &scale_h[q], &scale[q]);
-            p[q] = recip_int(scale[q], zero[q], maxq, fmaxf(-lo, hi));
+            if constexpr (GRID == GRID_INT) {
+                p[q] = int_params16<maxq>(lo, hi, sym, fmaxf(-lo, hi), &scale_h[q], &scale[q], &zero[q]);
+            } else {
+                nf4_params(fmaxf(-lo, hi), &scale_h[q], &scale[q]);
+                p[q] = recip_int(scale[q], zero[q], maxq, fmaxf(-lo, hi));
+            }
             ok = ok && p[q].safe && finite;
             // Rounding is monotone in w: when the extremes round inside the code range, all do.
             if (GRID == GRID_INT) inside = inside && int_round_exact(lo, p[q]) >= p[q].nlo && int_round_exact(hi, p[q]) <= p[q].nhi;
@@ -1044,9 +1086,18 @@ __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
         if (live && h == 0) {
 #pragma unroll
             for (int q = 0; q < NG; q++) {
-                const int g = pc * NG + q;
-                store_scale(scales, layout, r, g, n_rows, groups, scale_h[q]);
-                if (non_finite(scale[q])) atomicMin(status + 1, (u64)r * groups + g);
+                if (non_finite(scale[q])) atomicMin(status + 1, (u64)r * groups + pc * NG + q);
+            }
+            if (layout == LAYOUT_QPACK && NG == 4) {  // the row's 4 scales in one 8-byte store (groups is a multiple of 4)
+                *(uint2*)(scales + (u64)r * groups + pc * NG) =
+                    make_uint2(__half_as_ushort(scale_h[0]) | (unsigned int)__half_as_ushort(scale_h[NG > 1]) << 16,
+                               __half_as_ushort(scale_h[NG > 2 ? 2 : 0]) | (unsigned int)__half_as_ushort(scale_h[NG > 3 ? 3 : 0]) << 16);
+            } else if (layout == LAYOUT_QPACK && NG == 2) {  // in one 4-byte store (groups is even)
+                *(unsigned int*)(scales + (u64)r * groups + pc * NG) =
+                    __half_as_ushort(scale_h[0]) | (unsigned int)__half_as_ushort(scale_h[NG > 1]) << 16;
+            } else {
+#pragma unroll
+                for (int q = 0; q < NG; q++) store_scale(scales, layout, r, pc * NG + q, n_rows, groups, scale_h[q]);
             }
         }
         if (GRID == GRID_INT && layout == LAYOUT_GPTQ && BITS == 3) {

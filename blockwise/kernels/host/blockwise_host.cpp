@@ -11,6 +11,9 @@
 // with nf4_code of the true division on every finite 16-bit weight (DTYPE 0 BF16, 1 F16) and
 // every STEP-th finite positive F16 scale, where the kernels use it, as bw_check_round_exact does
 // on the GPU; it prints the pairs compared and exits 1 on a mismatch.
+//   bw-host divcheck STEP < T
+// compares div_const<C>(x) with the division x / C for C = 3, 7, 15, 255 on every STEP-th finite
+// float32 x ≥ 0 (and the largest), likewise.
 #include <cuda_fp16.h>  // the stand-ins in this directory
 
 #include "blockwise.cu"
@@ -64,10 +67,30 @@ static int nf4table(int dt, int step, const float (&t)[15]) {
     return bad ? 1 : 0;
 }
 
+template <int C>
+static unsigned long long divcheck(unsigned step, unsigned long long& checked) {
+    unsigned long long bad = 0;
+    for (uint64_t u = 0; u <= 0x7f7fffffu; u += step) {
+        const float x = __uint_as_float((unsigned int)(u == 0 ? 0 : u > 0x7f7fffffu - step ? 0x7f7fffffu : u));
+        checked++;
+        if (__float_as_uint(div_const<C>(x)) != __float_as_uint(__fdiv_rn(x, (float)C)) && bad++ < 5)
+            fprintf(stderr, "mismatch: %#010x / %d\n", __float_as_uint(x), C);
+    }
+    return bad;
+}
+
 int main(int argc, char** argv) {
     float t[15];
     if (fread(t, 4, 15, stdin) != 15) return 3;
     if (argc == 4 && std::string(argv[1]) == "nf4table") return nf4table(atoi(argv[2]), atoi(argv[3]), t);
+    if (argc == 3 && std::string(argv[1]) == "divcheck") {
+        const unsigned step = atoi(argv[2]);
+        unsigned long long checked = 0;
+        const unsigned long long bad = divcheck<3>(step, checked) + divcheck<7>(step, checked) + divcheck<15>(step, checked) +
+                                       divcheck<255>(step, checked);
+        printf("%llu quotients, %llu mismatches\n", checked, bad);
+        return bad ? 1 : 0;
+    }
     if (argc != 13) return 2;
     const std::string name = argv[1];
     const unsigned gx = atoi(argv[2]), gy = atoi(argv[3]);
