@@ -283,10 +283,17 @@ __device__ __forceinline__ int nf4_bucket_of(float x) {
     return __float_as_int(__fmaf_rn(CLAMP ? fminf(fmaxf(x, -1.0f), 1.0f) : x, 15.0f, ROUND_MAGIC + 16.0f));
 }
 
+// nf4_code_in is the code of x in a bucket with this base and threshold: x > thr is the sign of
+// thr − x (as quant.NF4Code has it: no threshold is 0, and the difference of finite floats is 0
+// only when they are equal), a subtraction and a shift, no predicate.
+__device__ __forceinline__ unsigned int nf4_code_in(float x, float thr, unsigned int base) {
+    return base + (__float_as_uint(__fsub_rn(thr, x)) >> 31);
+}
+
 template <bool CLAMP>
 __device__ __forceinline__ unsigned int nf4_code_table(float x, float thr, unsigned int base) {
     const int b = nf4_bucket_of<CLAMP>(x);
-    return __shfl_sync(0xffffffffu, base, b) + (x > __shfl_sync(0xffffffffu, thr, b) ? 1u : 0u);
+    return nf4_code_in(x, __shfl_sync(0xffffffffu, thr, b), __shfl_sync(0xffffffffu, base, b));
 }
 
 __device__ __forceinline__ void store_scale(unsigned short* scales, int layout, int r, int g, int n_rows, int groups, __half h) {
@@ -1025,14 +1032,16 @@ __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
         for (int j = 0; j < 8; j++) {
             const int q = j / JG;
             if constexpr (GRID == GRID_NF4) {
-                word[j][0] = 0;
+                // codes packed from the last: one shift-add per weight
+                unsigned int wd = 0;
                 if (skip_clamp) {
 #pragma unroll
-                    for (int e = 0; e < 8; e++) word[j][0] |= nf4_code_table<false>(quotient_exact(raw_at<DT>(x[j], e), p[q]), thr, tbase) << (4 * e);
+                    for (int e = 7; e >= 0; e--) wd = wd * 16 + nf4_code_table<false>(quotient_exact(raw_at<DT>(x[j], e), p[q]), thr, tbase);
                 } else {
 #pragma unroll
-                    for (int e = 0; e < 8; e++) word[j][0] |= nf4_code_table<true>(quotient_exact(raw_at<DT>(x[j], e), p[q]), thr, tbase) << (4 * e);
+                    for (int e = 7; e >= 0; e--) wd = wd * 16 + nf4_code_table<true>(quotient_exact(raw_at<DT>(x[j], e), p[q]), thr, tbase);
                 }
+                word[j][0] = wd;
             } else if constexpr (BITS < 4) {
                 word[j][0] = skip_clamp ? int_chunk_bits<DT, BITS, false>(x[j], p[q], zero[q]) : int_chunk_bits<DT, BITS, true>(x[j], p[q], zero[q]);
             } else if (skip_clamp) {

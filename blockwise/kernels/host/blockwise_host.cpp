@@ -58,7 +58,7 @@ static int nf4table(int dt, int step, const float (&t)[15]) {
             const int bc = nf4_bucket_of<true>(x) & 31, bp = nf4_bucket_of<false>(x) & 31;
             const bool plain_used = sb >= 0x0400u && fabsf(w) <= __fmul_rn(scale, 1.0009765625f);
             checked++;
-            if (base[bc] + (x > thr[bc] ? 1u : 0u) != want || (plain_used && base[bp] + (x > thr[bp] ? 1u : 0u) != want)) {
+            if (nf4_code_in(x, thr[bc], base[bc]) != want || (plain_used && nf4_code_in(x, thr[bp], base[bp]) != want)) {
                 if (bad++ < 5) fprintf(stderr, "mismatch: weight %#06x scale %#06x x %.9g want %u\n", bits, sb, x, want);
             }
         }
