@@ -1001,24 +1001,62 @@ __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
         float scale[NG];
         RecipInt p[NG];
         bool ok = true, inside = true;
+        float lo[NG], hi[NG];  // the groups' ranges, the same in the row's two lanes
 #pragma unroll
         for (int q = 0; q < NG; q++) {
-            float lo, hi;
             bool finite;
-            range16<DT, 8>(x, q * JG, JG, lo, hi, finite);
-            lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
-            hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
-            finite = __shfl_xor_sync(0xffffffffu, (int)finite, 1) && finite;  // the row's two lanes
-            zero[q] = 0.0f;
-            if constexpr (GRID == GRID_INT) {
-                p[q] = int_params16<maxq>(lo, hi, sym, fmaxf(-lo, hi), &scale_h[q], &scale[q], &zero[q]);
-            } else {
-                nf4_params(fmaxf(-lo, hi), &scale_h[q], &scale[q]);
-                p[q] = recip_int(scale[q], zero[q], maxq, fmaxf(-lo, hi));
+            range16<DT, 8>(x, q * JG, JG, lo[q], hi[q], finite);
+            lo[q] = fminf(lo[q], __shfl_xor_sync(0xffffffffu, lo[q], 1));
+            hi[q] = fmaxf(hi[q], __shfl_xor_sync(0xffffffffu, hi[q], 1));
+            const bool other = __shfl_xor_sync(0xffffffffu, (int)finite, 1);  // the row's other lane: every lane shuffles
+            ok = ok && other && finite;
+        }
+        if constexpr (GRID == GRID_INT && NG >= 2) {
+            // Of each two groups, lane h fits group 2m + h (about 100 instructions) and the lanes swap
+            // the results: the F16 scale, zero point and flags in one word, and the reciprocal.
+#pragma unroll
+            for (int m = 0; m < NG / 2; m++) {
+                const float l = h ? lo[2 * m + 1] : lo[2 * m], u = h ? hi[2 * m + 1] : hi[2 * m];
+                __half sh;
+                float sc, z;
+                const RecipInt f = int_params16<maxq>(l, u, sym, fmaxf(-l, u), &sh, &sc, &z);
+                // Rounding is monotone in w: when the extremes round inside the code range, all do.
+                const bool in = int_round_exact(l, f) >= f.nlo && int_round_exact(u, f) <= f.nhi;
+                const unsigned int mine = __half_as_ushort(sh) | (unsigned int)z << 16 | (f.safe ? 1u << 24 : 0u) | (in ? 1u << 25 : 0u);
+                const unsigned int theirs = __shfl_xor_sync(0xffffffffu, mine, 1);
+                const float r_theirs = __shfl_xor_sync(0xffffffffu, f.r, 1);
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int q = 2 * m + e;
+                    const unsigned int word = e == h ? mine : theirs;
+                    scale_h[q] = __ushort_as_half((unsigned short)(word & 0xffffu));
+                    scale[q] = __half2float(scale_h[q]);
+                    zero[q] = (float)(word >> 16 & 0xffu);
+                    p[q].r = e == h ? f.r : r_theirs;
+                    p[q].scale = scale[q];
+                    p[q].safe = (word >> 24 & 1u) != 0;
+                    p[q].cutoff = 0.0f;  // int_round_fast's (F32): unused
+                    p[q].nlo = -zero[q];
+                    p[q].nhi = __fsub_rn((float)maxq, zero[q]);
+                    p[q].magic_zero = __fadd_rn(ROUND_MAGIC, zero[q]);
+                    ok = ok && p[q].safe;
+                    inside = inside && (word >> 25 & 1u) != 0;
+                }
             }
-            ok = ok && p[q].safe && finite;
-            // Rounding is monotone in w: when the extremes round inside the code range, all do.
-            if (GRID == GRID_INT) inside = inside && int_round_exact(lo, p[q]) >= p[q].nlo && int_round_exact(hi, p[q]) <= p[q].nhi;
+        } else {
+#pragma unroll
+            for (int q = 0; q < NG; q++) {
+                zero[q] = 0.0f;
+                if constexpr (GRID == GRID_INT) {
+                    p[q] = int_params16<maxq>(lo[q], hi[q], sym, fmaxf(-lo[q], hi[q]), &scale_h[q], &scale[q], &zero[q]);
+                    // Rounding is monotone in w: when the extremes round inside the code range, all do.
+                    inside = inside && int_round_exact(lo[q], p[q]) >= p[q].nlo && int_round_exact(hi[q], p[q]) <= p[q].nhi;
+                } else {
+                    nf4_params(fmaxf(-lo[q], hi[q]), &scale_h[q], &scale[q]);
+                    p[q] = recip_int(scale[q], zero[q], maxq, fmaxf(-lo[q], hi[q]));
+                }
+                ok = ok && p[q].safe;
+            }
         }
         bool normal = true;  // NF4: every scale a normal F16 (see nf4_code_table)
 #pragma unroll
