@@ -19,11 +19,12 @@
 // Scales go straight to their layout; integer zero points go to a byte per (row, group) that
 // bw_pack_zeros packs into GPTQ's qzeros or qpack's zeros afterwards.
 // The hottest case, GPTQ int4 with groups of 128 and K a multiple of 128, has its own
-// one-launch kernel (bw_gptq4_g128_*, at the end). For 16-bit inputs, integer 4/8-bit and NF4
-// groups of 32, 64 and 128 (K a multiple of 128) run on bw_piece_* (the same work split, both
-// layouts), and per-channel groups of rows up to 6144 columns on bw_rowpc_* (a row per warp, in
-// registers); these read the input once, where the tile kernels above are what remains for
-// F32, 2/3-bit, binary and the other group sizes.
+// one-launch kernel (bw_gptq4_g128_*, at the end). For 16-bit inputs, integer 2/3/4/8-bit and
+// NF4 groups of 32, 64 and 128 (K a multiple of 128) run on bw_piece_* (the same work split, both
+// layouts), binary groups of 32, 64 and 128 on bw_bin_* (a lane per group, summed in order), and
+// per-channel groups of rows up to 6144 columns on bw_rowpc_* (a row per warp, in registers);
+// these read the input once, where the tile kernels above are what remains for F32 and the
+// other group sizes and shapes.
 // Integer codes are computed without a division per weight: int_round_exact for 16-bit inputs,
 // int_code_fast with a division fallback near rounding ties for F32 (see recip_int).
 // Machine code for the H100 and H200 ships beside the PTX, so that they skip the JIT (≈ 4 s):
