@@ -8,11 +8,9 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
-	"github.com/qpack-dev/qpack/fp"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -132,44 +130,14 @@ func TestKernelsOnCPU(t *testing.T) {
 	}
 }
 
-// TestKernelsOnCPUReportBadInput checks bw_piece_*'s and bw_bin_*'s reports on the CPU: the
-// lowest non-finite weight, and a scale or offset that overflows F16.
+// TestKernelsOnCPUReportBadInput checks bw_piece_*'s and bw_bin_*'s reports on the CPU
+// (badInputCases).
 func TestKernelsOnCPUReportBadInput(t *testing.T) {
 	bin := hostKernels(t)
-	const n, k = 40, 512
-	good, _ := encodeWeights(gpuTestWeights(rand.New(rand.NewPCG(3, 4)), n, k), "BF16")
-	nan, inf := float32(math.NaN()), float32(math.Inf(1))
-	for _, c := range []struct {
-		scheme, format string
-		bad            [][3]float32 // row, column, value
-		want           string
-	}{
-		{"int3-g128-asym", "gptq", [][3]float32{{21, 300, nan}, {30, 2, nan}}, "row 21, column 300"},
-		{"int2-g64-asym", "qpack", [][3]float32{{2, 511, inf}, {2, 509, nan}}, "row 2, column 509"},
-		{"int3-g32-sym", "qpack", [][3]float32{{5, 70, 3e38}}, "row 5, group 2"},
-		{"nf4-g64", "qpack", [][3]float32{{17, 200, inf}}, "row 17, column 200"},
-		{"bin-g128-asym", "qpack", [][3]float32{{33, 9, -inf}, {33, 300, nan}}, "row 33, column 9"},
-		{"bin-g64-sym", "qpack", [][3]float32{{38, 511, nan}}, "row 38, column 511"},
-		{"bin-g128-asym", "qpack", [][3]float32{{9, 130, 3e38}}, "row 9, group 1"},
-		{"bin-g32-sym", "qpack", [][3]float32{{9, 130, -3e38}, {9, 131, -3e38}}, "row 9, group 4"},
-	} {
-		s, err := quant.ParseScheme(c.scheme)
-		if err != nil {
-			t.Fatal(err)
-		}
-		j, err := newGPUJob("BF16", n, k, s, c.format, "w", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw := slices.Clone(good)
-		for _, b := range c.bad {
-			at, h := 2*(int(b[0])*k+int(b[1])), fp.F32ToBF16(b[2])
-			raw[at], raw[at+1] = byte(h), byte(h>>8)
-		}
-		if _, err := hostQuantizePack(bin, j, raw); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s %s: got %v, want an error naming %q", c.format, c.scheme, err, c.want)
-		}
-	}
+	checkBadInputs(t, func(j gpuJob) bool { return j.pieceKernel()+j.binKernel() != "" }, func(j gpuJob, raw []byte) error {
+		_, err := hostQuantizePack(bin, j, raw)
+		return err
+	})
 }
 
 // TestKernelArithmeticOnCPU checks nf4_code_table's buckets against nf4_code of the true

@@ -404,19 +404,22 @@ func TestGPUQuantizerRowPC(t *testing.T) {
 	}
 }
 
-// TestGPUQuantizerPiecesReportBadInput checks the status reports of bw_piece_*, bw_rowpc_* and bw_bin_*: the lowest
-// non-finite weight (NaN or Inf, in either lane of a row and in any group of a piece, two bad
-// weights so that the lower one must win) and a scale that overflows F16.
-func TestGPUQuantizerPiecesReportBadInput(t *testing.T) {
-	_, q := openGPUQuantizer(t)
-	const n, k = 40, 512
-	good, _ := encodeWeights(gpuTestWeights(rand.New(rand.NewPCG(3, 4)), n, k), "BF16")
+// badInputCase is a tensor with bad weights and the error it must give.
+type badInputCase struct {
+	scheme, format string
+	bad            [][3]float32 // row, column, value
+	want           string
+}
+
+// badInputN × badInputK is the tensor of badInputCases.
+const badInputN, badInputK = 40, 512
+
+// badInputCases are the bad inputs of the one-launch kernels bw_piece_*, bw_rowpc_* and bw_bin_*:
+// the lowest non-finite weight (NaN or Inf, in either lane of a row and in any group of a piece,
+// two bad weights so that the lower one must win) and a scale or offset that overflows F16.
+func badInputCases() []badInputCase {
 	nan, inf := float32(math.NaN()), float32(math.Inf(1))
-	for _, c := range []struct {
-		scheme, format string
-		bad            [][3]float32 // row, column, value
-		want           string
-	}{
+	return []badInputCase{
 		{"int4-g128-asym", "qpack", [][3]float32{{21, 300, nan}, {30, 2, nan}}, "row 21, column 300"},
 		{"int8-g32-sym", "gptq", [][3]float32{{33, 9, -inf}}, "row 33, column 9"},
 		{"int8-g64-asym", "qpack", [][3]float32{{2, 511, inf}, {2, 509, nan}}, "row 2, column 509"},
@@ -433,23 +436,56 @@ func TestGPUQuantizerPiecesReportBadInput(t *testing.T) {
 		{"bin-g128-asym", "qpack", [][3]float32{{33, 9, -inf}, {33, 300, nan}}, "row 33, column 9"},
 		{"bin-g64-sym", "qpack", [][3]float32{{38, 511, nan}}, "row 38, column 511"},
 		{"bin-g128-asym", "qpack", [][3]float32{{9, 130, 3e38}}, "row 9, group 1"},
-	} {
+		{"bin-g32-sym", "qpack", [][3]float32{{9, 130, -3e38}, {9, 131, -3e38}}, "row 9, group 4"},
+	}
+}
+
+// checkBadInputs runs every bad input of badInputCases that takes(job) through quantize
+// (BF16 weights) and checks the error.
+func checkBadInputs(t *testing.T, takes func(gpuJob) bool, quantize func(j gpuJob, raw []byte) error) {
+	t.Helper()
+	const n, k = badInputN, badInputK
+	good, _ := encodeWeights(gpuTestWeights(rand.New(rand.NewPCG(3, 4)), n, k), "BF16")
+	for _, c := range badInputCases() {
 		s, err := quant.ParseScheme(c.scheme)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if j, err := newGPUJob("BF16", n, k, s, c.format, "w", 0); err != nil || j.pieceKernel()+j.rowpcKernel()+j.binKernel() == "" {
-			t.Fatalf("%s %s: no bw_piece, bw_rowpc or bw_bin kernel (%v)", c.format, c.scheme, err)
+		j, err := newGPUJob("BF16", n, k, s, c.format, "w", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !takes(j) {
+			continue
 		}
 		raw := slices.Clone(good)
 		for _, b := range c.bad {
 			at, h := 2*(int(b[0])*k+int(b[1])), fp.F32ToBF16(b[2])
 			raw[at], raw[at+1] = byte(h), byte(h>>8)
 		}
-		if _, err := q.QuantizePack(raw, "BF16", n, k, s, c.format, "w"); err == nil || !strings.Contains(err.Error(), c.want) {
+		if err := quantize(j, raw); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s %s: got %v, want an error naming %q", c.format, c.scheme, err, c.want)
 		}
 	}
+}
+
+// TestGPUQuantizerPiecesReportBadInput checks the status reports of bw_piece_*, bw_rowpc_* and
+// bw_bin_* (badInputCases).
+func TestGPUQuantizerPiecesReportBadInput(t *testing.T) {
+	_, q := openGPUQuantizer(t)
+	for _, c := range badInputCases() {
+		s, err := quant.ParseScheme(c.scheme)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j, err := newGPUJob("BF16", badInputN, badInputK, s, c.format, "w", 0); err != nil || j.pieceKernel()+j.rowpcKernel()+j.binKernel() == "" {
+			t.Fatalf("%s %s: no bw_piece, bw_rowpc or bw_bin kernel (%v)", c.format, c.scheme, err)
+		}
+	}
+	checkBadInputs(t, func(gpuJob) bool { return true }, func(j gpuJob, raw []byte) error {
+		_, err := q.QuantizePack(raw, "BF16", j.n, j.k, j.s, j.format, "w")
+		return err
+	})
 }
 
 // TestGPURoundExactExhaustive checks int_round_exact, the division-free rounding the kernels use

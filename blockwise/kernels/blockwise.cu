@@ -105,9 +105,9 @@ __device__ __forceinline__ float raw_at(const Raw<DT>& x, int j) {
     }
 }
 
-// Integer grid parameters from the group's range (both ends already include 0):
-// quant.Scheme.IntParamsRange.
-__device__ __forceinline__ void int_params(float xmin, float xmax, int sym, int maxq, __half* scale_h, float* scale, float* zero) {
+// int_range turns a group's range (both ends already include 0) into the one its integer grid
+// spans: symmetric about 0 for sym, [−1, 1] when all zero (quant.Scheme.IntParamsRange).
+__device__ __forceinline__ void int_range(float& xmin, float& xmax, int sym) {
     if (sym) {
         xmax = fmaxf(-xmin, xmax);
         if (xmin < 0.0f) xmin = -xmax;
@@ -116,6 +116,12 @@ __device__ __forceinline__ void int_params(float xmin, float xmax, int sym, int 
         xmin = -1.0f;
         xmax = 1.0f;
     }
+}
+
+// Integer grid parameters from the group's range (both ends already include 0):
+// quant.Scheme.IntParamsRange.
+__device__ __forceinline__ void int_params(float xmin, float xmax, int sym, int maxq, __half* scale_h, float* scale, float* zero) {
+    int_range(xmin, xmax, sym);
     __half h = __float2half_rn(__fdiv_rn(xmax - xmin, (float)maxq));
     if (__half2float(h) == 0.0f) h = __ushort_as_half((unsigned short)1);
     *scale_h = h;
@@ -209,14 +215,7 @@ __device__ __forceinline__ float div_const(float x) {
 // TestGPURoundExactExhaustive); an unsafe group divides.
 template <int MAXQ>
 __device__ __forceinline__ RecipInt int_params16(float xmin, float xmax, int sym, float absw, __half* scale_h, float* scale, float* zero) {
-    if (sym) {
-        xmax = fmaxf(-xmin, xmax);
-        if (xmin < 0.0f) xmin = -xmax;
-    }
-    if (xmin == 0.0f && xmax == 0.0f) {
-        xmin = -1.0f;
-        xmax = 1.0f;
-    }
+    int_range(xmin, xmax, sym);
     __half h = __float2half_rn(div_const<MAXQ>(xmax - xmin));
     if (__half2float(h) == 0.0f) h = __ushort_as_half((unsigned short)1);
     *scale_h = h;
