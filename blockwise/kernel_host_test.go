@@ -87,26 +87,18 @@ func TestKernelsOnCPU(t *testing.T) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 19))
-	var names []string
-	for _, gs := range pieceGroupSizes {
-		for _, b := range []int{2, 3, 4, 8} {
-			names = append(names, fmt.Sprintf("int%d-g%d-asym", b, gs), fmt.Sprintf("int%d-g%d-sym", b, gs))
-		}
-		names = append(names, fmt.Sprintf("nf4-g%d", gs), fmt.Sprintf("bin-g%d-asym", gs), fmt.Sprintf("bin-g%d-sym", gs))
-	}
 	// 45 rows: three bands, the last partial (GPTQ 3-bit qzeros: an even band without a next one
 	// writes its second word whole); 1280 columns: 10 pieces (5 binary g128 pairs), two blocks, the
 	// second with idle warps; 33 rows: one row in the third band.
 	for _, shape := range [][2]int{{45, 1280}, {33, 512}} {
 		n, k := shape[0], shape[1]
-		for _, name := range names {
+		for _, name := range pieceSchemes() {
 			s, err := quant.ParseScheme(name)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, format := range gpuFormats(s) {
 				dtype := []string{"BF16", "F16"}[r.IntN(2)]
-				what := fmt.Sprintf("%s %s %s %dx%d", format, name, dtype, n, k)
 				j, err := newGPUJob(dtype, n, k, s, format, "m", 0)
 				if err != nil {
 					t.Fatal(err)
@@ -114,17 +106,7 @@ func TestKernelsOnCPU(t *testing.T) {
 				if j.gptq4g128() { // bw_gptq4_g128, not a piece kernel
 					continue
 				}
-				raw, held := encodeWeights(gpuTestWeights(r, n, k), dtype)
-				want, err := cpuQuantizePack(held, n, k, s, format, "m")
-				if err != nil {
-					t.Fatal(err)
-				}
-				got, err := hostQuantizePack(bin, j, raw)
-				if err != nil {
-					t.Errorf("%s: %v", what, err)
-					continue
-				}
-				compareRaws(t, what, got, want)
+				checkAgainstCPU(t, r, j, dtype, func(raw []byte) ([]packing.Raw, error) { return hostQuantizePack(bin, j, raw) })
 			}
 		}
 	}

@@ -327,16 +327,40 @@ func checkGPUAgainstCPU(t *testing.T, q *GPUQuantizer, r *rand.Rand, dtype strin
 	if got := takes(j); got != want {
 		t.Fatalf("%s: takes the kernel under test: %v, want %v", what, got, want)
 	}
-	raw, held := encodeWeights(gpuTestWeights(r, n, k), dtype)
-	wantRaws, err := cpuQuantizePack(held, n, k, s, format, "m")
+	checkAgainstCPU(t, r, j, dtype, func(raw []byte) ([]packing.Raw, error) {
+		return q.QuantizePack(raw, dtype, n, k, s, format, "m")
+	})
+}
+
+// checkAgainstCPU quantizes fresh weights for job j (tensor prefix "m") with quantize and
+// compares the result with the CPU reference.
+func checkAgainstCPU(t *testing.T, r *rand.Rand, j gpuJob, dtype string, quantize func(raw []byte) ([]packing.Raw, error)) {
+	t.Helper()
+	what := fmt.Sprintf("%s %s %s %dx%d", j.format, j.s, dtype, j.n, j.k)
+	raw, held := encodeWeights(gpuTestWeights(r, j.n, j.k), dtype)
+	want, err := cpuQuantizePack(held, j.n, j.k, j.s, j.format, "m")
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.QuantizePack(raw, dtype, n, k, s, format, "m")
+	got, err := quantize(raw)
 	if err != nil {
-		t.Fatalf("%s: %v", what, err)
+		t.Errorf("%s: %v", what, err)
+		return
 	}
-	compareRaws(t, what, got, wantRaws)
+	compareRaws(t, what, got, want)
+}
+
+// pieceSchemes are the schemes of bw_piece_* and bw_bin_*: integer 2/3/4/8-bit (both zero-point
+// modes), NF4 and binary (both), groups of 32, 64, 128.
+func pieceSchemes() []string {
+	var names []string
+	for _, gs := range pieceGroupSizes {
+		for _, b := range []int{2, 3, 4, 8} {
+			names = append(names, fmt.Sprintf("int%d-g%d-asym", b, gs), fmt.Sprintf("int%d-g%d-sym", b, gs))
+		}
+		names = append(names, fmt.Sprintf("nf4-g%d", gs), fmt.Sprintf("bin-g%d-asym", gs), fmt.Sprintf("bin-g%d-sym", gs))
+	}
+	return names
 }
 
 // TestGPUQuantizerPieces covers the one-launch kernels bw_piece_* (integer 2/3/4/8-bit and NF4
@@ -350,16 +374,9 @@ func TestGPUQuantizerPieces(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 13))
-	var names []string
-	for _, gs := range pieceGroupSizes {
-		for _, b := range []int{2, 3, 4, 8} {
-			names = append(names, fmt.Sprintf("int%d-g%d-asym", b, gs), fmt.Sprintf("int%d-g%d-sym", b, gs))
-		}
-		names = append(names, fmt.Sprintf("nf4-g%d", gs), fmt.Sprintf("bin-g%d-asym", gs), fmt.Sprintf("bin-g%d-sym", gs))
-	}
 	for _, shape := range [][2]int{{45, 1152}, {16, 128}, {203, 384}, {33, 1280}, {16, 256}} {
 		n, k := shape[0], shape[1]
-		for _, name := range names {
+		for _, name := range pieceSchemes() {
 			s, err := quant.ParseScheme(name)
 			if err != nil {
 				t.Fatal(err)
