@@ -627,7 +627,7 @@ extern "C" __global__ void bw_pack_zeros(const unsigned char* zbytes, int n_rows
 // (RecipInt.safe) and takes the division path, which reports it.
 template <int DT>
 __device__ __forceinline__ unsigned int min2(unsigned int a, unsigned int b) {
-#ifdef QPACK_HOST  // kernels/host/cuda_fp16.h's stand-in
+#ifdef QPACK_HOST_STANDINS  // kernels/host/cuda_fp16.h's stand-in
     return host_minmax2(DT == IN_BF16, false, a, b);
 #else
     unsigned int d;
@@ -638,7 +638,7 @@ __device__ __forceinline__ unsigned int min2(unsigned int a, unsigned int b) {
 }
 template <int DT>
 __device__ __forceinline__ unsigned int max2(unsigned int a, unsigned int b) {
-#ifdef QPACK_HOST
+#ifdef QPACK_HOST_STANDINS
     return host_minmax2(DT == IN_BF16, true, a, b);
 #else
     unsigned int d;
@@ -1399,7 +1399,7 @@ BIN_ENTRY(128)
 
 template <int DT, int GRID, int BITS, int CPL>
 __device__ __forceinline__ void rowpc_kernel(PIECE_PARAMS) {
-#ifdef QPACK_HOST
+#ifdef QPACK_HOST_STANDINS
     static unsigned int rstage[(48 << 10) / 4];  // the stand-ins' shared memory: one block at a time
 #else
     extern __shared__ unsigned int rstage[];

@@ -110,12 +110,12 @@ int main(int argc, char** argv) {
     auto scales = (unsigned short*)out[1].data();
     if (auto p = pieces.find(name); p != pieces.end()) {
         auto f = p->second;
-        host_launch({gx, gy, 1}, {THREADS, 1, 1}, [&] {
+        host_launch(host_dim3{gx, gy, 1}, THREADS, [&] {
             f(w.data(), n, k, sym, zshift, layout, codes, scales, (unsigned char*)out[2].data(), t, status);
         });
     } else if (auto b = bins.find(name); b != bins.end()) {
         auto f = b->second;
-        host_launch({gx, gy, 1}, {THREADS, 1, 1}, [&] {
+        host_launch(host_dim3{gx, gy, 1}, THREADS, [&] {
             f(w.data(), n, k, sym, codes, scales, (unsigned short*)out[3].data(), status);
         });
     } else {
