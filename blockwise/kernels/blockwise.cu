@@ -1373,12 +1373,12 @@ __device__ __forceinline__ void bin_kernel(const void* w, int n_rows, int k, int
 }
 
 #define BIN_ENTRY(GSV)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(THREADS, 2) bw_bin_g##GSV##_bf16(                      \
+    extern "C" __global__ void __launch_bounds__(THREADS, 3) bw_bin_g##GSV##_bf16(                      \
         const void* w, int n_rows, int k, int sym, unsigned char* codes, unsigned short* scales,        \
         unsigned short* offsets, u64* status) {                                                         \
         bin_kernel<IN_BF16, GSV>(w, n_rows, k, sym, codes, scales, offsets, status);                   \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(THREADS, 2) bw_bin_g##GSV##_f16(                       \
+    extern "C" __global__ void __launch_bounds__(THREADS, 3) bw_bin_g##GSV##_f16(                       \
         const void* w, int n_rows, int k, int sym, unsigned char* codes, unsigned short* scales,        \
         unsigned short* offsets, u64* status) {                                                         \
         bin_kernel<IN_F16, GSV>(w, n_rows, k, sym, codes, scales, offsets, status);                    \
