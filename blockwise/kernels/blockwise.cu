@@ -1185,10 +1185,11 @@ __device__ __forceinline__ void piece_kernel(PIECE_PARAMS) {
             if constexpr (BITS == 8) {
 #pragma unroll
                 for (int q = 0; q < NG; q++) zeros[(u64)r * groups + pc * NG + q] = (unsigned char)zero[q];
-            } else if constexpr (BITS == 4 && NG > 1) {
-#pragma unroll
-                for (int q = 0; q < NG; q += 2)
-                    zeros[(u64)r * (groups / 2) + (pc * NG + q) / 2] = (unsigned char)((int)zero[q] | (int)zero[q + 1] << 4);
+            } else if constexpr (BITS == 4 && NG == 4) {  // the piece's two bytes in one store (groups/2 is even)
+                *(unsigned short*)(zeros + (u64)r * (groups / 2) + pc * 2) =
+                    (unsigned short)((int)zero[0] | (int)zero[1] << 4 | (int)zero[2] << 8 | (int)zero[3] << 12);
+            } else if constexpr (BITS == 4 && NG == 2) {
+                zeros[(u64)r * (groups / 2) + pc] = (unsigned char)((int)zero[0] | (int)zero[1] << 4);
             }
         }
     }
