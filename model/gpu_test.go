@@ -351,6 +351,7 @@ func (r *gramRecorder) Update(b *Block, groups []Group) error {
 				return err
 			}
 			r.e.dev.Free(p)
+			delete(r.gpu, key) // a later step may observe the group again (AWQ+GPTQ's steps)
 			r.grams[key] = make([]float64, k*k)
 			for i, v := range s {
 				r.grams[key][i] = float64(v)
