@@ -44,6 +44,19 @@ func F32ToF16(f float32) uint16 {
 	return uint16(narrow(f, 5, 10, true))
 }
 
+// ExactF16 returns the F16 encoding of f and whether f is a finite F16 value, stored without
+// rounding. Normal F16 values, the common case, take a few bit operations.
+func ExactF16(f float32) (uint16, bool) {
+	u := math.Float32bits(f)
+	abs := u & 0x7fffffff
+	// [2^−14, 2^16) with the low 13 mantissa bits clear: rebias the exponent by 127 − 15.
+	if abs-0x38800000 < 0x47800000-0x38800000 && u&0x1fff == 0 {
+		return uint16(u>>16&0x8000 | (abs-0x38000000)>>13), true
+	}
+	h := F32ToF16(f)
+	return h, F16ToF32(h) == f && abs < 0x7f800000
+}
+
 // BF16ToF32 decodes a bfloat16 value (the top half of a float32).
 func BF16ToF32(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
 

@@ -197,3 +197,26 @@ func TestF32ToE2M1(t *testing.T) {
 		}
 	}
 }
+
+// ExactF16 says exactly which float32 values are finite F16 values and encodes them as
+// F32ToF16 does: every F16 value, its float32 neighbours, and random float32 bit patterns.
+func TestExactF16(t *testing.T) {
+	check := func(f float32) {
+		h, ok := ExactF16(f)
+		want := F32ToF16(f)
+		wantOK := F16ToF32(want) == f && !math.IsInf(float64(f), 0)
+		if ok != wantOK || ok && h != want {
+			t.Fatalf("ExactF16(%g, %#08x) = %#04x, %v; want %#04x, %v", f, math.Float32bits(f), h, ok, want, wantOK)
+		}
+	}
+	for i := 0; i < 1<<16; i++ {
+		f := F16ToF32(uint16(i))
+		check(f)
+		check(math.Nextafter32(f, float32(math.Inf(1))))
+		check(math.Nextafter32(f, float32(math.Inf(-1))))
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	for range 1_000_000 {
+		check(math.Float32frombits(r.Uint32()))
+	}
+}
