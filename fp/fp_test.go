@@ -220,3 +220,40 @@ func TestExactF16(t *testing.T) {
 		check(math.Float32frombits(r.Uint32()))
 	}
 }
+
+// DecodeBF16 decodes every length, including ones that are not a multiple of four.
+func TestDecodeBF16(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	src := make([]byte, 2*37)
+	for i := range src {
+		src[i] = byte(r.Uint32())
+	}
+	for n := range 38 {
+		dst := make([]float32, n)
+		DecodeBF16(dst, src)
+		for i, v := range dst {
+			if want := BF16ToF32(uint16(src[2*i]) | uint16(src[2*i+1])<<8); math.Float32bits(v) != math.Float32bits(want) {
+				t.Fatalf("length %d, value %d: %#08x, want %#08x", n, i, math.Float32bits(v), math.Float32bits(want))
+			}
+		}
+	}
+}
+
+func BenchmarkDecodeBF16(b *testing.B) {
+	src := make([]byte, 2<<16)
+	dst := make([]float32, 1<<16)
+	b.Run("four-per-load", func(b *testing.B) {
+		b.SetBytes(int64(len(src)))
+		for b.Loop() {
+			DecodeBF16(dst, src)
+		}
+	})
+	b.Run("one-per-value", func(b *testing.B) {
+		b.SetBytes(int64(len(src)))
+		for b.Loop() {
+			for i := range dst {
+				dst[i] = BF16ToF32(uint16(src[2*i]) | uint16(src[2*i+1])<<8)
+			}
+		}
+	})
+}
