@@ -2,6 +2,16 @@
 
 #include "textflag.h"
 
+// HMAX leaves in x's lane 0 the maximum (by op, VPMAXSD or VPMAXUD) of the eight lanes of y,
+// which x names the low half of; X3 is scratch.
+#define HMAX(op, y, x) \
+	VEXTRACTI128 $1, y, X3; \
+	op X3, x, x; \
+	VPSHUFD $0x4e, x, X3; \
+	op X3, x, x; \
+	VPSHUFD $0xb1, x, X3; \
+	op X3, x, x
+
 // func bf16SpanAVX2(dst *float32, raw *byte, n int) (pos int32, neg uint32)
 //
 // Converts n BF16 values (n a positive multiple of 8) to float32 and returns the largest of
@@ -25,20 +35,10 @@ loop:
 	ADDQ $32, DI
 	DECQ CX
 	JNZ  loop
-	VEXTRACTI128 $1, Y1, X3
-	VPMAXSD X3, X1, X1
-	VPSHUFD $0x4e, X1, X3
-	VPMAXSD X3, X1, X1
-	VPSHUFD $0xb1, X1, X3
-	VPMAXSD X3, X1, X1
+	HMAX(VPMAXSD, Y1, X1)
 	VMOVD   X1, AX
 	MOVL    AX, pos+24(FP)
-	VEXTRACTI128 $1, Y2, X3
-	VPMAXUD X3, X2, X2
-	VPSHUFD $0x4e, X2, X3
-	VPMAXUD X3, X2, X2
-	VPSHUFD $0xb1, X2, X3
-	VPMAXUD X3, X2, X2
+	HMAX(VPMAXUD, Y2, X2)
 	VMOVD   X2, AX
 	MOVL    AX, neg+28(FP)
 	VZEROUPPER
@@ -140,18 +140,8 @@ span:
 	ADDQ $16, R8
 	DECQ CX
 	JNZ  span
-	VEXTRACTI128 $1, Y1, X3
-	VPMAXSD X3, X1, X1
-	VPSHUFD $0x4e, X1, X3
-	VPMAXSD X3, X1, X1
-	VPSHUFD $0xb1, X1, X3
-	VPMAXSD X3, X1, X1
-	VEXTRACTI128 $1, Y2, X3
-	VPMAXUD X3, X2, X2
-	VPSHUFD $0x4e, X2, X3
-	VPMAXUD X3, X2, X2
-	VPSHUFD $0xb1, X2, X3
-	VPMAXUD X3, X2, X2
+	HMAX(VPMAXSD, Y1, X1)
+	HMAX(VPMAXUD, Y2, X2)
 	VMOVD X1, AX              // bits of max(w, 0)
 	VMOVD X2, BX
 	ANDL $0x7fffffff, BX      // bits of −min(w, 0)
