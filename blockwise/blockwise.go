@@ -273,40 +273,46 @@ func grow[T any](s []T, n int) []T {
 // parameters, each group's weights read from src into buf (len groupLen) so that they stay in
 // the L1 cache from conversion to encoding.
 func quantizeRow(dst *quant.Tensor, q groupQuantizer, src rowSource, row int, codes []uint8, buf []float32, opt Options) error {
-	imp := opt.Importance
+	for g := range dst.Scheme.Groups(dst.K) {
+		if err := quantizeGroup(dst, q, src, row, g, codes, buf, opt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// quantizeGroup is quantizeRow for group g of the row alone.
+func quantizeGroup(dst *quant.Tensor, q groupQuantizer, src rowSource, row, g int, codes []uint8, buf []float32, opt Options) error {
 	k := dst.K
 	gs := groupLen(dst.Scheme, k)
 	groups := dst.Scheme.Groups(k)
-	for g := range groups {
-		lo, hi := g*gs, min((g+1)*gs, k)
-		w, r := src.spanned(row, lo, hi, buf)
-		if !r.finite() {
-			col := firstNonFinite(w)
-			return fmt.Errorf("weight at row %d, column %d is %g", row, lo+col, w[col])
-		}
-		var gimp []float32
-		if imp != nil {
-			gimp = imp[lo:hi]
-		}
-		var pr params
-		if p := opt.Params; p != nil {
-			i := row*groups + g
-			pr = params{scale: p.Scales[i], zero: p.Zeros[i], small: r.absMax() < p.Scales[i]*(1<<20)}
-		} else {
-			pr = fitGroup(q, w, r, gimp, codes[lo:hi], opt)
-		}
-		if !finite(pr.scale) || !finite(pr.offset) {
-			return rowError(src, row, hi, k, buf, fmt.Errorf("row %d, group %d: scale %g or offset %g is not finite in F16 (weights too large)", row, g, pr.scale, pr.offset))
-		}
-		q.encode(codes[lo:hi], w, pr)
-		i := row*groups + g
-		dst.Scales[i] = pr.scale
-		if len(dst.Zeros) > 0 {
-			dst.Zeros[i] = pr.zero
-		}
-		if len(dst.Offsets) > 0 {
-			dst.Offsets[i] = pr.offset
-		}
+	lo, hi := g*gs, min((g+1)*gs, k)
+	w, r := src.spanned(row, lo, hi, buf)
+	if !r.finite() {
+		col := firstNonFinite(w)
+		return fmt.Errorf("weight at row %d, column %d is %g", row, lo+col, w[col])
+	}
+	var gimp []float32
+	if opt.Importance != nil {
+		gimp = opt.Importance[lo:hi]
+	}
+	i := row*groups + g
+	var pr params
+	if p := opt.Params; p != nil {
+		pr = params{scale: p.Scales[i], zero: p.Zeros[i], small: r.absMax() < p.Scales[i]*(1<<20)}
+	} else {
+		pr = fitGroup(q, w, r, gimp, codes[lo:hi], opt)
+	}
+	if !finite(pr.scale) || !finite(pr.offset) {
+		return rowError(src, row, hi, k, buf, fmt.Errorf("row %d, group %d: scale %g or offset %g is not finite in F16 (weights too large)", row, g, pr.scale, pr.offset))
+	}
+	q.encode(codes[lo:hi], w, pr)
+	dst.Scales[i] = pr.scale
+	if len(dst.Zeros) > 0 {
+		dst.Zeros[i] = pr.zero
+	}
+	if len(dst.Offsets) > 0 {
+		dst.Offsets[i] = pr.offset
 	}
 	return nil
 }

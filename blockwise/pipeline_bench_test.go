@@ -16,7 +16,7 @@ import (
 func BenchmarkQuantizePackGPTQ(b *testing.B) {
 	const n, k = 4096, 11008
 	raw := randomBF16(n, k, 1)
-	for _, s := range []quant.Scheme{{Bits: 4, GroupSize: 128}, {Bits: 4, GroupSize: 128, Sym: true}} {
+	for _, s := range []quant.Scheme{{Bits: 4, GroupSize: 128}, {Bits: 4, GroupSize: 128, Sym: true}, {Bits: 4, GroupSize: 32, Sym: true}} {
 		var t quant.Tensor
 		var packed []packing.Raw
 		quantize := func(b *testing.B) {

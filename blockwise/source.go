@@ -3,6 +3,8 @@ package blockwise
 import (
 	"encoding/binary"
 	"math"
+
+	"github.com/qpack-dev/qpack/fp"
 )
 
 // rowSource yields float32 weights W[n, lo:hi], either a view of the input or converted into
@@ -71,19 +73,7 @@ type bf16Rows struct {
 }
 
 func (s bf16Rows) segment(n, lo, hi int, buf []float32) []float32 {
-	raw := s.raw[2*(n*s.k+lo) : 2*(n*s.k+hi)]
 	buf = buf[:hi-lo]
-	i := 0
-	for ; i+4 <= len(buf); i += 4 { // four values per 8-byte load
-		x := binary.LittleEndian.Uint64(raw[2*i:])
-		b := buf[i : i+4 : i+4]
-		b[0] = math.Float32frombits(uint32(x << 16))
-		b[1] = math.Float32frombits(uint32(x) & 0xffff0000)
-		b[2] = math.Float32frombits(uint32(x>>16) & 0xffff0000)
-		b[3] = math.Float32frombits(uint32(x>>32) & 0xffff0000)
-	}
-	for ; i < len(buf); i++ {
-		buf[i] = math.Float32frombits(uint32(raw[2*i])<<16 | uint32(raw[2*i+1])<<24)
-	}
+	fp.DecodeBF16(buf, s.raw[2*(n*s.k+lo):2*(n*s.k+hi)])
 	return buf
 }

@@ -22,6 +22,9 @@ func rowQuantizerFor(s quant.Scheme, k int, opt Options) (rowQuantizer, int) {
 	if it, err := iquant.TypeOf(s); err == nil {
 		return blockRow(it, opt.Importance), k
 	}
+	if quantize := rtnIntRows(s, k, opt); quantize != nil {
+		return quantize, groupLen(s, k)
+	}
 	q := quantizerFor(s, opt.GlobalScale)
 	return func(dst *quant.Tensor, src rowSource, row int, codes []uint8, buf []float32) error {
 		return quantizeRow(dst, q, src, row, codes, buf, opt)

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -21,11 +20,11 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/alloc"
+	"github.com/qpack-dev/qpack/internal/b3sum"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/safetensors"
-	"lukechampine.com/blake3"
 )
 
 // readModelConfig reads config.json as a generic object; the layouts that runtimes load need it.
@@ -347,9 +346,9 @@ func (h *inputHashes) bytes() int64 {
 	return n
 }
 
-// hashFile hashes the file through a read-only mapping, so that the page cache's pages are
-// hashed where they lie: the conversion reads the same bytes, and a copy per reader would
-// double the memory traffic.
+// hashFile hashes one file: BLAKE3 on every core through b3sum, which reads the file in pieces
+// that are hashed while they are in the cache; SHA-256, which is sequential, through a
+// read-only mapping, so that the page cache's pages are hashed where they lie.
 func (h *inputHashes) hashFile(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -360,10 +359,14 @@ func (h *inputHashes) hashFile(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var sum hash.Hash = sha256.New()
 	if h.algo == HashBLAKE3 {
-		sum = blake3.New(32, nil) // spreads each write's whole chunks over goroutines
+		sum, err := b3sum.Sum(f, st.Size(), runtime.NumCPU(), h.stop.Load)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", path, err)
+		}
+		return sum, nil
 	}
+	sum := sha256.New()
 	if st.Size() == 0 {
 		return hex.EncodeToString(sum.Sum(nil)), nil
 	}

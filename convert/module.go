@@ -7,6 +7,7 @@ import (
 
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/ggmltype"
+	"github.com/qpack-dev/qpack/gguf"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/safetensors"
@@ -172,6 +173,8 @@ func (m *packedModule) quantizePack(use func([]packing.Raw, *quant.Tensor) error
 	switch {
 	case m.gptq != nil:
 		return m.packTensor(m.gptq.deviceFor(s), func() (*quant.Tensor, error) { return m.gptq.result(m.item.Module) }, use)
+	case isGGUF(m.format) && ggmltype.IsLegacy(s) && m.encodesLegacy():
+		return DeviceCPU, m.encodeLegacy(use)
 	case isGGUF(m.format) && ggmltype.IsLegacy(s):
 		return m.packTensor(DeviceCPU, m.quantizeLegacy, use)
 	case m.gpu.fitsBlocks(m.item, m.format, m.opt):
@@ -216,6 +219,35 @@ func (m *packedModule) quantizeLegacy() (*quant.Tensor, error) {
 		return nil, err
 	}
 	return ggmltype.QuantizeLegacy(w, m.item.N(), m.item.K(), *m.item.Scheme, m.opt.blockwise(m.item.Module).Importance)
+}
+
+// encodesLegacy says whether encodeLegacy applies: no importance (which Q8_0 ignores anyway)
+// and no error to measure, which needs the tensor.
+func (m *packedModule) encodesLegacy() bool {
+	typ, _ := ggmltype.TypeOf(*m.item.Scheme)
+	return (m.opt.blockwise(m.item.Module).Importance == nil || typ == gguf.Q8_0) && !m.opt.MeasureError
+}
+
+// encodeLegacy writes a GGUF Q8_0, Q5_0 or Q4_0 tensor fitted without importance straight from
+// the weights, converted a row at a time: the bytes of quantizeLegacy's tensor packed.
+func (m *packedModule) encodeLegacy(use func([]packing.Raw, *quant.Tensor) error) error {
+	raw, err := m.ck.Bytes(m.item.Info.Name)
+	if err != nil {
+		return err
+	}
+	s, n, k, dtype := *m.item.Scheme, m.item.N(), m.item.K(), m.item.Info.DType
+	rowBytes := len(raw) / n
+	b, err := ggmltype.EncodeLegacy(s, n, k, func(r int, buf []float32) ([]float32, error) {
+		return buf, safetensors.DecodeFloat32(dtype, buf, raw[r*rowBytes:(r+1)*rowBytes])
+	})
+	if err != nil {
+		return err
+	}
+	raws, err := packing.GGUF{}.Blocks(m.item.Module, s, n, k, b)
+	if err != nil {
+		return err
+	}
+	return use(raws, nil)
 }
 
 // quantizeSearchedOnGPU runs the --imatrix search of every group on the GPU and encodes the

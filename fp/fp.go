@@ -4,7 +4,10 @@
 // ties to even, like PyTorch's .to(dtype).
 package fp
 
-import "math"
+import (
+	"encoding/binary"
+	"math"
+)
 
 // f16Table maps every half-precision bit pattern to its float32 value; a table beats the
 // branchy decode by about 4× and costs 256 KiB.
@@ -44,8 +47,39 @@ func F32ToF16(f float32) uint16 {
 	return uint16(narrow(f, 5, 10, true))
 }
 
+// ExactF16 returns the F16 encoding of f and whether f is a finite F16 value, stored without
+// rounding. Normal F16 values, the common case, take a few bit operations.
+func ExactF16(f float32) (uint16, bool) {
+	u := math.Float32bits(f)
+	abs := u & 0x7fffffff
+	// [2^−14, 2^16) with the low 13 mantissa bits clear: rebias the exponent by 127 − 15.
+	if abs-0x38800000 < 0x47800000-0x38800000 && u&0x1fff == 0 {
+		return uint16(u>>16&0x8000 | (abs-0x38000000)>>13), true
+	}
+	h := F32ToF16(f)
+	return h, F16ToF32(h) == f && abs < 0x7f800000
+}
+
 // BF16ToF32 decodes a bfloat16 value (the top half of a float32).
 func BF16ToF32(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
+
+// DecodeBF16 decodes len(dst) little-endian BF16 values from src (len ≥ 2·len(dst)), four per
+// 8-byte load: about twice as fast as one BF16ToF32 per value.
+func DecodeBF16(dst []float32, src []byte) {
+	src = src[:2*len(dst)]
+	i := 0
+	for ; i+4 <= len(dst); i += 4 {
+		x := binary.LittleEndian.Uint64(src[2*i:])
+		d := dst[i : i+4 : i+4]
+		d[0] = math.Float32frombits(uint32(x << 16))
+		d[1] = math.Float32frombits(uint32(x) & 0xffff0000)
+		d[2] = math.Float32frombits(uint32(x>>16) & 0xffff0000)
+		d[3] = math.Float32frombits(uint32(x>>32) & 0xffff0000)
+	}
+	for ; i < len(dst); i++ {
+		dst[i] = math.Float32frombits(uint32(src[2*i])<<16 | uint32(src[2*i+1])<<24)
+	}
+}
 
 // F32ToBF16 encodes f as bfloat16, rounding to nearest even; NaN stays a quiet NaN.
 func F32ToBF16(f float32) uint16 {

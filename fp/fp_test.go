@@ -197,3 +197,63 @@ func TestF32ToE2M1(t *testing.T) {
 		}
 	}
 }
+
+// ExactF16 says exactly which float32 values are finite F16 values and encodes them as
+// F32ToF16 does: every F16 value, its float32 neighbours, and random float32 bit patterns.
+func TestExactF16(t *testing.T) {
+	check := func(f float32) {
+		h, ok := ExactF16(f)
+		want := F32ToF16(f)
+		wantOK := F16ToF32(want) == f && !math.IsInf(float64(f), 0)
+		if ok != wantOK || ok && h != want {
+			t.Fatalf("ExactF16(%g, %#08x) = %#04x, %v; want %#04x, %v", f, math.Float32bits(f), h, ok, want, wantOK)
+		}
+	}
+	for i := 0; i < 1<<16; i++ {
+		f := F16ToF32(uint16(i))
+		check(f)
+		check(math.Nextafter32(f, float32(math.Inf(1))))
+		check(math.Nextafter32(f, float32(math.Inf(-1))))
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	for range 1_000_000 {
+		check(math.Float32frombits(r.Uint32()))
+	}
+}
+
+// DecodeBF16 decodes every length, including ones that are not a multiple of four.
+func TestDecodeBF16(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	src := make([]byte, 2*37)
+	for i := range src {
+		src[i] = byte(r.Uint32())
+	}
+	for n := range 38 {
+		dst := make([]float32, n)
+		DecodeBF16(dst, src)
+		for i, v := range dst {
+			if want := BF16ToF32(uint16(src[2*i]) | uint16(src[2*i+1])<<8); math.Float32bits(v) != math.Float32bits(want) {
+				t.Fatalf("length %d, value %d: %#08x, want %#08x", n, i, math.Float32bits(v), math.Float32bits(want))
+			}
+		}
+	}
+}
+
+func BenchmarkDecodeBF16(b *testing.B) {
+	src := make([]byte, 2<<16)
+	dst := make([]float32, 1<<16)
+	b.Run("four-per-load", func(b *testing.B) {
+		b.SetBytes(int64(len(src)))
+		for b.Loop() {
+			DecodeBF16(dst, src)
+		}
+	})
+	b.Run("one-per-value", func(b *testing.B) {
+		b.SetBytes(int64(len(src)))
+		for b.Loop() {
+			for i := range dst {
+				dst[i] = BF16ToF32(uint16(src[2*i]) | uint16(src[2*i+1])<<8)
+			}
+		}
+	})
+}

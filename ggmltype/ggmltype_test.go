@@ -1,6 +1,7 @@
 package ggmltype_test
 
 import (
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -150,4 +151,45 @@ func mustScheme(name string) quant.Scheme {
 		panic(err)
 	}
 	return s
+}
+
+// EncodeLegacy writes, row by row, the bytes of QuantizeLegacy's tensor encoded, and reports a
+// NaN with its row.
+func TestEncodeLegacyMatchesQuantizeLegacy(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	const n, k = 7, 320
+	w := randomWeights(r, n*k)
+	rows := func(w []float32) func(int, []float32) ([]float32, error) {
+		return func(row int, buf []float32) ([]float32, error) { return w[row*k : (row+1)*k], nil }
+	}
+	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q5_0, gguf.Q4_0} {
+		s := schemeOf(t, typ)
+		q, err := ggmltype.QuantizeLegacy(w, n, k, s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, want, err := ggmltype.Encode(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ggmltype.EncodeLegacy(s, n, k, rows(w))
+		if err != nil || string(got) != string(want) {
+			t.Fatalf("%s: %d bytes (%v), differ from QuantizeLegacy's %d", typ, len(got), err, len(want))
+		}
+		bad := append([]float32(nil), w...)
+		bad[4*k+9] = float32(math.NaN())
+		if _, err := ggmltype.EncodeLegacy(s, n, k, rows(bad)); err == nil || !strings.Contains(err.Error(), "row 4") {
+			t.Errorf("%s with a NaN in row 4: %v", typ, err)
+		}
+	}
+}
+
+func schemeOf(t *testing.T, typ gguf.Type) quant.Scheme {
+	for _, rung := range ggmltype.Rungs() {
+		if rung.Type == typ {
+			return rung.Scheme
+		}
+	}
+	t.Fatalf("no rung for %s", typ)
+	return quant.Scheme{}
 }

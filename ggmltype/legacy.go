@@ -56,6 +56,32 @@ func QuantizeLegacy(w []float32, n, k int, s quant.Scheme, imp []float32) (*quan
 	return t, nil
 }
 
+// EncodeLegacy returns the ggml blocks of an n×k Q8_0, Q5_0 or Q4_0 tensor fitted without
+// importance — the bytes QuantizeLegacy's tensor encodes to (Encode) — written straight from
+// the weights a row at a time, with no tensor of codes in between: row(r, buf) returns row r's
+// k weights, converted into buf (len k) or a view.
+func EncodeLegacy(s quant.Scheme, n, k int, row func(r int, buf []float32) ([]float32, error)) ([]byte, error) {
+	typ, ok := TypeOf(s)
+	if !ok || !IsLegacy(s) {
+		return nil, fmt.Errorf("%s is not one of ggml's Q8_0, Q5_0, Q4_0", s)
+	}
+	if err := Fits(typ, k); err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, Bytes(typ, n, k))
+	buf := make([]float32, k)
+	for r := range n {
+		w, err := row(r, buf)
+		if err != nil {
+			return nil, err
+		}
+		if out, err = gguf.Encode(out, typ, w); err != nil {
+			return nil, fmt.Errorf("row %d: %w", r, err)
+		}
+	}
+	return out, nil
+}
+
 // fitWeighted is quantize_row_q4_0_impl / quantize_row_q5_0_impl for row r.
 func fitWeighted(t *quant.Tensor, r int, x, imp []float32, nmax int32) {
 	var sumX2 float32

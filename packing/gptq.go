@@ -148,7 +148,7 @@ func checkParams(t *quant.Tensor) error {
 		return fmt.Errorf("%d scales and %d zero points for %d groups", len(t.Scales), len(t.Zeros), ng)
 	}
 	for i, v := range t.Scales {
-		if v == 0 || math.IsInf(float64(v), 0) || v != v {
+		if math.Float32bits(v)&0x7fffffff-1 >= 0x7f800000-1 { // ±0, ±Inf or NaN
 			return fmt.Errorf("scale %g at row %d, group %d: scales must be finite and non-zero", v, i/groups, i%groups)
 		}
 	}
@@ -236,15 +236,30 @@ func checkNibbles(bad uint64) error {
 
 // packGPTQ4Rows packs 4-bit codes of output rows c0 … c0+len(codes)/k−1 (codes holds just
 // those rows) and returns the OR of all their code bytes. Word (r, c) is codes 8r…8r+7 of row
-// c, read as one little-endian uint64 and squeezed by squeeze4. Rows are visited 16 at a time
-// so that each word row is written a 64-byte line at a time while 16 rows of codes are read in
-// order.
+// c, read as one little-endian uint64 and squeezed by squeeze4. With AVX2, rows go 8 at a time
+// through packGPTQ4x8AVX2 (the same words, 64 codes of each row per step), which leaves the
+// words past the last whole 64 codes to packGPTQ4Words.
 func packGPTQ4Rows(data, codes []byte, n, k, c0 int) (bad uint64) {
+	rows := len(codes) / k
+	done := 0 // rows packed by the kernel
+	if hasAVX2 && k >= 64 {
+		for ; done+8 <= rows; done += 8 {
+			bad |= packGPTQ4x8AVX2(&data[4*(c0+done)], &codes[done*k], k, n, k/64)
+		}
+		bad |= packGPTQ4Words(data, codes[:done*k], n, k, c0, k/64*8)
+	}
+	return bad | packGPTQ4Words(data, codes[done*k:], n, k, c0+done, 0)
+}
+
+// packGPTQ4Words is packGPTQ4Rows in Go for the words from word row r0 on. Rows are visited 16
+// at a time so that each word row is written a 64-byte line at a time while 16 rows of codes
+// are read in order.
+func packGPTQ4Words(data, codes []byte, n, k, c0, r0 int) (bad uint64) {
 	const tile = 16
 	rows := len(codes) / k
 	for t0 := 0; t0 < rows; t0 += tile {
 		t1 := min(t0+tile, rows)
-		for r := range k / 8 {
+		for r := r0; r < k/8; r++ {
 			out := data[4*(r*n+c0+t0) : 4*(r*n+c0+t1)]
 			for c := t0; c < t1; c++ {
 				x := binary.LittleEndian.Uint64(codes[c*k+8*r:])

@@ -117,8 +117,8 @@ func rawShape(r Raw) (n, k int, err error) {
 func f16Raw(name string, v []float32, at func(i int) int, shape ...int) (Raw, error) {
 	data := make([]byte, 2*len(v))
 	for i, x := range v {
-		h := fp.F32ToF16(x)
-		if fp.F16ToF32(h) != x || math.IsInf(float64(x), 0) {
+		h, ok := fp.ExactF16(x)
+		if !ok {
 			return Raw{}, fmt.Errorf("tensor %s: value %g at index %d is not a finite F16 value", name, x, i)
 		}
 		binary.LittleEndian.PutUint16(data[2*at(i):], h)
@@ -190,8 +190,8 @@ func reuseRaw(r *Raw, prefix, suffix, dtype string, shape ...int) *Raw {
 func putF16Transposed(r *Raw, v []float32, rows, cols int) error {
 	for i := range rows {
 		for j, x := range v[i*cols : (i+1)*cols] {
-			h := fp.F32ToF16(x)
-			if fp.F16ToF32(h) != x || math.IsInf(float64(x), 0) {
+			h, ok := fp.ExactF16(x)
+			if !ok {
 				return fmt.Errorf("tensor %s: value %g at index %d is not a finite F16 value", r.Name, x, i*cols+j)
 			}
 			binary.LittleEndian.PutUint16(r.Data[2*(j*rows+i):], h)

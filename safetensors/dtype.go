@@ -74,11 +74,7 @@ var decoders = map[DType]func(dst []float32, src []byte){
 			dst[i] = fp.F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
 		}
 	},
-	BF16: func(dst []float32, src []byte) {
-		for i := range dst {
-			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
-		}
-	},
+	BF16:       fp.DecodeBF16,
 	F8E4M3:     bytewise(fp.E4M3ToF32),
 	F8E5M2:     bytewise(fp.E5M2ToF32),
 	F8E4M3FNUZ: bytewise(fp.E4M3FNUZToF32),
