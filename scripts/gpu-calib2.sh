@@ -5,10 +5,11 @@ set -u
 OUT=${OUT:-/tmp/qpack-gpu-out}
 mkdir -p "$OUT"
 bin=$PWD/bin/calib work=/tmp/qpack-7b
-mkdir -p "$bin" $work /tmp/models && tar -xJf bin/calib.tar.xz -C "$bin" && tar -xJf out/mid.tar.xz -C /tmp/models
+mkdir -p "$bin" $work /tmp/models && tar -xJf bin/calib.tar.xz -C "$bin"
+[[ -f out/mid.tar.xz ]] && tar -xJf out/mid.tar.xz -C /tmp/models
 ("$bin/qpack" synth $work/s7 --vocab 2048 --calib-ids 262144 >/dev/null && cat $work/s7/*.safetensors >/dev/null) >"$OUT/synth.log" 2>&1 &
 synth=$!
-for m in tf32 bf16; do
+for m in ${QPACK_MID_MATH-tf32 bf16}; do
 	"$bin/qpack" convert /tmp/models/mid-llama -o /tmp/ml-$m --device cuda --method gptq --calib out/calib.txt --calib-math $m --overwrite >"$OUT/ml-$m.log" 2>&1
 	echo "mid-llama gptq $m rc $?: $(grep -E '^gptq on' "$OUT/ml-$m.log" | cut -c1-120)"
 	"$bin/qpack" eval /tmp/ml-$m --data /tmp/models/mid-llama/heldout_ids.npy --device cuda -q 2>&1 | tail -1
@@ -23,4 +24,5 @@ run() { # name, args...
 }
 for m in tf32 bf16; do run 7b-gptq-$m -o $work/g --method gptq $ids --calib-samples 128 --calib-seqlen 2048 --calib-math $m; done
 run 7b-awqgptq-bf16 -o $work/a --method awq+gptq $ids --calib-samples 128 --calib-seqlen 512 --calib-math bf16
-run 7b-budget -o $work/b --format qpack --method gptq --strategy budget --target-bpw 3.5 $ids --calib-samples 128 --calib-seqlen 512 --calib-math bf16
+run 7b-budget -o $work/b --format qpack --method gptq --strategy budget --target-bpw 3.5 $ids --calib-samples 128 --calib-seqlen 512 --calib-math bf16 \
+	--ladder int2-g64-asym,int3-g128-asym,int4-g128-asym,int8-g128-asym
