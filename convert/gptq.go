@@ -239,7 +239,8 @@ func (r *blockRunner) dropHessian(block int, g model.Group) {
 
 // solveFunc runs GPTQ on one linear with its group's Hessian; global is an NVFP4 linear's
 // shared global scale (0: its own).
-type solveFunc func(l *model.Linear, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error)
+// g is the GPU solver to use (nil on the CPU).
+type solveFunc func(l *model.Linear, s quant.Scheme, global float32, g *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error)
 
 // hessianOf returns how to solve with the Hessian of group g of block: on the host, or on the
 // GPU from the Gram matrix gathered there (gpuSolveFunc).
@@ -254,17 +255,17 @@ func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), er
 	}
 	delete(r.hess, key)
 	hm := h.Matrix() // mirrored once, before the group's solves read it at once
-	solve := func(l *model.Linear, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
-		return r.quantize(l.W, l.Out, l.In, hm, s, global)
+	solve := func(l *model.Linear, s quant.Scheme, global float32, g *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error) {
+		return r.quantize(l.W, l.Out, l.In, hm, s, global, g)
 	}
 	return solve, func() {}, nil
 }
 
 // updateGroup quantizes the planned linears of group g and puts their dequantized weights back.
 // The linears of a group share its Hessian and nothing else, so with a GPU they are solved at
-// once by gpuSolvers solvers on streams of their own (q, k and v's solves each leave the GPU
-// mostly idle; on the CPU one solve already takes every core); results are used in the group's
-// order.
+// once by gpuSolvers solvers on streams of their own where their buffers are small
+// (parallelSolves: q, k and v's solves each leave the GPU mostly idle; on the CPU one solve
+// already takes every core); results are used in the group's order.
 func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc) error {
 	type solved struct {
 		l   *model.Linear
@@ -279,19 +280,21 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 			todo = append(todo, &solved{l: l, s: s})
 		}
 	}
-	at := make(chan struct{}, 1) // how many solve at once
-	if r.solvers != nil {
-		at = make(chan struct{}, gpuSolvers)
+	if len(todo) > 1 && r.parallelSolves(todo[0].l.In) {
+		var wg sync.WaitGroup
+		for _, x := range todo {
+			g := <-r.solvers
+			wg.Go(func() {
+				defer func() { r.solvers <- g }()
+				x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name], g)
+			})
+		}
+		wg.Wait()
+	} else {
+		for _, x := range todo {
+			x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name], r.solver)
+		}
 	}
-	var wg sync.WaitGroup
-	for _, x := range todo {
-		at <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-at }()
-			x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name])
-		})
-	}
-	wg.Wait()
 	for _, x := range todo {
 		l := x.l
 		if x.err != nil {
@@ -312,11 +315,13 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 // gpuSolvers is how many GPTQ solvers (each with its stream and buffers) the runner keeps on a GPU.
 const gpuSolvers = 3
 
-// withSolver runs f with a free GPU solver.
-func (r *blockRunner) withSolver(f func(s *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error)) (*quant.Tensor, gptq.Stats, error) {
-	s := <-r.solvers
-	defer func() { r.solvers <- s }()
-	return f(s)
+// parallelSolves says whether a group whose Hessians are k×k is solved by every solver at once:
+// when their k²-sized buffers (about 28·k² bytes each: H, its factor and inverse in float64,
+// the inverse factor in float32) take at most an eighth of the GPU's memory together. Other
+// groups (down_proj's Hessian of a 70B model alone is 23 GB) are solved one linear after
+// another by the first solver, so that only it grows to their size.
+func (r *blockRunner) parallelSolves(k int) bool {
+	return r.solvers != nil && gpuSolvers*28*uint64(k)*uint64(k) <= r.dev.Info().TotalMemory/8
 }
 
 // useGPU makes the runner calibrate and solve on the GPU: the forward passes and Hessians
@@ -350,9 +355,9 @@ func (r *blockRunner) deviceFor(s quant.Scheme) string {
 	return r.device
 }
 
-func (r *blockRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
-	if r.solver != nil && r.solver.Supports(s, r.opt) {
-		return r.withSolver(func(g *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error) { return g.Quantize(w, n, k, h, s, r.opt) })
+func (r *blockRunner) quantize(w []float32, n, k int, h []float64, s quant.Scheme, global float32, g *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error) {
+	if g != nil && g.Supports(s, r.opt) {
+		return g.Quantize(w, n, k, h, s, r.opt)
 	}
 	return gptq.Quantize(w, n, k, h, s, r.optFor(global))
 }

@@ -104,17 +104,19 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 	var host []float64 // H on the host, fetched for the first linear the CPU solves
 	var hostOnce sync.Once
 	var hostErr error
-	solve := func(l *model.Linear, s quant.Scheme, global float32) (*quant.Tensor, gptq.Stats, error) {
+	solve := func(l *model.Linear, s quant.Scheme, global float32, solver *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error) {
 		w, n, k := l.W, l.Out, l.In
-		if r.solver != nil && r.solver.Supports(s, r.opt) {
-			t, st, err := r.withSolver(func(g *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error) {
-				// GPTQ alone leaves the engine's copy equal to l.W (AWQ folds its scales into
-				// l.W first): then it is copied on the device instead of sent over the bus again.
-				if src, ok := r.gpu.e.LinearWeights(l); ok && r.awq == nil {
-					return g.QuantizeGramResident(w, src, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
-				}
-				return g.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
-			})
+		if solver != nil && solver.Supports(s, r.opt) {
+			var t *quant.Tensor
+			var st gptq.Stats
+			var err error
+			// GPTQ alone leaves the engine's copy equal to l.W (AWQ folds its scales into l.W
+			// first): then it is copied on the device instead of sent over the bus again.
+			if src, ok := r.gpu.e.LinearWeights(l); ok && r.awq == nil {
+				t, st, err = solver.QuantizeGramResident(w, src, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			} else {
+				t, st, err = solver.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			}
 			if err != nil {
 				err = fmt.Errorf("block %d, input of %s: %w", block, g, err)
 			}
