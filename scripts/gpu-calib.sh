@@ -3,6 +3,9 @@
 # out/small-llama + out/calib.txt): the model package's calibration and precision tests, the 7B block
 # forward benchmark, small-llama GPTQ with each --calib-math and its perplexity, and a synthetic
 # Llama-2-7B GPTQ (128 × 2048 calibration tokens) with tf32 and bf16. Logs under $OUT.
+# Build the carried archive here: mkdir -p bin/calib && for p in model gptq; do CGO_ENABLED=0 go test -c
+#   -o bin/calib/$p.test ./$p; done && CGO_ENABLED=0 go build -o bin/calib/qpack ./cmd/qpack && tar -cJf bin/calib.tar.xz -C bin/calib .
+# and copy the shared small-llama and calib.txt into out/ (git-ignored).
 set -u
 OUT=${OUT:-/tmp/qpack-gpu-out}
 mkdir -p "$OUT"

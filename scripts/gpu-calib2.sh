@@ -1,6 +1,8 @@
 #!/bin/bash
 # GPU calibration timings with their breakdown and the BF16 quality check on mid-llama, one call
 # (carry bin/calib.tar.xz with qpack, out/mid.tar.xz holding mid-llama, out/calib.txt). Logs under $OUT.
+# bin/calib.tar.xz: CGO_ENABLED=0 go build -o bin/calib/qpack ./cmd/qpack && tar -cJf bin/calib.tar.xz -C bin/calib .
+# out/mid.tar.xz: tar -cJf out/mid.tar.xz -C ../shared/models mid-llama (xz: 25 MB, so that it travels).
 set -u
 OUT=${OUT:-/tmp/qpack-gpu-out}
 mkdir -p "$OUT"
