@@ -2,6 +2,8 @@
 
 package blockwise
 
+// Without amd64 the kernels below are never called (callers check hasAVX2 and hasRTNKernel,
+// constant false here): they exist so that the portable build links.
 const hasAVX2 = false
 
 func bf16SpanAVX2(dst *float32, raw *byte, n int) (pos int32, neg uint32) {

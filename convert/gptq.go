@@ -274,15 +274,15 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		st  gptq.Stats
 		err error
 	}
-	var todo []*solved
+	var work []*solved
 	for _, l := range b.Linears(g) {
 		if s, planned := r.schemes[l.Name]; planned {
-			todo = append(todo, &solved{l: l, s: s})
+			work = append(work, &solved{l: l, s: s})
 		}
 	}
-	if len(todo) > 1 && r.parallelSolves(todo[0].l.In) {
+	if len(work) > 1 && r.parallelSolves(work[0].l.In) {
 		var wg sync.WaitGroup
-		for _, x := range todo {
+		for _, x := range work {
 			g := <-r.solvers
 			wg.Go(func() {
 				defer func() { r.solvers <- g }()
@@ -291,11 +291,11 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		}
 		wg.Wait()
 	} else {
-		for _, x := range todo {
+		for _, x := range work {
 			x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name], r.solver)
 		}
 	}
-	for _, x := range todo {
+	for _, x := range work {
 		l := x.l
 		if x.err != nil {
 			err := fmt.Errorf("tensor %s.weight: %w", l.Name, x.err)
