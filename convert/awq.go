@@ -75,12 +75,12 @@ func useAWQ(r *blockRunner, items []Item, opt Options, g *gpu) error {
 		r.device = DeviceCPU
 		return nil
 	}
-	if s.gptq {
-		if err := r.useGPU(g); err != nil {
+	if s.gptq { // AWQ's searches, and so its calibration, run on the first GPU
+		if err := r.useGPUs(g.devs[:1]); err != nil {
 			return err
 		}
 	} else {
-		r.dev, r.device = g.dev, DeviceCUDA
+		r.dev, r.devs, r.device = g.dev, g.devs[:1], DeviceCUDA
 	}
 	for _, it := range items {
 		if it.Scheme != nil && it.Scheme.Grid == quant.IQuant {

@@ -199,7 +199,14 @@ func commitOutput(out *safetensors.CheckpointWriter, hashes *inputHashes, report
 // the runner that will feed the writer (on the GPU when there is one). Either may be nil.
 func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *blockRunner, error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-	g, err := openGPU(opt.Device, opt.GPUSlots, logf)
+	devices := opt.Devices
+	if opt.Method != GPTQ { // only GPTQ's calibration shares its work among GPUs
+		devices = []int{0}
+		if len(opt.Devices) > 0 {
+			devices = opt.Devices[:1]
+		}
+	}
+	g, err := openGPU(opt.Device, devices, opt.GPUSlots, logf)
 	if err != nil {
 		return nil, nil, err
 	}

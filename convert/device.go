@@ -28,39 +28,56 @@ const DefaultGPUSlots = 4
 
 // gpu is the GPU side of a conversion: nil means everything runs on the CPU.
 type gpu struct {
-	dev     *cuda.Device
+	dev     *cuda.Device   // the first GPU: RTN's kernels run there
+	devs    []*cuda.Device // every GPU of the conversion, dev first: GPTQ calibrates on all
 	q       *blockwise.GPUQuantizer
 	imatrix *blockwise.GPUImatrix // --imatrix's search
 	kq      *kquant.GPUFitter     // k-quants (with or without --imatrix); nil until useKQuants
 	iq      *iquant.GPUFitter     // IQ types (likewise)
 }
 
-// openGPU opens the first GPU as the device option asks. With "auto" a missing driver or
-// device is not an error: the conversion says so and runs on the CPU.
-func openGPU(device string, slots int, logf func(format string, args ...any)) (*gpu, error) {
-	dev, note, err := cuda.Select(device)
+// openGPU opens the GPUs as the device option asks: the ordinals given, or every GPU. With
+// "auto" a missing driver or device is not an error: the conversion says so and runs on the CPU.
+func openGPU(device string, ordinals []int, slots int, logf func(format string, args ...any)) (*gpu, error) {
+	devs, note, err := cuda.SelectMany(device, ordinals)
 	if note != "" {
 		logf("%s\n", note)
 	}
-	if err != nil || dev == nil {
+	if err != nil || len(devs) == 0 {
 		return nil, err
 	}
+	g := &gpu{dev: devs[0], devs: devs}
+	if err := g.open(slots, logf); err != nil {
+		g.close()
+		return nil, err
+	}
+	return g, nil
+}
+
+// open prepares the first GPU's RTN kernels and lets the GPUs reach each other's memory.
+func (g *gpu) open(slots int, logf func(format string, args ...any)) error {
 	if slots <= 0 {
 		slots = DefaultGPUSlots
 	}
-	q, err := blockwise.NewGPUQuantizerSlots(dev, slots)
-	if err != nil {
-		dev.Close()
-		return nil, err
+	var err error
+	if g.q, err = blockwise.NewGPUQuantizerSlots(g.dev, slots); err != nil {
+		return err
 	}
-	weighted, err := blockwise.NewGPUImatrix(dev)
-	if err != nil {
-		q.Close()
-		dev.Close()
-		return nil, err
+	if g.imatrix, err = blockwise.NewGPUImatrix(g.dev); err != nil {
+		return err
 	}
-	logf("quantizing on %s\n", dev.Info().Name)
-	return &gpu{dev: dev, q: q, imatrix: weighted}, nil
+	if len(g.devs) == 1 {
+		logf("quantizing on %s\n", g.dev.Info().Name)
+		return nil
+	}
+	direct, err := cuda.EnablePeerAccess(g.devs)
+	if err != nil {
+		return err
+	}
+	n := len(g.devs)
+	logf("quantizing on %d GPUs (%s; calibration on all, the rest on the first); %d of %d pairs reach each other's memory directly\n",
+		n, g.dev.Info().Name, direct, n*(n-1))
+	return nil
 }
 
 // useKQuants loads the k-quant fit when RTN has k-quant tensors to quantize, and the IQ fit when
@@ -87,16 +104,23 @@ func (g *gpu) useKQuants(items []Item) error {
 }
 
 func (g *gpu) close() {
-	if g != nil {
-		if g.kq != nil {
-			g.kq.Close()
-		}
-		if g.iq != nil {
-			g.iq.Close()
-		}
+	if g == nil {
+		return
+	}
+	if g.kq != nil {
+		g.kq.Close()
+	}
+	if g.iq != nil {
+		g.iq.Close()
+	}
+	if g.imatrix != nil {
 		g.imatrix.Close()
+	}
+	if g.q != nil {
 		g.q.Close()
-		g.dev.Close()
+	}
+	for _, d := range g.devs {
+		d.Close()
 	}
 }
 

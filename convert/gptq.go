@@ -36,11 +36,12 @@ type gptqResult struct {
 // one Hessian.
 type blockRunner struct {
 	opt     gptq.Options
-	solver  *gptq.GPUSolver      // nil: the pure-Go solver; else the first of all (for Supports)
-	solvers chan *gptq.GPUSolver // the free ones of all
-	all     []*gptq.GPUSolver
-	dev     *cuda.Device // nil: the forward passes and Hessians on the CPU
-	gpu     *gpuCapture  // while calibrating on the GPU
+	solver  solverSet      // nil: the pure-Go solver; else the first of all (for Supports)
+	solvers chan solverSet // the free ones of all
+	all     []solverSet
+	dev     *cuda.Device   // nil: the forward passes and Hessians on the CPU; else the first GPU
+	devs    []*cuda.Device // every GPU calibrating (GPTQ; AWQ's scaler works on the first)
+	gpu     *gpuCapture    // while calibrating on the GPU
 	device  string
 	schemes map[string]quant.Scheme // module prefix → planned scheme
 	globals map[string]float32      // NVFP4 modules' shared global scales (Options.globals)
@@ -227,10 +228,12 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 func (r *blockRunner) dropHessian(block int, g model.Group) {
 	key := hessianKey(block, g)
 	if r.gpu != nil {
-		if gr := r.gpu.grams[key]; gr != nil {
-			r.gpu.e.Synchronize()
-			r.dev.Free(gr.sum)
-			delete(r.gpu.grams, key)
+		for _, sh := range r.gpu.shards {
+			if gr := sh.grams[key]; gr != nil {
+				sh.e.Synchronize()
+				sh.e.Device().Free(gr.sum)
+				delete(sh.grams, key)
+			}
 		}
 		return
 	}
@@ -238,9 +241,20 @@ func (r *blockRunner) dropHessian(block int, g model.Group) {
 }
 
 // solveFunc runs GPTQ on one linear with its group's Hessian; global is an NVFP4 linear's
-// shared global scale (0: its own).
-// g is the GPU solver to use (nil on the CPU).
-type solveFunc func(l *model.Linear, s quant.Scheme, global float32, g *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error)
+// shared global scale (0: its own). set holds the GPU solvers to use (nil on the CPU).
+type solveFunc func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (*quant.Tensor, gptq.Stats, error)
+
+// solverSet is one GPTQ solver on each GPU of the runner, in its order: a linear's rows are
+// shared among them (solveRows).
+type solverSet []*gptq.GPUSolver
+
+// first is the first GPU's solver, or nil on the CPU.
+func (s solverSet) first() *gptq.GPUSolver {
+	if len(s) == 0 {
+		return nil
+	}
+	return s[0]
+}
 
 // hessianOf returns how to solve with the Hessian of group g of block: on the host, or on the
 // GPU from the Gram matrix gathered there (gpuSolveFunc).
@@ -255,8 +269,8 @@ func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), er
 	}
 	delete(r.hess, key)
 	hm := h.Matrix() // mirrored once, before the group's solves read it at once
-	solve := func(l *model.Linear, s quant.Scheme, global float32, g *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error) {
-		return r.quantize(l.W, l.Out, l.In, hm, s, global, g)
+	solve := func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (*quant.Tensor, gptq.Stats, error) {
+		return r.quantize(l.W, l.Out, l.In, hm, s, global, set.first())
 	}
 	return solve, func() {}, nil
 }
@@ -324,32 +338,42 @@ func (r *blockRunner) parallelSolves(k int) bool {
 	return r.solvers != nil && gpuSolvers*28*uint64(k)*uint64(k) <= r.dev.Info().TotalMemory/8
 }
 
-// useGPU makes the runner calibrate and solve on the GPU: the forward passes and Hessians
+// useGPU makes the runner calibrate and solve on the GPUs: the forward passes and Hessians
 // (gpuCapture), the column loop, factorisations and group fits, searched ones (the clip search,
 // --imatrix) included (gptq.GPUSolver). What the solver does not take (NF4, k-quants; clip search where the GPU
 // cannot reproduce the CPU's math.Pow) is solved on the CPU with the Hessians gathered on the
-// GPU.
+// GPUs.
 func (r *blockRunner) useGPU(g *gpu) error {
 	if g == nil {
 		r.device = DeviceCPU
 		return nil
 	}
-	r.solvers = make(chan *gptq.GPUSolver, gpuSolvers)
+	return r.useGPUs(g.devs)
+}
+
+// useGPUs is useGPU on the GPUs given (the first is the one everything but GPTQ's row shares
+// runs on).
+func (r *blockRunner) useGPUs(devs []*cuda.Device) error {
+	r.solvers = make(chan solverSet, gpuSolvers)
 	for range gpuSolvers {
-		solver, err := gptq.NewGPUSolver(g.dev)
-		if err != nil {
-			return err
+		var set solverSet
+		for _, dev := range devs {
+			solver, err := gptq.NewGPUSolver(dev)
+			if err != nil {
+				return err
+			}
+			set = append(set, solver)
 		}
-		r.solvers <- solver
-		r.all = append(r.all, solver)
+		r.solvers <- set
+		r.all = append(r.all, set)
 	}
-	r.solver, r.dev, r.device = r.all[0], g.dev, DeviceCUDA
+	r.solver, r.dev, r.devs, r.device = r.all[0], devs[0], devs, DeviceCUDA
 	return nil
 }
 
 // deviceFor names where GPTQ solves a tensor of scheme s.
 func (r *blockRunner) deviceFor(s quant.Scheme) string {
-	if r.solver != nil && !r.solver.Supports(s, r.opt) {
+	if r.solver != nil && !r.solver[0].Supports(s, r.opt) {
 		return "cpu (Hessians on cuda)"
 	}
 	return r.device
@@ -373,8 +397,10 @@ func (r *blockRunner) close() {
 	if r == nil {
 		return
 	}
-	for _, s := range r.all {
-		s.Close()
+	for _, set := range r.all {
+		for _, s := range set {
+			s.Close()
+		}
 	}
 	if r.awq != nil {
 		r.awq.close()

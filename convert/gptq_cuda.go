@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,13 +15,23 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// gpuCapture is the GPU side of a GPTQ calibration: the forward passes run on the GPU
-// (model.GPU, TF32 GEMMs) and each linear group's Gram matrix Σ xᵀx accumulates there in
-// float32, where the solver reads it (gpuSolveFunc).
+// gpuCapture is the GPU side of a GPTQ calibration: the forward passes run on the GPUs
+// (model.GPU, one engine per GPU, each over its share of the sequences) and each linear group's
+// Gram matrix Σ xᵀx accumulates there in float32, one partial sum per GPU, summed where the
+// solvers read it (gpuSolveFunc).
 type gpuCapture struct {
+	e      *model.GPU        // the first GPU's engine (AWQ's scaler works with it alone)
+	shards []*gpuShard       // one per GPU calibrating
+	peer   cuda.DeviceBuffer // on the first GPU: another GPU's partial Gram matrix (sumShards)
+	sums   time.Duration     // spent in sumShards
+	mu     sync.Mutex        // the shards' Gram maps and expert counts while the engines observe
+	solve  time.Duration
+}
+
+// gpuShard is one GPU's part of a calibration.
+type gpuShard struct {
 	e     *model.GPU
 	grams map[string]*deviceGram
-	solve time.Duration // time in Update: downloading Hessians, solving, replacing weights
 }
 
 type deviceGram struct {
@@ -28,116 +39,298 @@ type deviceGram struct {
 	k, n int            // width, rows accumulated
 }
 
-// calibrateOnGPU runs the calibration through the GPU forward pass with cal observing (the
-// runner itself for GPTQ, its AWQ scaler for AWQ).
+// calibrateOnGPU runs the calibration through the GPU forward pass with cal observing: the
+// runner itself for GPTQ, on every GPU it has (data-parallel: model.CalibrateSharded), or its
+// AWQ scaler for AWQ, on the first GPU. A model with experts calibrates on the first GPU (how
+// many tokens each expert was routed is decided per step, which the shards would each see only
+// in part).
 func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPUCalibrator, opt model.CalibrateOptions) error {
-	e, err := model.NewGPU(r.dev, m.Config, r.math)
+	devs := r.devs[:min(len(r.devs), len(seqs))]
+	if cal != model.GPUCalibrator(r) || m.Config.IsMoE() {
+		devs = devs[:1]
+	}
+	r.gpu = &gpuCapture{}
+	defer r.gpu.free()
+	for _, dev := range devs {
+		e, err := model.NewGPU(dev, m.Config, r.math)
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		r.gpu.shards = append(r.gpu.shards, &gpuShard{e: e, grams: map[string]*deviceGram{}})
+	}
+	r.gpu.e = r.gpu.shards[0].e
+	start := time.Now()
+	var err error
+	if len(devs) == 1 {
+		err = r.gpu.e.Calibrate(m, seqs, cal, opt)
+	} else {
+		err = model.CalibrateSharded(r.gpu.engines(), m, seqs, r, opt)
+	}
 	if err != nil {
 		return err
 	}
-	defer e.Close()
-	r.gpu = &gpuCapture{e: e, grams: map[string]*deviceGram{}}
-	defer r.gpu.free()
-	start := time.Now()
-	if err := e.Calibrate(m, seqs, cal, opt); err != nil {
-		return err
-	}
 	total := time.Since(start)
-	r.gpuPeak = e.PeakMemoryUsed()
+	r.gpuPeak = r.gpu.peak()
 	if r.awq != nil && !r.awq.gptq {
 		return nil // AWQ's own line tells where the time went
 	}
-	ct := e.CalibrationTimes()
-	r.logf("%s on %s: %d×%d calibration tokens, %.1f s: forward passes and Hessians %.1f s (weights up %.1f s, observing passes %.1f s, replaced weights up %.1f s, block outputs %.1f s), GPTQ %.1f s; peak GPU memory in use %.2f GB\n",
-		r.method, r.dev.Info().Name, len(seqs), len(seqs[0]), total.Seconds(), (total - r.gpu.solve).Seconds(),
-		ct.Upload.Seconds(), ct.Observe.Seconds(), ct.Refresh.Seconds(), ct.Output.Seconds(), r.gpu.solve.Seconds(), float64(e.PeakMemoryUsed())/1e9)
+	ct := r.gpu.e.CalibrationTimes()
+	sums := ""
+	if len(devs) > 1 {
+		sums = fmt.Sprintf(" (Hessians summed across GPUs %.2f s)", r.gpu.sums.Seconds())
+	}
+	var peaks []string
+	for _, sh := range r.gpu.shards {
+		peaks = append(peaks, fmt.Sprintf("%.2f", float64(sh.e.PeakMemoryUsed())/1e9))
+	}
+	r.logf("%s on %s: %d×%d calibration tokens, %.1f s: forward passes and Hessians %.1f s (weights up %.1f s, observing passes %.1f s, replaced weights up %.1f s, block outputs %.1f s), GPTQ %.1f s%s; peak GPU memory in use %s GB\n",
+		r.method, gpuNames(devs), len(seqs), len(seqs[0]), total.Seconds(), (total - r.gpu.solve).Seconds(),
+		ct.Upload.Seconds(), ct.Observe.Seconds(), ct.Refresh.Seconds(), ct.Output.Seconds(), r.gpu.solve.Seconds(), sums, strings.Join(peaks, ", "))
 	return nil
 }
 
+// gpuNames names the GPUs of a calibration: "NVIDIA H100" or "4 × NVIDIA H100".
+func gpuNames(devs []*cuda.Device) string {
+	if len(devs) == 1 {
+		return devs[0].Info().Name
+	}
+	return fmt.Sprintf("%d × %s", len(devs), devs[0].Info().Name)
+}
+
+func (c *gpuCapture) engines() []*model.GPU {
+	var es []*model.GPU
+	for _, s := range c.shards {
+		es = append(es, s.e)
+	}
+	return es
+}
+
+// peak is the most GPU memory in use on any of the GPUs.
+func (c *gpuCapture) peak() uint64 {
+	var p uint64
+	for _, s := range c.shards {
+		p = max(p, s.e.PeakMemoryUsed())
+	}
+	return p
+}
+
 func (c *gpuCapture) free() {
-	for _, g := range c.grams {
-		c.e.Device().Free(g.sum)
+	if len(c.shards) > 0 {
+		c.shards[0].e.Device().Release(&c.peer)
+	}
+	for _, s := range c.shards {
+		for _, g := range s.grams {
+			s.e.Device().Free(g.sum)
+		}
 	}
 }
 
-// ObserveGPU adds x's Gram matrix to its group's sum.
+// ObserveGPU adds x's Gram matrix to its group's sum (one GPU: AWQ's scaler hands GPTQ's inputs here).
 func (r *blockRunner) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, rows, cols int) error {
+	return r.ObserveShard(0, block, g, x, rows, cols)
+}
+
+// ObserveShard adds x, on the GPU of shard, to that GPU's partial Gram matrix of the group.
+func (r *blockRunner) ObserveShard(shard, block int, g model.Group, x cuda.DevicePtr, rows, cols int) error {
 	if r.stopped.Load() {
 		return errors.New("stopped")
 	}
-	key := hessianKey(block, g)
-	gr := r.gpu.grams[key]
-	if gr == nil {
-		p, err := r.dev.Alloc(4 * cols * cols)
-		if err != nil {
-			return fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
-		}
-		gr = &deviceGram{sum: p, k: cols}
-		r.gpu.grams[key] = gr
-		r.experts.start(block, g)
-		if err := r.dev.Fill32(p, 0, cols*cols); err != nil {
-			return err
-		}
+	sh := r.gpu.shards[shard]
+	gr, err := r.gpu.gram(sh, block, g, rows, cols, r.experts)
+	if err != nil {
+		return err
 	}
-	r.experts.add(block, g, rows)
 	if rows == 0 { // an expert no token of this chunk was routed to
 		return nil
 	}
-	gr.n += rows
-	return r.gpu.e.AddGram(gr.sum, x, rows, cols)
+	return sh.e.AddGram(gr.sum, x, rows, cols)
 }
 
-// gpuSolveFunc solves with group g's Gram matrix where it was gathered, on the GPU
-// (gptq.GPUSolver.QuantizeGram: H = 2/n·Σ xᵀx is made there; only its diagonal comes back).
-func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), error) {
+// gram returns shard sh's Gram matrix of group g of block, made and zeroed on its first use,
+// with rows counted.
+func (c *gpuCapture) gram(sh *gpuShard, block int, g model.Group, rows, cols int, experts *expertRouting) (*deviceGram, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	key := hessianKey(block, g)
-	gr := r.gpu.grams[key]
-	if gr == nil || gr.n == 0 {
-		return nil, nil, fmt.Errorf("block %d: no calibration inputs reached %s", block, g)
+	gr := sh.grams[key]
+	if gr == nil {
+		dev := sh.e.Device()
+		p, err := dev.Alloc(4 * cols * cols)
+		if err != nil {
+			return nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
+		}
+		gr = &deviceGram{sum: p, k: cols}
+		sh.grams[key] = gr
+		if err := dev.Fill32(p, 0, cols*cols); err != nil {
+			return nil, err
+		}
+		experts.start(block, g) // (a model with experts has one shard)
 	}
-	delete(r.gpu.grams, key)
-	release := func() { r.dev.Free(gr.sum) }
-	if err := r.gpu.e.Synchronize(); err != nil { // the Gram's last accumulation
+	experts.add(block, g, rows)
+	gr.n += rows
+	return gr, nil
+}
+
+// gpuSolveFunc solves with group g's Gram matrix where it was gathered, on the GPUs
+// (gptq.GPUSolver.QuantizeGram: H = 2/n·Σ xᵀx is made there; only its diagonal comes back).
+// With several GPUs the partial sums are added up first (sumShards) and each GPU solves a share
+// of each linear's rows: GPTQ treats rows independently given H.
+func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), error) {
+	grams, err := r.gpu.take(hessianKey(block, g))
+	if err != nil {
+		return nil, nil, fmt.Errorf("block %d: %s: %w", block, g, err)
+	}
+	release := func() {
+		for i, gr := range grams {
+			r.gpu.shards[i].e.Device().Free(gr.sum)
+		}
+	}
+	if err := r.gpu.sumShards(grams); err != nil {
 		release()
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
 	}
 	var host []float64 // H on the host, fetched for the first linear the CPU solves
 	var hostOnce sync.Once
 	var hostErr error
-	solve := func(l *model.Linear, s quant.Scheme, global float32, solver *gptq.GPUSolver) (*quant.Tensor, gptq.Stats, error) {
-		w, n, k := l.W, l.Out, l.In
-		if solver != nil && solver.Supports(s, r.opt) {
-			var t *quant.Tensor
-			var st gptq.Stats
-			var err error
-			// GPTQ alone leaves the engine's copy equal to l.W (AWQ folds its scales into l.W
-			// first): then it is copied on the device instead of sent over the bus again.
-			if src, ok := r.gpu.e.LinearWeights(l); ok && r.awq == nil {
-				t, st, err = solver.QuantizeGramResident(w, src, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
-			} else {
-				t, st, err = solver.QuantizeGram(w, n, k, gr.sum, 2/float64(gr.n), s, r.opt)
-			}
+	solve := func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (*quant.Tensor, gptq.Stats, error) {
+		if len(set) > 0 && set[0].Supports(s, r.opt) {
+			t, st, err := r.solveRows(l, s, grams, set)
 			if err != nil {
 				err = fmt.Errorf("block %d, input of %s: %w", block, g, err)
 			}
 			return t, st, err
 		}
-		hostOnce.Do(func() { host, hostErr = r.hostHessian(gr) }) // NF4, k-quants (or the clip search off amd64): the CPU solves
+		hostOnce.Do(func() { host, hostErr = r.hostHessian(r.gpu.shards[0].e.Device(), grams[0]) }) // NF4, k-quants (or the clip search off amd64): the CPU solves
 		if hostErr != nil {
 			return nil, gptq.Stats{}, fmt.Errorf("block %d, Hessian of %s: %w", block, g, hostErr)
 		}
-		return gptq.Quantize(w, n, k, host, s, r.optFor(global))
+		return gptq.Quantize(l.W, l.Out, l.In, host, s, r.optFor(global))
 	}
 	return solve, release, nil
+}
+
+// take removes the group's Gram matrices (one per shard, all gathered) from the shards once
+// their accumulations have finished.
+func (c *gpuCapture) take(key string) ([]*deviceGram, error) {
+	grams := make([]*deviceGram, len(c.shards))
+	for i, sh := range c.shards {
+		grams[i] = sh.grams[key]
+		delete(sh.grams, key)
+		if grams[i] == nil || grams[i].n == 0 {
+			for j, gr := range grams[:i+1] {
+				if gr != nil {
+					c.shards[j].e.Device().Free(gr.sum)
+				}
+			}
+			return nil, errors.New("no calibration inputs reached it")
+		}
+		if err := sh.e.Synchronize(); err != nil { // the Gram's last accumulation
+			return nil, err
+		}
+	}
+	return grams, nil
+}
+
+// sumShards makes each shard's Gram matrix the sum over all shards: the partial sums are added
+// on the first GPU in shard order (copied there from the others' memory directly, over NVLink
+// or PCIe where the GPUs allow it), and the total is copied back to every other GPU.
+func (c *gpuCapture) sumShards(grams []*deviceGram) error {
+	if len(grams) == 1 {
+		return nil
+	}
+	defer func(start time.Time) { c.sums += time.Since(start) }(time.Now())
+	first := c.shards[0].e
+	dev, k := first.Device(), grams[0].k
+	bytes := 4 * k * k
+	if err := dev.Grow(&c.peer, bytes); err != nil {
+		return err
+	}
+	for i := 1; i < len(grams); i++ {
+		if err := dev.CopyFromPeerAsync(c.peer.Ptr, c.shards[i].e.Device(), grams[i].sum, bytes, first.Stream()); err != nil {
+			return err
+		}
+		if err := first.AddFloats(grams[0].sum, c.peer.Ptr, k*k); err != nil {
+			return err
+		}
+		grams[0].n += grams[i].n
+	}
+	if err := first.Synchronize(); err != nil {
+		return err
+	}
+	for i := 1; i < len(grams); i++ {
+		sh := c.shards[i]
+		if err := sh.e.Device().CopyFromPeerAsync(grams[i].sum, dev, grams[0].sum, bytes, sh.e.Stream()); err != nil {
+			return err
+		}
+		grams[i].n = grams[0].n
+	}
+	for _, sh := range c.shards[1:] {
+		if err := sh.e.Synchronize(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// solveRows runs GPTQ on linear l with the group's summed Gram matrices, on one GPU, or on
+// several, each taking a share of l's rows with set's solver for its GPU and the engine's copy
+// of its rows; the shares' tensors are joined. GPTQ alone leaves the engine's copy equal to l.W
+// (AWQ folds its scales into l.W first): then it is copied on the device instead of sent over
+// the bus again.
+func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, grams []*deviceGram, set solverSet) (*quant.Tensor, gptq.Stats, error) {
+	n, k := l.Out, l.In
+	parts := min(len(grams), n)
+	at := model.ShareSequences(n, parts)
+	ts := make([]*quant.Tensor, parts)
+	sts := make([]gptq.Stats, parts)
+	errs := make([]error, parts)
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Go(func() {
+			lo, hi := at[i], at[i+1]
+			w, e, gr := l.W[lo*k:hi*k], r.gpu.shards[i].e, grams[i]
+			if src, ok := e.LinearWeights(l); ok && r.awq == nil {
+				ts[i], sts[i], errs[i] = set[i].QuantizeGramResident(w, src.Add(4*lo*k), hi-lo, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			} else {
+				ts[i], sts[i], errs[i] = set[i].QuantizeGram(w, hi-lo, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, gptq.Stats{}, err
+	}
+	if parts == 1 {
+		return ts[0], sts[0], nil
+	}
+	t, err := quant.ConcatRows(ts)
+	return t, joinStats(sts), err
+}
+
+// joinStats combines the stats of one linear's row shares: the losses add up; damping, dead
+// columns and retries are those of the shared H; the times are the slowest share's.
+func joinStats(parts []gptq.Stats) gptq.Stats {
+	st := parts[0]
+	for _, p := range parts[1:] {
+		st.Loss += p.Loss
+		st.Baseline += p.Baseline
+		st.Factor, st.Total = max(st.Factor, p.Factor), max(st.Total, p.Total)
+		st.Setup, st.BaselineTime = max(st.Setup, p.Setup), max(st.BaselineTime, p.BaselineTime)
+	}
+	if st.Baseline != 0 {
+		st.RelativeLoss = st.Loss / st.Baseline
+	}
+	return st
 }
 
 // hostHessian brings a Gram matrix gathered on the GPU to the host as the CPU solver's
 // H = 2/n·Σ xᵀx in float64. The GEMM that summed it may round (i, j) and (j, i) differently,
 // so the two are averaged: the solver requires an exactly symmetric H.
-func (r *blockRunner) hostHessian(gr *deviceGram) ([]float64, error) {
+func (r *blockRunner) hostHessian(dev *cuda.Device, gr *deviceGram) ([]float64, error) {
 	k := gr.k
 	buf := make([]byte, 4*k*k)
-	if err := r.dev.CopyFromDevice(buf, gr.sum); err != nil {
+	if err := dev.CopyFromDevice(buf, gr.sum); err != nil {
 		return nil, err
 	}
 	at := func(i int) float64 { return float64(math.Float32frombits(binary.LittleEndian.Uint32(buf[4*i:]))) }

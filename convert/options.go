@@ -57,6 +57,10 @@ type Options struct {
 	Plan *alloc.Plan
 	// Device is where block-wise quantization runs: DeviceAuto (default), DeviceCPU or DeviceCUDA.
 	Device string
+	// Devices are the GPUs' ordinals, when Device lets the conversion use GPUs: GPTQ calibrates
+	// on all of them (data-parallel), everything else runs on the first; nil means every GPU the
+	// driver sees.
+	Devices []int
 	// CalibMath is how the GPU rounds the inputs of GPTQ's and AWQ's calibration GEMMs (forward
 	// passes and Gram matrices): CalibTF32 (default), CalibBF16 or CalibFP32.
 	CalibMath string

@@ -43,6 +43,9 @@ type driver struct {
 	cuMemcpyHtoDAsync         func(dst uintptr, src unsafe.Pointer, bytes uint64, stream uintptr) result
 	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uintptr, bytes uint64, stream uintptr) result
 	cuMemcpyDtoDAsync         func(dst, src uintptr, bytes uint64, stream uintptr) result
+	cuMemcpyPeerAsync         func(dst, dstCtx, src, srcCtx uintptr, bytes uint64, stream uintptr) result
+	cuDeviceCanAccessPeer     func(can *int32, dev, peer int32) result
+	cuCtxEnablePeerAccess     func(peer uintptr, flags uint32) result
 	cuStreamCreate            func(stream *uintptr, flags uint32) result
 	cuStreamDestroy           func(stream uintptr) result
 	cuStreamSynchronize       func(stream uintptr) result
@@ -138,6 +141,9 @@ func (d *driver) bindAll() error {
 		{&d.cuMemcpyHtoDAsync, []string{"cuMemcpyHtoDAsync_v2"}},
 		{&d.cuMemcpyDtoHAsync, []string{"cuMemcpyDtoHAsync_v2"}},
 		{&d.cuMemcpyDtoDAsync, []string{"cuMemcpyDtoDAsync_v2"}},
+		{&d.cuMemcpyPeerAsync, []string{"cuMemcpyPeerAsync"}},
+		{&d.cuDeviceCanAccessPeer, []string{"cuDeviceCanAccessPeer"}},
+		{&d.cuCtxEnablePeerAccess, []string{"cuCtxEnablePeerAccess"}},
 		{&d.cuStreamCreate, []string{"cuStreamCreate"}},
 		{&d.cuStreamDestroy, []string{"cuStreamDestroy_v2"}},
 		{&d.cuStreamSynchronize, []string{"cuStreamSynchronize"}},

@@ -16,6 +16,17 @@ const (
 // "auto" when there is no usable GPU, with note saying why when the reason is not simply the
 // absence of an NVIDIA driver or of a GPU. "cuda" without a usable GPU is an error.
 func Select(choice string) (dev *Device, note string, err error) {
+	devs, note, err := SelectMany(choice, []int{0})
+	if len(devs) == 0 {
+		return nil, note, err
+	}
+	return devs[0], note, err
+}
+
+// SelectMany is Select for several GPUs: the ordinals given, or every GPU the driver sees when
+// ordinals is empty. Whether the CPU is chosen is decided by the first GPU as Select decides
+// it; once that one opened, failing to open another is an error.
+func SelectMany(choice string, ordinals []int) (devs []*Device, note string, err error) {
 	switch choice {
 	case ChoiceCPU:
 		return nil, "", nil
@@ -23,15 +34,42 @@ func Select(choice string) (dev *Device, note string, err error) {
 	default:
 		return nil, "", fmt.Errorf("device %q: want auto, cpu or cuda", choice)
 	}
-	dev, err = Open(0)
-	if err == nil {
-		return dev, "", nil
+	first := 0
+	if len(ordinals) > 0 {
+		first = ordinals[0]
 	}
-	if choice == ChoiceCUDA {
-		return nil, "", fmt.Errorf("--device cuda: %w", err)
+	dev, err := Open(first)
+	if err != nil {
+		if choice == ChoiceCUDA {
+			return nil, "", fmt.Errorf("--device cuda: %w", err)
+		}
+		if errors.Is(err, ErrNoDriver) || errors.Is(err, ErrNoGPU) {
+			return nil, "", nil
+		}
+		return nil, fmt.Sprintf("GPU unavailable, running on the CPU: %v", err), nil
 	}
-	if errors.Is(err, ErrNoDriver) || errors.Is(err, ErrNoGPU) {
-		return nil, "", nil
+	devs = []*Device{dev}
+	if len(ordinals) == 0 {
+		infos, err := Devices()
+		if err != nil {
+			dev.Close()
+			return nil, "", err
+		}
+		for i := 1; i < len(infos); i++ {
+			ordinals = append(ordinals, i)
+		}
+	} else {
+		ordinals = ordinals[1:]
 	}
-	return nil, fmt.Sprintf("GPU unavailable, running on the CPU: %v", err), nil
+	for _, o := range ordinals {
+		d, err := Open(o)
+		if err != nil {
+			for _, d := range devs {
+				d.Close()
+			}
+			return nil, "", fmt.Errorf("GPU %d: %w", o, err)
+		}
+		devs = append(devs, d)
+	}
+	return devs, "", nil
 }

@@ -46,6 +46,34 @@ type gpuBlock struct {
 
 // uploadBlock copies b's current weights to the GPU.
 func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
+	return e.placeBlock(b, func(g *gpuBlock, parts []blockPart) error {
+		for _, p := range parts {
+			if err := e.stager.CopyToDevice(p.at, cuda.Bytes(p.data), e.stream); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// copyBlock is uploadBlock from another engine's copy of the block, from (uploaded by
+// uploadBlock and finished): one device-to-device copy of its allocation.
+func (e *GPU) copyBlock(b *Block, src *GPU, from *gpuBlock) (*gpuBlock, error) {
+	return e.placeBlock(b, func(g *gpuBlock, parts []blockPart) error {
+		last := parts[len(parts)-1]
+		return e.dev.CopyFromPeerAsync(g.mem, src.dev, from.mem, int(last.at-g.mem)+4*len(last.data), e.stream)
+	})
+}
+
+// blockPart is one tensor of a block and where it goes on the GPU.
+type blockPart struct {
+	at   cuda.DevicePtr
+	data []float32
+}
+
+// placeBlock lays b's tensors out in one allocation, has fill copy them there, and rounds the
+// linears to bfloat16 when the GEMMs read them so.
+func (e *GPU) placeBlock(b *Block, fill func(g *gpuBlock, parts []blockPart) error) (*gpuBlock, error) {
 	type part struct {
 		dst  *cuda.DevicePtr
 		data []float32
@@ -77,12 +105,14 @@ func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
 	if g.mem, err = e.dev.Alloc(total); err != nil {
 		return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
 	}
+	placed := make([]blockPart, len(parts))
 	for i, p := range parts {
 		*p.dst = g.mem.Add(offsets[i])
-		if err := e.stager.CopyToDevice(*p.dst, cuda.Bytes(p.data), e.stream); err != nil {
-			e.dev.Free(g.mem)
-			return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
-		}
+		placed[i] = blockPart{*p.dst, p.data}
+	}
+	if err := fill(g, placed); err != nil {
+		e.dev.Free(g.mem)
+		return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
 	}
 	if e.bf16 {
 		if err := e.roundBlockToBF16(g); err != nil {
@@ -121,38 +151,73 @@ func (e *GPU) roundBlockToBF16(g *gpuBlock) error {
 	return nil
 }
 
-// refreshWeights uploads again what an Update may have changed: the weights of the groups'
-// linears (Linear.SetWeight keeps their shapes) and, as AWQ folds scales into them, the two
-// norms and the linears' biases.
+// refreshWeights uploads again what an Update may have changed (changeable).
 func (e *GPU) refreshWeights(g *gpuBlock, groups []Group) error {
 	if err := e.Synchronize(); err != nil { // the observing passes are done with the old weights
 		return err
 	}
-	up := func(dst cuda.DevicePtr, v []float32, name string) error {
+	err := g.changeable(groups, func(dst cuda.DevicePtr, v []float32, name string) error {
 		if err := e.stager.CopyToDevice(dst, cuda.Bytes(v), e.stream); err != nil {
 			return fmt.Errorf("model: %s on the GPU: %w", name, err)
 		}
 		return nil
-	}
-	if err := up(g.inNorm, g.b.InputNorm, "input norm"); err != nil {
+	})
+	if err != nil {
 		return err
 	}
-	if err := up(g.postNorm, g.b.PostAttnNorm, "post-attention norm"); err != nil {
+	return e.roundChanged(g, groups)
+}
+
+// copyWeights is refreshWeights from another engine's copy of the block, from, whose weights
+// are up to date: a device-to-device copy (over NVLink or PCIe) of each changed range.
+func (e *GPU) copyWeights(g *gpuBlock, src *GPU, from *gpuBlock, groups []Group) error {
+	if err := e.Synchronize(); err != nil {
+		return err
+	}
+	err := g.changeable(groups, func(dst cuda.DevicePtr, v []float32, name string) error {
+		if err := e.dev.CopyFromPeerAsync(dst, src.dev, from.mem.Add(int(dst-g.mem)), 4*len(v), e.stream); err != nil {
+			return fmt.Errorf("model: %s from GPU %d: %w", name, src.dev.Info().Ordinal, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return e.roundChanged(g, groups)
+}
+
+// changeable calls f with each part of g that an Update of the groups may change and the host
+// values it holds: the weights of the groups' linears (Linear.SetWeight keeps their shapes) and,
+// as AWQ folds scales into them, the two norms and the linears' biases.
+func (g *gpuBlock) changeable(groups []Group, f func(dst cuda.DevicePtr, v []float32, name string) error) error {
+	if err := f(g.inNorm, g.b.InputNorm, "input norm"); err != nil {
+		return err
+	}
+	if err := f(g.postNorm, g.b.PostAttnNorm, "post-attention norm"); err != nil {
 		return err
 	}
 	for _, gr := range groups {
 		for _, l := range g.b.Linears(gr) {
 			d := g.lin[l]
-			if err := up(d.w, l.W, l.Name+" weights"); err != nil {
+			if err := f(d.w, l.W, l.Name+" weights"); err != nil {
 				return err
 			}
-			if d.wb != 0 {
-				if err := e.toBF16(d.wb, d.w, d.out*d.in); err != nil {
+			if l.Bias != nil {
+				if err := f(d.bias, l.Bias, l.Name+" bias"); err != nil {
 					return err
 				}
 			}
-			if l.Bias != nil {
-				if err := up(g.lin[l].bias, l.Bias, l.Name+" bias"); err != nil {
+		}
+	}
+	return nil
+}
+
+// roundChanged rounds the groups' new weights to bfloat16 where the GEMMs read them so.
+func (e *GPU) roundChanged(g *gpuBlock, groups []Group) error {
+	for _, gr := range groups {
+		for _, l := range g.b.Linears(gr) {
+			if d := g.lin[l]; d.wb != 0 {
+				if err := e.toBF16(d.wb, d.w, d.out*d.in); err != nil {
 					return err
 				}
 			}

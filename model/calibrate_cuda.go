@@ -2,7 +2,6 @@ package model
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -20,37 +19,21 @@ type GPUCalibrator interface {
 	Update(b *Block, groups []Group) error
 }
 
-// CalibrateGPU is Calibrate with the forward passes on the GPU: the hidden states of every
+// Calibrate is model.Calibrate with the forward passes on the GPU: the hidden states of every
 // calibration sequence and one block's weights are resident there; the host reads the next
-// block while the GPU works on this one.
+// block while the GPU works on this one. (CalibrateSharded with this one engine.)
 func (e *GPU) Calibrate(m *Model, seqs [][]int, c GPUCalibrator, opt CalibrateOptions) error {
-	x, err := e.Embed(m, seqs)
-	if err != nil {
-		return fmt.Errorf("model: calibration: %w", err)
-	}
-	defer x.Free()
-	for i := range m.Config.Layers {
-		b, err := m.Block(i)
-		if err != nil {
-			return err
-		}
-		prefetch(m, i+1)
-		calibrate := e.calibrateBlock
-		if opt.ObserveOnly {
-			calibrate = e.observeBlock
-		}
-		reset := b.observing(opt.Experts)
-		err = calibrate(b, x, c, calibrationSteps(b, opt))
-		reset()
-		if err != nil {
-			return fmt.Errorf("model: calibration of block %d: %w", i, err)
-		}
-		if opt.ReleaseBlocks {
-			m.ReleaseBlock(i)
-		}
-	}
-	return nil
+	return CalibrateSharded([]*GPU{e}, m, seqs, oneShard{c}, opt)
 }
+
+// oneShard is a GPUCalibrator as the ShardedCalibrator of a single engine.
+type oneShard struct{ c GPUCalibrator }
+
+func (o oneShard) ObserveShard(_, block int, g Group, x cuda.DevicePtr, rows, cols int) error {
+	return o.c.ObserveGPU(block, g, x, rows, cols)
+}
+
+func (o oneShard) Update(b *Block, groups []Group) error { return o.c.Update(b, groups) }
 
 // CalibrationTimes splits a calibration's wall time by phase, each phase ending when the GPU
 // has finished its work: what tells where a GPU calibration's time goes.
@@ -76,22 +59,12 @@ func (e *GPU) timed(d *time.Duration, f func() error) error {
 	return err
 }
 
-// calibrateBlock observes and updates b's steps in turn, then runs b with its final weights
-// to make the next block's inputs.
-func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps [][]Group) error {
-	var g *gpuBlock
-	err := e.timed(&e.times.Upload, func() (err error) {
-		g, err = e.uploadBlock(b)
-		return err
-	})
-	if err != nil {
-		return err
-	}
+// calibrateBlock observes and updates the steps of block g (uploaded) in turn, then runs it
+// with its final weights to make the next block's inputs.
+func (e *GPU) calibrateBlock(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, steps [][]Group) error {
+	b := g.b
 	e.current = g
-	defer func() {
-		e.current = nil
-		e.freeBlock(g)
-	}()
+	defer func() { e.current = nil }()
 	st, err := e.stagedState(b, x, steps)
 	if err != nil {
 		return err
@@ -113,7 +86,7 @@ func (e *GPU) calibrateBlock(b *Block, x *DeviceBatch, c GPUCalibrator, steps []
 		if err := e.timed(&e.times.Update, func() error { return c.Update(b, step) }); err != nil {
 			return err
 		}
-		if err := e.timed(&e.times.Refresh, func() error { return e.refreshWeights(g, step) }); err != nil {
+		if err := e.refresh(g, step, c); err != nil {
 			return err
 		}
 	}
@@ -150,12 +123,8 @@ func (e *GPU) observeStep(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, step []G
 // observeBlock is ObserveOnly's single pass: b runs over x in place, each group's input handed
 // to c, then c.Update sees every group (in a block of experts, a pass on copies for the
 // gate/up inputs first, observationPasses).
-func (e *GPU) observeBlock(b *Block, x *DeviceBatch, c GPUCalibrator, _ [][]Group) error {
-	g, err := e.uploadBlock(b)
-	if err != nil {
-		return err
-	}
-	defer e.freeBlock(g)
+func (e *GPU) observeBlock(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, _ [][]Group) error {
+	b := g.b
 	passes := observationPasses(b, b.Groups())
 	for _, early := range passes[:len(passes)-1] {
 		if err := e.observeStep(g, x, c, early, nil); err != nil {

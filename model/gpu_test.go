@@ -357,9 +357,16 @@ func (r *gramRecorder) Update(b *Block, groups []Group) error {
 				r.grams[key][i] = float64(v)
 			}
 		}
-		if r.observeOnly {
-			continue
-		}
+	}
+	if r.observeOnly {
+		return nil
+	}
+	return r.replaceWeights(b, groups)
+}
+
+// replaceWeights scales the groups' weights by 0.9, as a calibrator's quantization would change them.
+func (r *gramRecorder) replaceWeights(b *Block, groups []Group) error {
+	for _, g := range groups {
 		for _, l := range b.Linears(g) {
 			w := slices.Clone(l.W)
 			for i := range w {

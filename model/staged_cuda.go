@@ -93,7 +93,7 @@ func (e *GPU) calibrateStaged(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, st *
 		if err := e.timed(&e.times.Update, func() error { return c.Update(g.b, step) }); err != nil {
 			return err
 		}
-		if err := e.timed(&e.times.Refresh, func() error { return e.refreshWeights(g, step) }); err != nil {
+		if err := e.refresh(g, step, c); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -71,6 +72,7 @@ func convertCommand() *cli.Command {
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no per-tensor progress lines"},
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "where to quantize: auto (GPU when present), cpu, or cuda (fail without a GPU, or for a tensor the GPU cannot do)"},
 			&cli.BoolFlag{Name: "measure-error", Usage: "compute each weight's relative error ‖W−Ŵ‖/‖W‖ for the log and the report (costs a CPU dequantization per tensor)"},
+			&cli.StringFlag{Name: "devices", Value: "all", Usage: "GPUs to use, e.g. 0,1 (ordinals as the driver counts them, after CUDA_VISIBLE_DEVICES): GPTQ calibrates on all of them, everything else runs on the first"},
 			&cli.StringFlag{Name: "calib-math", Value: convert.CalibTF32, Usage: "GPU: how GPTQ's and AWQ's calibration GEMMs round their inputs: tf32, bf16 (about twice as fast) or fp32"},
 			&cli.IntFlag{Name: "gpu-slots", Value: convert.DefaultGPUSlots, Usage: "tensors on the GPU at once (each holds pinned and GPU memory the size of the largest tensor)"},
 			&cli.StringFlag{Name: "input-hash", Value: convert.HashBLAKE3, Usage: "digest of each input file recorded in the provenance: blake3 (uses every core; b3sum prints it), sha256 (sha256sum and the Hub's LFS oid; one core per file) or none"},
@@ -120,6 +122,9 @@ func convertCommandOptions(c *cli.Context) (convert.Options, error) {
 	}
 	opt.Overwrite = c.Bool("overwrite")
 	opt.Device = c.String("device")
+	if opt.Devices, err = parseDevices(c.String("devices")); err != nil {
+		return opt, err
+	}
 	opt.CalibMath = c.String("calib-math")
 	opt.MeasureError = c.Bool("measure-error")
 	opt.InputHash = c.String("input-hash")
@@ -318,4 +323,23 @@ func thousands(n int64) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
+}
+
+// parseDevices reads --devices: "all" (nil) or distinct GPU ordinals separated by commas.
+func parseDevices(v string) ([]int, error) {
+	if v == "all" || v == "" {
+		return nil, nil
+	}
+	var ords []int
+	for _, f := range strings.Split(v, ",") {
+		o, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || o < 0 {
+			return nil, fmt.Errorf("--devices %q: want all or GPU ordinals like 0,1", v)
+		}
+		if slices.Contains(ords, o) {
+			return nil, fmt.Errorf("--devices %q: GPU %d is named twice", v, o)
+		}
+		ords = append(ords, o)
+	}
+	return ords, nil
 }

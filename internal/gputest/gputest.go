@@ -47,3 +47,24 @@ func PTX(tb testing.TB, embedded []byte, override string) []byte {
 	}
 	return ptx
 }
+
+// OpenMany opens n handles on the GPUs round-robin — GPU i mod the number of GPUs — closed when
+// the test ends, so that code for several GPUs runs on one too (each handle then shares GPU 0's
+// context, and copies between them are copies within it); without a GPU the test is skipped.
+func OpenMany(tb testing.TB, n int) []*cuda.Device {
+	tb.Helper()
+	devs := []*cuda.Device{Open(tb)}
+	gpus, err := cuda.Devices()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for i := 1; i < n; i++ {
+		dev, err := cuda.Open(i % len(gpus))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { dev.Close() })
+		devs = append(devs, dev)
+	}
+	return devs
+}

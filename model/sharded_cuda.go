@@ -1,0 +1,252 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/qpack-dev/qpack/cuda"
+)
+
+// Calibration on several GPUs is data-parallel: each engine (one per GPU) holds the hidden
+// states of its share of the calibration sequences and every block's weights, runs the block's
+// observing passes over its share and reports its inputs to the calibrator with its shard
+// number (the calibrator sums the shards' statistics, e.g. Gram matrices, before it uses them).
+// A step's Update runs once, when every engine has finished observing the step; then each
+// engine uploads the replaced weights and goes on. The engines run in goroutines of their own;
+// every block, step and kernel is the one-GPU calibration's.
+
+// ShardedCalibrator is a GPUCalibrator whose inputs come from several engines.
+type ShardedCalibrator interface {
+	// ObserveShard is GPUCalibrator.ObserveGPU for the sequences of engine shard: x is on that
+	// engine's device and queued work must go on its stream. Engines call it concurrently.
+	ObserveShard(shard, block int, g Group, x cuda.DevicePtr, rows, cols int) error
+	// Update is GPUCalibrator.Update, called once per step when every engine has observed it
+	// (and finished its queued work); each engine uploads the replaced weights afterwards.
+	Update(b *Block, groups []Group) error
+}
+
+// CalibrateSharded is GPU.Calibrate with the sequences split across engines in contiguous
+// shares (engine i gets the i-th; they differ in size by at most one sequence). There must
+// be at least as many sequences as engines.
+func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrator, opt CalibrateOptions) error {
+	if len(seqs) < len(engines) {
+		return fmt.Errorf("model: calibration: %d sequences cannot be shared by %d GPUs", len(seqs), len(engines))
+	}
+	shares := ShareSequences(len(seqs), len(engines))
+	xs := make([]*DeviceBatch, len(engines))
+	defer func() {
+		for _, x := range xs {
+			if x != nil {
+				x.Free()
+			}
+		}
+	}()
+	err := eachEngine(engines, func(i int, e *GPU) (err error) {
+		xs[i], err = e.Embed(m, seqs[shares[i]:shares[i+1]])
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("model: calibration: %w", err)
+	}
+	for i := range m.Config.Layers {
+		b, err := m.Block(i)
+		if err != nil {
+			return err
+		}
+		prefetch(m, i+1)
+		reset := b.observing(opt.Experts)
+		err = calibrateShards(engines, b, xs, c, opt)
+		reset()
+		if err != nil {
+			return fmt.Errorf("model: calibration of block %d: %w", i, err)
+		}
+		if opt.ReleaseBlocks {
+			m.ReleaseBlock(i)
+		}
+	}
+	return nil
+}
+
+// ShareSequences splits n sequences into parts contiguous shares: share i is [at[i], at[i+1]).
+func ShareSequences(n, parts int) (at []int) {
+	at = make([]int, parts+1)
+	for i := range parts {
+		at[i+1] = at[i] + n/parts
+		if i < n%parts {
+			at[i+1]++
+		}
+	}
+	return at
+}
+
+// calibrateShards runs block b's calibration on every engine, the steps' updates shared. The
+// first engine uploads the block's weights, and after each update the replaced ones; the others
+// copy them from its memory (over NVLink where the GPUs have it), so that the host sends them
+// over the bus once.
+func calibrateShards(engines []*GPU, b *Block, xs []*DeviceBatch, c ShardedCalibrator, opt CalibrateOptions) error {
+	gs, err := uploadShards(engines, b)
+	defer func() {
+		for i, g := range gs {
+			if g != nil {
+				engines[i].freeBlock(g)
+			}
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	update, shared := c.Update, len(engines) > 1 && !opt.ObserveOnly
+	if shared {
+		update = func(b *Block, groups []Group) error {
+			if err := c.Update(b, groups); err != nil {
+				return err
+			}
+			return refreshShards(engines, gs, groups)
+		}
+	}
+	updates := newRendezvous(len(engines), update)
+	steps := calibrationSteps(b, opt)
+	return eachEngine(engines, func(i int, e *GPU) error {
+		calibrate := e.calibrateBlock
+		if opt.ObserveOnly {
+			calibrate = e.observeBlock
+		}
+		err := calibrate(gs[i], xs[i], shard{c, i, updates, shared}, steps)
+		if err != nil {
+			updates.abandon()
+		}
+		return err
+	})
+}
+
+// uploadShards puts block b on every engine: the first uploads it, the others copy its copy.
+func uploadShards(engines []*GPU, b *Block) ([]*gpuBlock, error) {
+	gs := make([]*gpuBlock, len(engines))
+	first := engines[0]
+	err := first.timed(&first.times.Upload, func() (err error) {
+		gs[0], err = first.uploadBlock(b)
+		return err
+	})
+	if err != nil {
+		return gs, err
+	}
+	err = eachEngine(engines[1:], func(i int, e *GPU) error {
+		return e.timed(&e.times.Upload, func() (err error) {
+			gs[i+1], err = e.copyBlock(b, first, gs[0])
+			return err
+		})
+	})
+	return gs, err
+}
+
+// refreshShards is each engine's refreshWeights after an update of the groups: the first
+// uploads the replaced weights, the others copy them from it.
+func refreshShards(engines []*GPU, gs []*gpuBlock, groups []Group) error {
+	first := engines[0]
+	if err := first.timed(&first.times.Refresh, func() error { return first.refreshWeights(gs[0], groups) }); err != nil {
+		return err
+	}
+	return eachEngine(engines[1:], func(i int, e *GPU) error {
+		return e.timed(&e.times.Refresh, func() error { return e.copyWeights(gs[i+1], first, gs[0], groups) })
+	})
+}
+
+// shard is one engine's view of a ShardedCalibrator; refreshed says that its updates also
+// refresh every engine's weights (refreshShards).
+type shard struct {
+	c         ShardedCalibrator
+	index     int
+	updates   *rendezvous
+	refreshed bool
+}
+
+func (s shard) ObserveGPU(block int, g Group, x cuda.DevicePtr, rows, cols int) error {
+	return s.c.ObserveShard(s.index, block, g, x, rows, cols)
+}
+
+func (s shard) Update(b *Block, groups []Group) error { return s.updates.arrive(b, groups) }
+
+// refresh uploads what the step's Update changed in g, unless the update did (refreshShards).
+func (e *GPU) refresh(g *gpuBlock, step []Group, c GPUCalibrator) error {
+	if s, ok := c.(shard); ok && s.refreshed {
+		return nil
+	}
+	return e.timed(&e.times.Refresh, func() error { return e.refreshWeights(g, step) })
+}
+
+// eachEngine runs f for every engine at once and returns the first error that is not
+// errAbandoned (the other engines' answer when one fails).
+func eachEngine(engines []*GPU, f func(i int, e *GPU) error) error {
+	errs := make([]error, len(engines))
+	var wg sync.WaitGroup
+	for i, e := range engines {
+		wg.Go(func() { errs[i] = f(i, e) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, errAbandoned) {
+			return err
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// errAbandoned is what engines waiting at a step hear when another engine failed.
+var errAbandoned = errors.New("another GPU's calibration failed")
+
+// rendezvous runs update once for every n arrivals: the n-th caller runs it, the others wait
+// for its result. After abandon, waiting and later callers get errAbandoned.
+type rendezvous struct {
+	n      int
+	update func(b *Block, groups []Group) error
+
+	mu      sync.Mutex
+	arrived int
+	round   *round
+	gone    chan struct{} // closed by abandon
+	once    sync.Once
+}
+
+type round struct {
+	done chan struct{} // closed when err is set
+	err  error
+}
+
+func newRendezvous(n int, update func(b *Block, groups []Group) error) *rendezvous {
+	return &rendezvous{n: n, update: update, round: &round{done: make(chan struct{})}, gone: make(chan struct{})}
+}
+
+func (r *rendezvous) arrive(b *Block, groups []Group) error {
+	r.mu.Lock()
+	this := r.round
+	r.arrived++
+	last := r.arrived == r.n
+	if last {
+		r.arrived, r.round = 0, &round{done: make(chan struct{})}
+	}
+	r.mu.Unlock()
+	if last {
+		select {
+		case <-r.gone:
+			this.err = errAbandoned
+		default:
+			this.err = r.update(b, groups)
+		}
+		close(this.done)
+		return this.err
+	}
+	select {
+	case <-this.done:
+		return this.err
+	case <-r.gone:
+		return errAbandoned
+	}
+}
+
+func (r *rendezvous) abandon() { r.once.Do(func() { close(r.gone) }) }
+
+// AddFloats adds the n float32 values at src to those at dst, on the engine's stream.
+func (e *GPU) AddFloats(dst, src cuda.DevicePtr, n int) error {
+	return e.elementwise(e.fn.add, n, dst, src, int64(n))
+}
