@@ -26,11 +26,13 @@ var (
 // fp4Threads is FP4_THREADS of kernels/microscaled.cu; fp4BlocksPerSM the blocks per SM of its
 // grid-stride launches, fp4NVFP4BlocksPerSM those of the NVFP4 kernels: their
 // __launch_bounds__ promise that 4 fit at once, so the grid is one wave and each block builds
-// its scale table (BF16) once.
+// its scale table (BF16) once. fp4AmaxTile is the vectors (16 bytes) a block of bw_fp4_amax
+// reads at a time (FP4_AMAX_LOADS·FP4_THREADS); its __launch_bounds__ promise 8 blocks an SM.
 const (
 	fp4Threads          = 256
 	fp4BlocksPerSM      = 8
 	fp4NVFP4BlocksPerSM = 4
+	fp4AmaxTile         = 8 * fp4Threads
 )
 
 // fp4Kernels are the FP4 kernels (kernels/microscaled.cu), by dtype code. The module is loaded
@@ -125,29 +127,59 @@ func (j gpuJob) fp4InitWord() []byte {
 
 // enqueueFP4 launches an FP4 job: NVFP4 without a given global scale first reduces amax(W).
 func (q *GPUQuantizer) enqueueFP4(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.Stream) error {
+	if j.s.Grid == quant.NVFP4 && j.global == 0 {
+		if err := q.launchFP4Amax(j, ptrs, st); err != nil {
+			return err
+		}
+	}
+	return q.launchFP4Quantize(j, ptrs, st)
+}
+
+// launchFP4Amax raises the job's amax word (0 before) to the bits of max |w| (bw_fp4_amax).
+func (q *GPUQuantizer) launchFP4Amax(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.Stream) error {
+	chunks := j.fp4Chunks()
+	grid := cuda.Dim3{X: fp4AmaxBlocks(j.fp4Vectors(), q.dev.Info().Multiprocessors), Y: 1, Z: 1}
+	return q.fp4.amax[j.dtype].Launch(grid, cuda.Dim3{X: fp4Threads, Y: 1, Z: 1}, 0, st, ptrs[bufInput], chunks, ptrs[bufParamScale])
+}
+
+// launchFP4Quantize launches the job's quantization kernel, which reads the global scale (given)
+// or amax(W) (launchFP4Amax's) from the job's amax-or-global word.
+func (q *GPUQuantizer) launchFP4Quantize(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.Stream) error {
 	k := &q.fp4
 	chunks := j.fp4Chunks()
-	gridOf := func(perSM int) cuda.Dim3 {
-		blocks := int(min(uint64(q.dev.Info().Multiprocessors*perSM), (chunks+fp4Threads-1)/fp4Threads))
-		return cuda.Dim3{X: max(blocks, 1), Y: 1, Z: 1}
+	perSM, fn := fp4BlocksPerSM, k.mxfp4[j.dtype]
+	if j.s.Grid == quant.NVFP4 {
+		perSM, fn = fp4NVFP4BlocksPerSM, k.nvfp4[j.dtype]
 	}
-	grid, block := gridOf(fp4BlocksPerSM), cuda.Dim3{X: fp4Threads, Y: 1, Z: 1}
+	blocks := int(min(uint64(q.dev.Info().Multiprocessors*perSM), (chunks+fp4Threads-1)/fp4Threads))
 	haveG := int32(0)
 	if j.global != 0 {
 		haveG = 1
 	}
-	fn := k.mxfp4[j.dtype]
-	if j.s.Grid == quant.NVFP4 {
-		fn = k.nvfp4[j.dtype]
-		if haveG == 0 {
-			if err := k.amax[j.dtype].Launch(grid, block, 0, st, ptrs[bufInput], chunks, ptrs[bufParamScale]); err != nil {
-				return err
-			}
-		}
-		grid = gridOf(fp4NVFP4BlocksPerSM)
+	return fn.Launch(cuda.Dim3{X: max(blocks, 1), Y: 1, Z: 1}, cuda.Dim3{X: fp4Threads, Y: 1, Z: 1}, 0, st,
+		ptrs[bufInput], chunks, ptrs[bufParamScale], haveG, ptrs[bufCodes], ptrs[bufScales], ptrs[bufOffsets], ptrs[bufStatus])
+}
+
+// fp4Vectors is the number of 16-byte vectors of the job's input (bw_fp4_amax's unit).
+func (j gpuJob) fp4Vectors() uint64 {
+	if j.dtype == gpuDTypes["F32"].code {
+		return 2 * j.fp4Chunks()
 	}
-	return fn.Launch(grid, block, 0, st, ptrs[bufInput], chunks, ptrs[bufParamScale], haveG,
-		ptrs[bufCodes], ptrs[bufScales], ptrs[bufOffsets], ptrs[bufStatus])
+	return j.fp4Chunks()
+}
+
+// fp4AmaxBlocks sizes bw_fp4_amax's grid for vecs vectors on sms multiprocessors: at most 8
+// blocks an SM (one wave), each taking the same number of whole tiles (rounds) give or take
+// one, so that no block reads twice the others'. Under one tile, the grid spreads the vectors
+// one a thread.
+func fp4AmaxBlocks(vecs uint64, sms int) int {
+	most := uint64(max(sms, 1) * fp4BlocksPerSM)
+	tiles := vecs / fp4AmaxTile
+	if tiles == 0 {
+		return int(max(1, (vecs+fp4Threads-1)/fp4Threads))
+	}
+	rounds := (tiles + most - 1) / most
+	return int((tiles + rounds - 1) / rounds)
 }
 
 // fp4Raws names and shapes an FP4 job's downloaded bytes as the format's Pack does.

@@ -1,6 +1,7 @@
 package blockwise
 
 import (
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"math"
@@ -94,6 +95,68 @@ func nearTieWeights(r *rand.Rand, n, k int, g float32) (w []float32, differ int)
 	return w, differ
 }
 
+// fp4AmaxCase is one input of the amax kernel's tests: chunks·8 weights as held in dtype.
+type fp4AmaxCase struct {
+	what  string
+	dtype string
+	raw   []byte
+	held  []float32
+}
+
+// fp4AmaxCases returns, for every dtype and each size in chunks, weights of one kind in turn:
+// Gaussian of a random magnitude (the largest |w| at a random place, either sign), tiny
+// (subnormal in every dtype), all zero, a NaN, an infinity of either sign, both.
+func fp4AmaxCases(r *rand.Rand, sizes []int) []fp4AmaxCase {
+	var cases []fp4AmaxCase
+	for i, chunks := range sizes {
+		for d, dtype := range []string{"BF16", "F16", "F32"} {
+			kind := (i + d) % 6
+			w := make([]float32, 8*chunks)
+			mag := math.Exp2(r.Float64()*20 - 10)
+			if kind == 1 {
+				mag = 1e-41
+				if dtype == "F16" {
+					mag = 1e-6
+				}
+			}
+			for j := range w {
+				if kind != 2 {
+					w[j] = float32(r.NormFloat64() * mag)
+				}
+			}
+			peak := r.IntN(len(w))
+			w[peak] = -w[peak] * 4
+			switch kind {
+			case 3:
+				w[r.IntN(len(w))] = float32(math.NaN())
+			case 4:
+				w[r.IntN(len(w))] = float32(math.Inf(1 - 2*r.IntN(2)))
+			case 5:
+				w[r.IntN(len(w))] = float32(math.NaN())
+				w[r.IntN(len(w))] = float32(math.Inf(-1))
+			}
+			raw, held := encodeWeights(w, dtype)
+			what := fmt.Sprintf("%s %d chunks %s", dtype, chunks, []string{"Gaussian", "tiny", "zero", "NaN", "Inf", "NaN and -Inf"}[kind])
+			cases = append(cases, fp4AmaxCase{what, dtype, raw, held})
+		}
+	}
+	return cases
+}
+
+// checkAmaxBits compares bw_fp4_amax's word with the bits of max |w| over held (float32 bits
+// of magnitudes order like the values): equal when every weight is finite or the largest is an
+// infinity, and above +Inf's bits (a NaN's) when a weight is NaN.
+func checkAmaxBits(t *testing.T, what string, got uint32, held []float32) {
+	t.Helper()
+	var want uint32
+	for _, v := range held {
+		want = max(want, math.Float32bits(v)&0x7fffffff)
+	}
+	if want > 0x7f800000 && got <= 0x7f800000 || want <= 0x7f800000 && got != want {
+		t.Errorf("%s: amax bits %#08x, want %#08x", what, got, want)
+	}
+}
+
 // cpuFP4 is the reference: Quantize with the global scale (0: from the tensor), then Pack.
 func cpuFP4(w []float32, n, k int, s quant.Scheme, format string, global float32) ([]packing.Raw, error) {
 	t, err := Quantize(w, n, k, s, Options{GlobalScale: global})
@@ -148,6 +211,79 @@ func TestGPUFP4MatchesCPU(t *testing.T) {
 						compareRaws(t, what, got, want)
 					}
 				}
+			}
+		}
+	}
+}
+
+// TestGPUFP4Amax: bw_fp4_amax against max |w| on fresh random weights of every dtype, with NaN
+// and infinities, sizes below one thread's tile, between tiles and of many tiles (several
+// hundred thread blocks whose atomics race on the word).
+func TestGPUFP4Amax(t *testing.T) {
+	dev, q := openGPUQuantizer(t)
+	if err := q.fp4.load(dev); err != nil {
+		t.Fatal(err)
+	}
+	st, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.DestroyStream(st)
+	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	sizes := []int{1, 3, 255, fp4AmaxTile - 1, fp4AmaxTile, fp4AmaxTile + 1, 2*fp4AmaxTile + 257, 100003, 3<<20 + 5}
+	sizes = append(sizes, sizes[len(sizes)-3:]...) // each dtype sees every kind of weights at the larger sizes
+	for _, c := range fp4AmaxCases(r, sizes) {
+		j := gpuJob{n: 1, k: len(c.held), dtype: gpuDTypes[c.dtype].code} // what launchFP4Amax reads
+		var ptrs [numBufs]cuda.DevicePtr
+		var err error
+		if ptrs[bufInput], err = dev.Alloc(len(c.raw)); err != nil {
+			t.Fatal(err)
+		}
+		if ptrs[bufParamScale], err = dev.Alloc(4); err != nil {
+			t.Fatal(err)
+		}
+		word := make([]byte, 4)
+		err = dev.CopyToDevice(ptrs[bufInput], c.raw)
+		if err == nil {
+			err = dev.CopyToDevice(ptrs[bufParamScale], word)
+		}
+		if err == nil {
+			err = q.launchFP4Amax(j, ptrs, st)
+		}
+		if err == nil {
+			err = dev.SynchronizeStream(st)
+		}
+		if err == nil {
+			err = dev.CopyFromDevice(word, ptrs[bufParamScale])
+		}
+		dev.Free(ptrs[bufInput])
+		dev.Free(ptrs[bufParamScale])
+		if err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		checkAmaxBits(t, fmt.Sprintf("%s (%d blocks)", c.what, fp4AmaxBlocks(j.fp4Vectors(), dev.Info().Multiprocessors)),
+			binary.LittleEndian.Uint32(word), c.held)
+	}
+}
+
+// fp4AmaxBlocks gives every block the same whole tiles give or take one, in one wave.
+func TestFP4AmaxBlocks(t *testing.T) {
+	for _, sms := range []int{1, 7, 132} {
+		for _, vecs := range []uint64{1, 255, 256, 257, fp4AmaxTile - 1, fp4AmaxTile, 3*fp4AmaxTile + 5, 1 << 20, 6291456, 12582912, 1<<32 - 3} {
+			blocks := fp4AmaxBlocks(vecs, sms)
+			tiles := vecs / fp4AmaxTile
+			if blocks < 1 || blocks > max(sms*fp4BlocksPerSM, 1) && tiles > 0 {
+				t.Errorf("%d SMs, %d vectors: %d blocks", sms, vecs, blocks)
+			}
+			if tiles == 0 {
+				if uint64(blocks)*fp4Threads < vecs {
+					t.Errorf("%d SMs, %d vectors: %d blocks leave vectors without a thread", sms, vecs, blocks)
+				}
+				continue
+			}
+			most, least := (tiles+uint64(blocks)-1)/uint64(blocks), tiles/uint64(blocks)
+			if least == 0 || most > least+1 {
+				t.Errorf("%d SMs, %d tiles: %d blocks take %d to %d tiles", sms, tiles, blocks, least, most)
 			}
 		}
 	}
@@ -221,12 +357,13 @@ func TestGPUFP4Refusals(t *testing.T) {
 	}
 }
 
-// BenchmarkGPUQuantizeFP4 is BenchmarkGPUQuantize's measure (device-resident BF16 inputs, input
-// plus packed output bytes over the median CUDA-event time, against a device-to-device copy of
-// the same inputs in the same run) for NVFP4 with the global scale computed (two reads of W:
+// BenchmarkGPUQuantizeFP4 is BenchmarkGPUQuantize's measure (device-resident inputs, input plus
+// packed output bytes over the median CUDA-event time, against a device-to-device copy of the
+// same inputs in the same run) for NVFP4 with the global scale computed (two reads of W:
 // bw_fp4_amax, then the quantization; its TABLE line also gives the rate with both reads
-// counted) and given (one read, as convert gives it), and MXFP4, at 50M and 180M weights. Run
-// with -test.benchtime=1x; each sub-benchmark prints a TABLE line.
+// counted, and two more lines each pass alone) and given (one read, as convert gives it), and
+// MXFP4, at 50M and 180M weights, for BF16, F16 and F32 inputs. Run with -test.benchtime=1x;
+// each sub-benchmark prints a TABLE line; -test.bench 'GPUQuantizeFP4/.*/BF16' picks a dtype.
 func BenchmarkGPUQuantizeFP4(b *testing.B) {
 	dev, q := openGPUQuantizer(b)
 	if err := q.fp4.load(dev); err != nil {
@@ -241,18 +378,20 @@ func BenchmarkGPUQuantizeFP4(b *testing.B) {
 		label string
 		n, k  int
 	}{{"50M", 8192, 6144}, {"180M", 4 * 11008, 4096}} {
-		for _, c := range []struct {
-			s      quant.Scheme
-			global float32
-			label  string
-		}{{quant.NVFP4Scheme, 0, "amax"}, {quant.NVFP4Scheme, 1344, "given"}, {quant.MXFP4Scheme, 0, ""}} {
-			b.Run(fmt.Sprintf("%s/%s%s", size.label, c.s, c.label), func(b *testing.B) {
-				j, err := newGPUJob("BF16", size.n, size.k, c.s, "qpack", "bench", c.global)
-				if err != nil {
-					b.Fatal(err)
-				}
-				benchGPUJob(b, dev, q, size.label+" "+c.label, j)
-			})
+		for _, dtype := range gpuDTypeNames {
+			for _, c := range []struct {
+				s      quant.Scheme
+				global float32
+				label  string
+			}{{quant.NVFP4Scheme, 0, "amax"}, {quant.NVFP4Scheme, 1344, "given"}, {quant.MXFP4Scheme, 0, ""}} {
+				b.Run(fmt.Sprintf("%s/%s/%s%s", size.label, dtype, c.s, c.label), func(b *testing.B) {
+					j, err := newGPUJob(dtype, size.n, size.k, c.s, "qpack", "bench", c.global)
+					if err != nil {
+						b.Fatal(err)
+					}
+					benchGPUJob(b, dev, q, fmt.Sprintf("%s %s %s", size.label, dtype, c.label), j)
+				})
+			}
 		}
 	}
 }

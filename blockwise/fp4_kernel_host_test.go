@@ -94,6 +94,19 @@ func TestFP4KernelOnCPU(t *testing.T) {
 			}
 		}
 	}
+	// bw_fp4_amax alone against max |w| (fp4AmaxCases: NaN and infinities, sizes below a thread's
+	// tile, between tiles, many tiles) on grids of 1 to 3 thread blocks.
+	for i, c := range fp4AmaxCases(r, []int{1, 3, 255, fp4AmaxTile - 1, fp4AmaxTile + 1, 2*fp4AmaxTile + 257, 5*fp4AmaxTile + 3, 5*fp4AmaxTile + 3}) {
+		blocks := 1 + i%3
+		dt := gpuDTypes[c.dtype].code
+		cmd := exec.Command(bin, "amax", fmt.Sprint(dt), fmt.Sprint(len(c.held)/8), fmt.Sprint(blocks))
+		cmd.Stdin = bytes.NewReader(c.raw)
+		out, err := cmd.Output()
+		if err != nil || len(out) != 4 {
+			t.Fatalf("%s: %s amax: %v (%d bytes out)", c.what, bin, err, len(out))
+		}
+		checkAmaxBits(t, fmt.Sprintf("%s (%d thread blocks)", c.what, blocks), binary.LittleEndian.Uint32(out), c.held)
+	}
 	// A non-finite weight: the kernels report the first one's flat index, as the CPU's error (in
 	// an even and in an odd chunk: the BF16 loop's lanes hold two).
 	for dt, dtype := range []string{"BF16", "F16", "F32"} {

@@ -1,14 +1,13 @@
 package blockwise
 
 import (
-	"encoding/binary"
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/qpack-dev/qpack/cuda"
-	"github.com/qpack-dev/qpack/fp"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -78,6 +77,8 @@ func benchGPUQuantize(b *testing.B, dev *cuda.Device, q *GPUQuantizer, label str
 }
 
 // benchGPUJob times job j's kernels against a copy of its input (see BenchmarkGPUQuantize).
+// NVFP4 without a given global scale runs two passes, bw_fp4_amax and the quantization: each is
+// also timed alone, on its own TABLE line, against the same copy.
 func benchGPUJob(b *testing.B, dev *cuda.Device, q *GPUQuantizer, label string, j gpuJob) {
 	n, k, s, format := j.n, j.k, j.s, j.format
 	ptrs, err := q.buffers(q.all[0], j)
@@ -93,7 +94,7 @@ func benchGPUJob(b *testing.B, dev *cuda.Device, q *GPUQuantizer, label string, 
 	in := sizes[bufInput]
 	moved := int64(in + sizes[bufCodes] + sizes[bufScales] + sizes[bufZeros] + sizes[bufOffsets])
 	rotate := min(256, max(2, (512<<20+in-1)/in))
-	inputs, err := gpuRandomInputs(dev, rotate, in)
+	inputs, err := gpuRandomInputs(dev, rotate, in, gpuDTypeNames[j.dtype])
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -113,54 +114,74 @@ func benchGPUJob(b *testing.B, dev *cuda.Device, q *GPUQuantizer, label string, 
 	}
 	defer dev.DestroyStream(st)
 	runs := max(b.N, 21)
-	kernel, err := dev.TimeOnStream(st, 1, runs, moved*int64(rotate), func() error {
-		for _, p := range inputs {
-			ptrs[bufInput] = p
-			if err := q.enqueue(j, ptrs, st); err != nil {
-				return err
+	// timed runs op on every input buffer, runs times, counting bytes per buffer.
+	timed := func(bytes int64, op func(p cuda.DevicePtr) error) cuda.Timing {
+		t, err := dev.TimeOnStream(st, 1, runs, bytes*int64(rotate), func() error {
+			for _, p := range inputs {
+				if err := op(p); err != nil {
+					return err
+				}
 			}
+			return nil
+		})
+		if err == nil {
+			err = dev.SynchronizeStream(st)
 		}
-		return nil
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := dev.SynchronizeStream(st); err != nil {
-		b.Fatal(err)
-	}
-	copied, err := dev.TimeOnStream(st, 1, runs, 2*int64(in)*int64(rotate), func() error {
-		for _, p := range inputs {
-			if err := dev.CopyDeviceAsync(copyDst, p, in, st); err != nil {
-				return err
-			}
+		if err != nil {
+			b.Fatal(err)
 		}
-		return nil
-	})
-	if err != nil {
-		b.Fatal(err)
+		return t
 	}
+	withInput := func(p cuda.DevicePtr) [numBufs]cuda.DevicePtr { ptrs[bufInput] = p; return ptrs }
+	kernel := timed(moved, func(p cuda.DevicePtr) error { return q.enqueue(j, withInput(p), st) })
+	copied := timed(2*int64(in), func(p cuda.DevicePtr) error { return dev.CopyDeviceAsync(copyDst, p, in, st) })
 	bw, cbw := kernel.BytesPerSecond(), copied.BytesPerSecond()
 	b.ReportMetric(bw/1e12, "TB/s")
 	b.ReportMetric(bw/cbw, "of-copy")
 	// NVFP4 without a given global scale reads W twice (bw_fp4_amax first): the line also says
 	// what the kernels moved, both reads counted.
+	twoPass := s.Grid == quant.NVFP4 && j.global == 0
 	both := ""
-	if s.Grid == quant.NVFP4 && j.global == 0 {
+	if twoPass {
 		all := bw * float64(moved+int64(in)) / float64(moved)
 		both = fmt.Sprintf("  (both reads counted: %5.2f TB/s, %5.1f%% of copy)", all/1e12, 100*all/cbw)
 	}
 	fmt.Printf("TABLE %-5s %-6s %-18s %6.1fM elems  %7.1f us  %5.2f TB/s  copy %5.2f TB/s  %5.1f%% of copy%s\n",
 		label, format, s, float64(n*k)/1e6, kernel.Median.Seconds()*1e6/float64(rotate), bw/1e12, cbw/1e12, 100*bw/cbw, both)
+	if !twoPass {
+		return
+	}
+	// Each pass alone: bw_fp4_amax reads W; the quantization (the word now holds amax(W), which
+	// every input shares) reads W and writes the packed bytes.
+	for _, pass := range []struct {
+		name  string
+		bytes int64
+		op    func(p cuda.DevicePtr) error
+	}{
+		{"amax pass", int64(in), func(p cuda.DevicePtr) error { return q.launchFP4Amax(j, withInput(p), st) }},
+		{"quantization pass", moved, func(p cuda.DevicePtr) error { return q.launchFP4Quantize(j, withInput(p), st) }},
+	} {
+		t := timed(pass.bytes, pass.op)
+		pbw := t.BytesPerSecond()
+		b.ReportMetric(pbw/cbw, strings.Fields(pass.name)[0]+"-of-copy")
+		fmt.Printf("TABLE %-5s %-6s %-18s %6.1fM elems  %-17s %7.1f us  %5.2f TB/s  copy %5.2f TB/s  %5.1f%% of copy\n",
+			label, format, s, float64(n*k)/1e6, pass.name+":", t.Median.Seconds()*1e6/float64(rotate), pbw/1e12, cbw/1e12, 100*pbw/cbw)
+	}
 }
 
-// gpuRandomInputs allocates count device buffers of bytes each, filled with Gaussian BF16
-// weights (σ = 0.02; a 16 MiB random pattern repeated).
-func gpuRandomInputs(dev *cuda.Device, count, bytes int) ([]cuda.DevicePtr, error) {
+// gpuDTypeNames names the dtype codes of gpuDTypes.
+var gpuDTypeNames = [3]string{"BF16", "F16", "F32"}
+
+// gpuRandomInputs allocates count device buffers of bytes each, filled with Gaussian weights
+// (σ = 0.02) of dtype; a 16 MiB random pattern repeated.
+func gpuRandomInputs(dev *cuda.Device, count, bytes int, dtype string) ([]cuda.DevicePtr, error) {
 	r := rand.New(rand.NewPCG(5, 6))
-	pattern := make([]byte, min(bytes, 16<<20))
-	for i := 0; i+2 <= len(pattern); i += 2 {
-		binary.LittleEndian.PutUint16(pattern[i:], fp.F32ToBF16(float32(r.NormFloat64()*0.02)))
+	w := make([]float32, min(bytes, 16<<20)/2)
+	for i := range w {
+		w[i] = float32(r.NormFloat64() * 0.02)
 	}
+	pattern, _ := encodeWeights(w, dtype)
+	pattern = pattern[:min(len(pattern), bytes)]
 	var ptrs []cuda.DevicePtr
 	for range count {
 		p, err := dev.Alloc(bytes)

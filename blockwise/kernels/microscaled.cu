@@ -68,6 +68,11 @@ __device__ __forceinline__ unsigned int f16x2_max(unsigned int a, unsigned int b
     asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
+__device__ __forceinline__ unsigned int f16x2_max_nan(unsigned int a, unsigned int b) {
+    unsigned int d;
+    asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
 #endif
 
 // e4m3_byte is fp.F32ToE4M3 for v ≥ 0 (a block scale, +Inf included): round to nearest even,
@@ -525,24 +530,75 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
     }
 }
 
+// FP4_AMAX_LOADS is how many independent 16-byte loads a thread of fp4_amax_kernel has in
+// flight per tile: a tile is FP4_AMAX_LOADS·FP4_THREADS vectors (32 KiB), and 4 to 8 blocks of
+// a multiprocessor keep 128 to 256 KiB in flight, several times what the memory's latency needs
+// at full bandwidth. blockwise.fp4AmaxBlocks sizes the grid by it.
+#define FP4_AMAX_LOADS 8
+
+// vec_absmax folds the magnitudes of a 16-byte vector (8 BF16/F16 or 4 F32 weights) into m: for
+// 16-bit weights both halves of m at once (packed max.NaN of the sign-cleared weights, NaN kept
+// as 0x7fff), for F32 one word (non-negative floats order as their bits, NaN's above Inf's).
+template <int DT>
+__device__ __forceinline__ unsigned int vec_absmax(unsigned int m, const uint4& v) {
+    if constexpr (DT == IN_F32) {
+        return max(max(m, max(v.x & 0x7fffffffu, v.y & 0x7fffffffu)), max(v.z & 0x7fffffffu, v.w & 0x7fffffffu));
+    } else if constexpr (DT == IN_BF16) {
+        const unsigned int a = bf16x2_max_nan(v.x & 0x7fff7fffu, v.y & 0x7fff7fffu);
+        return bf16x2_max_nan(bf16x2_max_nan(m, a), bf16x2_max_nan(v.z & 0x7fff7fffu, v.w & 0x7fff7fffu));
+    } else {
+        const unsigned int a = f16x2_max_nan(v.x & 0x7fff7fffu, v.y & 0x7fff7fffu);
+        return f16x2_max_nan(f16x2_max_nan(m, a), f16x2_max_nan(v.z & 0x7fff7fffu, v.w & 0x7fff7fffu));
+    }
+}
+
+// absmax_bits turns vec_absmax's accumulator into the float32 bits of the largest magnitude
+// (bits ≥ 0x7f800000 exactly when a weight is not finite).
+template <int DT>
+__device__ __forceinline__ unsigned int absmax_bits(unsigned int m) {
+    if constexpr (DT == IN_F32) return m;
+    const unsigned int h = max(m & 0xffffu, m >> 16);  // 16-bit magnitudes order as their bits too
+    if constexpr (DT == IN_BF16) return h << 16;
+    else return __float_as_uint(__half2float(__ushort_as_half((unsigned short)h)));
+}
+
 // fp4_amax_kernel raises *amax_bits to the bits of max |w| over W (float bits order like the
 // values; a non-finite weight gives bits ≥ 0x7f800000, which the quantization kernel reports).
+// W is read as 16-byte vectors (a chunk is 1, 2 for F32) in tiles of FP4_AMAX_LOADS·FP4_THREADS:
+// a block takes whole tiles (grid-stride), thread t loads vectors t, t + 256, … of its tile, so
+// each load of a warp is 512 contiguous bytes at a constant offset from one address, and all
+// of them are in flight before the first is used. The last, partial tile is spread over the
+// grid one vector a thread. The thread block reduces its threads' maxima (shuffles, then shared
+// memory) and raises the word once. Indices are 64-bit: an F32 tensor of 2^31 chunks has 2^32
+// vectors.
 template <int DT>
 __device__ __forceinline__ void fp4_amax_kernel(const void* w, u64 chunks, unsigned int* amax_bits) {
+    constexpr unsigned int tile = FP4_AMAX_LOADS * FP4_THREADS;
+    const uint4* v = (const uint4*)w;
+    const u64 vecs = DT == IN_F32 ? 2 * chunks : chunks, tiles = vecs / tile;
     unsigned int m = 0;
-    const unsigned int n = (unsigned int)chunks, step = gridDim.x * FP4_THREADS;
-    for (unsigned int c = blockIdx.x * FP4_THREADS + threadIdx.x; c < n; c += 2 * step) {
-        Chunk<DT> x, y;  // two loads in flight
-        load_chunk<DT>(w, c, x);
-        if (c + step < n) {
-            load_chunk<DT>(w, c + step, y);
-            m = max(m, chunk_absmax<DT>(y));
-        }
-        m = max(m, chunk_absmax<DT>(x));
+    for (u64 t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const uint4* p = v + t * tile + threadIdx.x;
+        uint4 x[FP4_AMAX_LOADS];
+#pragma unroll
+        for (int l = 0; l < FP4_AMAX_LOADS; l++) x[l] = __ldg(p + l * FP4_THREADS);
+#pragma unroll
+        for (int l = 0; l < FP4_AMAX_LOADS; l++) m = vec_absmax<DT>(m, x[l]);
     }
+    for (u64 i = tiles * tile + (u64)blockIdx.x * FP4_THREADS + threadIdx.x; i < vecs; i += (u64)gridDim.x * FP4_THREADS)
+        m = vec_absmax<DT>(m, __ldg(v + i));
+    m = absmax_bits<DT>(m);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if ((threadIdx.x & 31) == 0 && m != 0u) atomicMax(amax_bits, m);
+    __shared__ unsigned int warp_max[FP4_THREADS / 32];
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        m = threadIdx.x < FP4_THREADS / 32 ? warp_max[threadIdx.x] : 0u;
+#pragma unroll
+        for (int off = FP4_THREADS / 64; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+        if (threadIdx.x == 0 && m != 0u) atomicMax(amax_bits, m);
+    }
 }
 
 #define FP4_PARAMS                                                                                     \
@@ -559,7 +615,7 @@ __device__ __forceinline__ void fp4_amax_kernel(const void* w, u64 chunks, unsig
     extern "C" __global__ void __launch_bounds__(FP4_THREADS) bw_fp4_mxfp4##suffix(FP4_PARAMS) {       \
         fp4_kernel<DTV, false>(FP4_ARGS);                                                              \
     }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(FP4_THREADS)                                          \
+    extern "C" __global__ void __launch_bounds__(FP4_THREADS, 8)                                       \
         bw_fp4_amax##suffix(const void* w, u64 chunks, unsigned int* amax_bits) {                      \
         fp4_amax_kernel<DTV>(w, chunks, amax_bits);                                                    \
     }

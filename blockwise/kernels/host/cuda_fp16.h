@@ -207,6 +207,8 @@ static inline unsigned int bf16x2_max_nan(unsigned int a, unsigned int b) {
         if (std::isnan(bf16_lane(a, lane)) || std::isnan(bf16_lane(b, lane))) d = (d & ~(0xffffu << (16 * lane))) | 0x7fffu << (16 * lane);
     return d;
 }
+// max.NaN.f16x2: the canonical NaN 0x7fff when either lane is NaN.
+static inline unsigned int f16x2_max_nan(unsigned int a, unsigned int b) { return host_minmax2(false, true, a, b); }
 static inline unsigned int bf16x2_max(unsigned int a, unsigned int b) { return bf16x2_pick(a, b, [](float x, float y) { return y > x; }); }
 static inline unsigned int bf16x2_min(unsigned int a, unsigned int b) { return bf16x2_pick(a, b, [](float x, float y) { return y < x; }); }
 

@@ -4,12 +4,15 @@
 //   fp4-host NV N K DTYPE G < W > CODES SCALES GLOBAL
 //   fp4-host kernel NV N K DTYPE G BLOCKS < W > CODES SCALES GLOBAL STATUS
 //   fp4-host exhaustive G...
+//   fp4-host amax DTYPE CHUNKS BLOCKS < W > WORD
 // NV is 1 for NVFP4, 0 for MXFP4; DTYPE 0 (BF16), 1 (F16) or 2 (F32) as the kernels number
 // them; W the N·K raw weights; G the global scale's float bits in hex (0: from the tensor).
 // Each block's chunks are coded two by two with the kernel's fp4_chunks (the BF16 fast paths included, with
 // the NVFP4 scale table built as each thread block builds it), its absmax is their max as the
 // kernel's shuffles take it, and G comes from the same amax the amax kernel reduces. Outputs:
-// codes (N·K/2 bytes), scale bytes (N·K/block) and G as float32 (NVFP4).
+// codes (N·K/2 bytes), scale bytes (N·K/block) and G as float32 (NVFP4). The amax mode runs
+// bw_fp4_amax alone on CHUNKS chunks of 8 weights with a grid of BLOCKS thread blocks and writes
+// the word it raised from 0 (4 bytes).
 #include <cuda_fp16.h>  // the stand-ins in this directory
 
 #include "microscaled.cu"
@@ -126,8 +129,21 @@ static void launch(int nv, int dt, const void* w, u64 chunks, unsigned int g_bit
     host_launch(blocks, FP4_THREADS, q[nv][dt], w, chunks, (const unsigned int*)&word, (int)(g_bits != 0), codes.data(), scales.data(), &g, &status);
 }
 
+// amax runs bw_fp4_amax of dtype dt on chunks chunks read from stdin, on a grid of blocks.
+static int amax(int dt, u64 chunks, unsigned int blocks) {
+    typedef void (*kernel)(const void*, u64, unsigned int*);
+    const kernel a[3] = {bw_fp4_amax_bf16, bw_fp4_amax_f16, bw_fp4_amax_f32};
+    std::vector<unsigned char> buf;
+    const void* wp = read_weights(1, (int)(8 * chunks), dt, buf);
+    if (wp == nullptr) return 3;
+    unsigned int word = 0;
+    host_launch(blocks, FP4_THREADS, a[dt], wp, chunks, &word);
+    return fwrite(&word, 4, 1, stdout) == 1 ? 0 : 4;
+}
+
 int main(int argc, char** argv) {
     if (argc >= 2 && strcmp(argv[1], "exhaustive") == 0) return exhaustive(argc - 2, argv + 2);
+    if (argc == 5 && strcmp(argv[1], "amax") == 0) return amax(atoi(argv[2]), strtoull(argv[3], nullptr, 10), (unsigned int)atoi(argv[4]));
     const bool kernels = argc == 8 && strcmp(argv[1], "kernel") == 0;
     if (kernels) argv++;
     else if (argc != 6) return 2;
