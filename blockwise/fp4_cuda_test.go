@@ -231,7 +231,7 @@ func TestGPUFP4Amax(t *testing.T) {
 	defer dev.DestroyStream(st)
 	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	sizes := []int{1, 3, 255, fp4AmaxTile - 1, fp4AmaxTile, fp4AmaxTile + 1, 2*fp4AmaxTile + 257, 100003, 3<<20 + 5}
-	sizes = append(sizes, sizes[len(sizes)-3:]...) // each dtype sees every kind of weights at the larger sizes
+	sizes = append(sizes, sizes[len(sizes)-3:]...) // the larger sizes again: more kinds of weights for each dtype
 	for _, c := range fp4AmaxCases(r, sizes) {
 		j := gpuJob{n: 1, k: len(c.held), dtype: gpuDTypes[c.dtype].code} // what launchFP4Amax reads
 		var ptrs [numBufs]cuda.DevicePtr
