@@ -23,12 +23,12 @@ var hostCXX = flag.String("blockwise.hostcxx", "", "compile the kernels for the 
 // TestFP4KernelOnCPU checks the transcription of the FP4 rules in kernels/microscaled.cu without
 // a GPU: the kernel source, compiled for the CPU with kernels/host's stand-ins (each float32
 // operation rounded once), codes whole tensors block by block with the kernels' own functions
-// (absmax, the E4M3 and E8M0 scales, the BF16 fast paths with the NVFP4 scale table, and the
-// general path: the reciprocal with its division fallback, the E2M1 code),
+// (absmax, the E4M3 and E8M0 scales, the BF16 and F16 fast paths with the NVFP4 scale tables,
+// and the general path: the reciprocal with its division fallback, the E2M1 code),
 // and must give the CPU reference's bytes for every dtype, both grids, computed and given global
-// scales, on fp4TestWeights (exact ties included); and the BF16 fast paths must code every BF16
-// weight as the general arithmetic does (the harness's exhaustive mode: every MXFP4 scale, every
-// NVFP4 scale byte under ten global scales); and the kernels themselves, run as thread blocks
+// scales, on fp4TestWeights (exact ties included); and the BF16 and F16 fast paths must code every
+// BF16 and F16 weight as the general arithmetic does (the harness's exhaustive mode: every MXFP4
+// scale, every NVFP4 scale byte under ten global scales); and the kernels themselves, run as thread blocks
 // of std::threads (the stand-ins' barriers give __syncthreads and the warps' shuffles), must give
 // the same bytes and report non-finite weights where the CPU does. What it cannot check is
 // nvcc's compilation and the PTX instructions themselves (their stand-ins follow the PTX
@@ -43,7 +43,8 @@ func TestFP4KernelOnCPU(t *testing.T) {
 		t.Fatalf("%v: %v\n%s", cmd, err, out)
 	}
 	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	// The BF16 fast paths against the kernel's general arithmetic on every BF16 weight: every
+	// The BF16 and F16 fast paths against the kernel's general arithmetic on every BF16 and F16
+	// weight: every
 	// MXFP4 scale, and the NVFP4 scale bytes the table clears under global scales given (with
 	// exact ties: 1, 3), typical (2688/amax for amax around 0.1), extreme and random.
 	gs := []string{}
@@ -51,9 +52,9 @@ func TestFP4KernelOnCPU(t *testing.T) {
 		gs = append(gs, fmt.Sprintf("%x", math.Float32bits(g)))
 	}
 	if out, err := exec.Command(bin, append([]string{"exhaustive"}, gs...)...).CombinedOutput(); err != nil {
-		t.Fatalf("exhaustive check of the BF16 fast paths: %v\n%s", err, out)
+		t.Fatalf("exhaustive check of the 16-bit fast paths: %v\n%s", err, out)
 	} else {
-		t.Logf("exhaustive check of the BF16 fast paths:\n%s", out)
+		t.Logf("exhaustive check of the 16-bit fast paths:\n%s", out)
 	}
 	// run codes raw block by block, then with the kernels themselves on a grid of 2 thread blocks
 	// (grid-stride loops that go round several times), and compares both with the CPU's bytes.

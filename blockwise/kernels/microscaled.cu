@@ -13,8 +13,10 @@
 //
 // K is a multiple of the block, so blocks never straddle rows and the tensor is a flat array of
 // N·K/8 chunks of 8 weights: chunk c's codes are the 4 bytes at 4c, block b's scale the byte b.
-// BF16 (the common input) has its own loop and arithmetic, two weights per 32-bit operation
-// where it can (fp4_bf16_loop, mxfp4_bf16_codes, nvfp4_bf16_codes); F16 and F32 take the
+// 16-bit inputs (BF16, the common one, and F16) have their own loop (fp4_half_loop: a lane
+// takes 16 weights) and arithmetic: BF16 two weights per 32-bit operation where it can
+// (mxfp4_bf16_codes), F16 in float32, which holds an F16 weight's 11 bits with room to spare
+// (mxfp4_f16_codes), and NVFP4 for both by a scale table (nvfp4_half_codes). F32 takes the
 // general per-weight path (chunk_codes): a warp takes 32 consecutive chunks (grid-stride over
 // the tensor), lane l loads chunk 32i + l, the 2 (NVFP4) or 4 (MXFP4) lanes of a block reduce
 // its absolute maximum with xor shuffles, every lane stores its 4 code bytes and the block's
@@ -25,9 +27,9 @@
 // Every E2M1 decision threshold (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) has a mantissa of at most
 // 3 bits, so unless x lies within 4 ulps of such a number, fl(w/f) is on the same side of every
 // threshold and codes the same; the rare weights that do (and any non-finite x) are redone with
-// the division. The BF16 path instead decides per scale byte, before the loop, whether its
-// cheaper arithmetic is exact for every BF16 weight (nvfp4_entry), and sends the blocks of the
-// bytes where it is not to the general path.
+// the division. The 16-bit paths instead decide per scale byte, before the loop, whether their
+// cheaper arithmetic is exact for every weight of the dtype (nvfp4_entry), and send the blocks
+// of the bytes where it is not to the general path.
 //
 // Non-finite weights are reported like blockwise.cu's kernels: status[0] is lowered to the
 // lowest flat index of one (atomicMin), and the host turns it into the CPU's error.
@@ -182,6 +184,17 @@ __device__ __forceinline__ unsigned int chunk_absmax(const Chunk<DT>& x) {
     return m;
 }
 
+// absmax_bits turns a packed maximum of 16-bit magnitudes (vec_absmax's, pair_absmax's) or an
+// F32 one into the float32 bits of the largest magnitude
+// (bits ≥ 0x7f800000 exactly when a weight is not finite).
+template <int DT>
+__device__ __forceinline__ unsigned int absmax_bits(unsigned int m) {
+    if constexpr (DT == IN_F32) return m;
+    const unsigned int h = max(m & 0xffffu, m >> 16);  // 16-bit magnitudes order as their bits too
+    if constexpr (DT == IN_BF16) return h << 16;
+    else return __float_as_uint(__half2float(__ushort_as_half((unsigned short)h)));
+}
+
 // report_bad lowers status[0] to the flat index of the chunk's first non-finite weight.
 template <int DT>
 __device__ __forceinline__ void report_bad(const Chunk<DT>& x, unsigned int c, u64* status) {
@@ -248,20 +261,22 @@ __device__ __forceinline__ unsigned int chunk_codes_general(const Chunk<DT>& x, 
     return chunk_codes<DT, NV>(x, b);
 }
 
-// ---- BF16 fast paths ----------------------------------------------------------------------
-// A word holds two BF16 weights (lanes: the even column in bits 0-15, the odd one in 16-31).
-// The fast paths work on both lanes of a word at once where they can (packed BF16 and F16
-// min/max/FMA, integer steps that cannot carry between lanes) and reach the rules' bytes
-// exactly; the blocks they cannot do (MXFP4 scales below 2^-124; NVFP4 block scales whose
+// ---- 16-bit fast paths --------------------------------------------------------------------
+// A word holds two 16-bit weights (lanes: the even column in bits 0-15, the odd one in 16-31).
+// The BF16 fast paths work on both lanes of a word at once where they can (packed BF16 and F16
+// min/max/FMA, integer steps that cannot carry between lanes), the F16 ones on each weight in
+// float32, and reach the rules' bytes exactly; the blocks they cannot do (BF16 MXFP4 scales
+// below 2^-124; NVFP4 block scales whose
 // reciprocal path could differ from the division, a property of the scale byte that
 // nvfp4_entry decides beforehand) take chunk_codes_general.
 
 
-// signed_codes puts the signs of a chunk's 8 BF16 weights on the magnitudes mag (nibble j the
+// signed_codes puts the signs of a chunk's 8 16-bit weights on the magnitudes mag (nibble j the
 // E2M1 magnitude of weight j) where the magnitude is not 0: fp.F32ToE2M1 codes zero as +0.
 // The sign bits (bit 15 of each lane) are gathered by byte permutes: weight 2m's sign to bit
 // 4·2m+3, weight 2m+1's to bit 4·(2m+1)+3.
-__device__ __forceinline__ unsigned int signed_codes(const Chunk<IN_BF16>& x, unsigned int mag) {
+template <int DT>
+__device__ __forceinline__ unsigned int signed_codes(const Chunk<DT>& x, unsigned int mag) {
     const unsigned int p01 = __byte_perm(x.u[0], x.u[1], 0x7531), p23 = __byte_perm(x.u[2], x.u[3], 0x7531);
     const unsigned int even = __byte_perm(p01, p23, 0x6420), odd = __byte_perm(p01, p23, 0x7531);
     const unsigned int signs = (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
@@ -302,42 +317,88 @@ __device__ __forceinline__ unsigned int mxfp4_bf16_codes(const Chunk<IN_BF16>& x
     return codes & (0x77777777u | nonzero);
 }
 
-// NVEntry is what the NVFP4 BF16 path needs of one scale byte s under global scale G: r = 1/f
+// NVEntry is what the NVFP4 16-bit path needs of one scale byte s under global scale G: r = 1/f
 // (f = s/G) and rh = r/2; r = 0 marks a byte whose blocks take chunk_codes_general.
 struct NVEntry {
     float r, rh;
 };
 
-// nvfp4_bf16_step is the NVFP4 BF16 path's magnitude code of a BF16 magnitude w, in bits 28-30
+// nvfp4_step is the NVFP4 16-bit path's magnitude code of a magnitude w, in bits 28-30
 // of the result: with x = w·r, x' = max(x, w·rh + 0.5) (the map of mxfp4_bf16_codes, here in
 // float32) rounded half up to one mantissa bit is bits(x')·64 + 0x48000000 (0.5 → 0, 6 → 7),
 // for x' < 7. The code is monotone in w, and nvfp4_entry clears a byte only when it equals
 // E2M1(fl(w/f)) at every step and stays 7 up to the largest weight a block of that byte holds.
-__device__ __forceinline__ unsigned int nvfp4_bf16_step(float w, float r, float rh) {
+__device__ __forceinline__ unsigned int nvfp4_step(float w, float r, float rh) {
     return __float_as_uint(fmaxf(__fmul_rn(w, r), __fmaf_rn(w, rh, 0.5f))) * 64u + 0x48000000u;
 }
-__device__ __forceinline__ unsigned int nvfp4_bf16_fast(unsigned int a, float r, float rh) {
-    return nvfp4_bf16_step(__uint_as_float(a << 16), r, rh) >> 28;
+
+// half_value is the float32 value of a 16-bit weight's bits h (BF16 or F16: exact).
+template <int DT>
+__device__ __forceinline__ float half_value(unsigned int h) {
+    if constexpr (DT == IN_BF16) return __uint_as_float(h << 16);
+    else return __half2float(__ushort_as_half((unsigned short)h));
 }
 
-// nvfp4_top is a BF16 magnitude at least as large as any weight of a block whose scale byte is
-// b < 0x7e under G (capped at the largest finite BF16): v = G·(amax/6) rounds to b, so
+// half_max is the bits of the largest finite magnitude of the 16-bit dtype; half_ceil the bits
+// of the smallest non-negative weight ≥ p (p ≥ 0), half_above of the smallest > p (both may be
+// past half_max: an infinity's or beyond).
+template <int DT>
+__device__ __forceinline__ unsigned int half_max() { return DT == IN_BF16 ? 0x7f7fu : 0x7bffu; }
+template <int DT>
+__device__ __forceinline__ unsigned int half_ceil(double p) {
+    const float v = __double2float_ru(p);  // rounding up twice is rounding up once: F16, BF16 ⊂ F32
+    if constexpr (DT == IN_BF16) return (__float_as_uint(v) + 0xffffu) >> 16;
+    else return __half_as_ushort(__float2half_ru(v));
+}
+template <int DT>
+__device__ __forceinline__ unsigned int half_above(double p) {
+    const float v = __double2float_rd(p);
+    if constexpr (DT == IN_BF16) return (__float_as_uint(v) >> 16) + 1u;
+    else return __half_as_ushort(__float2half_rd(v)) + 1u;
+}
+
+template <int DT>
+__device__ __forceinline__ unsigned int nvfp4_fast(unsigned int a, float r, float rh) {
+    return nvfp4_step(half_value<DT>(a), r, rh) >> 28;
+}
+
+// nvfp4_top is a 16-bit magnitude (BF16 or F16 bits) at least as large as any weight of a block
+// whose scale byte is b < 0x7e under G (capped at the dtype's largest finite): v = G·(amax/6)
+// rounds to b, so
 // v ≤ (s + s⁺)/2 with s⁺ the next E4M3 value, and amax ≤ 3·(s + s⁺)/G up to the roundings of
 // amax/6 and of the product (relative 2^-24 each while normal, absolute 2^-149 each below).
+template <int DT>
 __device__ __forceinline__ unsigned int nvfp4_top(unsigned int b, float g) {
     const double top = (3.0 * ((double)e4m3_value(b) + (double)e4m3_value(b + 1u)) * (1.0 + 0x1p-20) + 0x1p-146) / (double)g + 0x1p-146;
-    return min((__float_as_uint(__double2float_ru(top)) + 0xffffu) >> 16, 0x7f7fu);
+    return min(half_ceil<DT>(top), half_max<DT>());
 }
 
-// nvfp4_entry computes the NVEntry of scale byte b under G. The exact codes of BF16 magnitudes
+// nvfp4_entry computes the NVEntry of scale byte b under G for 16-bit weights of dtype DT (BF16
+// or F16; the table of one is not the other's). The exact codes of magnitudes
 // change at 7 boundaries: fl(w/f) ≥ t exactly when w ≥ (t − ulp(t)/2)·f, and fl(w/f) > t
 // exactly when w > (t + ulp(t)/2)·f (ties go to t, whose mantissa is even), for the E2M1
 // thresholds t = 0.25 (>), 0.75 (≥), 1.25 (>), 1.75 (≥), 2.5 (>), 3.5 (≥), 5 (>); the products
-// are exact in float64 (25 × 24 bits) and rounded up or down to the BF16 boundary. The fast
+// are exact in float64 (25 × 24 bits) and rounded up or down to the dtype's boundary. The fast
 // code, monotone too, is exact for every weight of a block with this byte when it steps at the
 // same 7 places (the codes at each boundary and just below it agree) and its x' stays below 7
 // up to the block's largest possible weight (nvfp4_top). Byte 0x7e (448) also takes the blocks
 // that saturate, so it is never cleared.
+// e2m1_mid is t ± ulp(t)/2 for the i-th E2M1 threshold t, ulp(t) = 2^(exponent of t − 23): the
+// float32 quotients from which fl(w/f) codes above t (a switch, not an array: ptxas keeps an
+// array it does not fold on the stack).
+__device__ __forceinline__ double e2m1_mid(int i) {
+    switch (i) {
+    case 0: return 0.25 + 0x1p-26;
+    case 1: return 0.75 - 0x1p-25;
+    case 2: return 1.25 + 0x1p-24;
+    case 3: return 1.75 - 0x1p-24;
+    case 4: return 2.5 + 0x1p-23;
+    case 5: return 3.5 - 0x1p-23;
+    default: return 5.0 + 0x1p-22;
+    }
+}
+
+template <int DT>
 __device__ __forceinline__ NVEntry nvfp4_entry(unsigned int b, float g) {
     NVEntry e;
     e.r = 0.0f;
@@ -346,18 +407,14 @@ __device__ __forceinline__ NVEntry nvfp4_entry(unsigned int b, float g) {
     const float f = __fdiv_rn(e4m3_value(b), g);
     const float r = __frcp_rn(f), rh = __fmul_rn(r, 0.5f);
     if (!(r >= 1.17549435e-38f && r <= 3.40282346638528859812e+38f)) return e;
-    // t ± ulp(t)/2 with ulp(t) = 2^(exponent of t − 23): 0.25 + 2^-26, 0.75 − 2^-25, ...
-    const double mid[7] = {0.25 + 0x1p-26, 0.75 - 0x1p-25, 1.25 + 0x1p-24, 1.75 - 0x1p-24,
-                           2.5 + 0x1p-23, 3.5 - 0x1p-23, 5.0 + 0x1p-22};
 #pragma unroll
     for (int i = 0; i < 7; i++) {
-        const double p = mid[i] * (double)f;
-        const unsigned int u = (i & 1) ? (__float_as_uint(__double2float_ru(p)) + 0xffffu) >> 16  // ≥: smallest BF16 ≥ p
-                                       : (__float_as_uint(__double2float_rd(p)) >> 16) + 1u;     // >: smallest BF16 > p
-        if (u <= 0x7f7fu && nvfp4_bf16_fast(u, r, rh) < (unsigned int)i + 1u) return e;
-        if (u >= 1u && nvfp4_bf16_fast(min(u - 1u, 0x7f7fu), r, rh) > (unsigned int)i) return e;
+        const double p = e2m1_mid(i) * (double)f;
+        const unsigned int u = (i & 1) ? half_ceil<DT>(p) : half_above<DT>(p);  // ≥ t: the first weight ≥ p; > t: > p
+        if (u <= half_max<DT>() && nvfp4_fast<DT>(u, r, rh) < (unsigned int)i + 1u) return e;
+        if (u >= 1u && nvfp4_fast<DT>(min(u - 1u, half_max<DT>()), r, rh) > (unsigned int)i) return e;
     }
-    const float w = __uint_as_float(nvfp4_top(b, g) << 16);
+    const float w = half_value<DT>(nvfp4_top<DT>(b, g));
     if (!(fmaxf(__fmul_rn(w, r), __fmaf_rn(w, rh, 0.5f)) < 7.0f)) return e;
     e.r = r;
     e.rh = rh;
@@ -372,22 +429,47 @@ __device__ __forceinline__ float nvfp4_bf16_div6(float amax) {
     return __fmaf_rn(__fmaf_rn(-q, 6.0f, amax), inv6, q);
 }
 
-// nvfp4_bf16_codes codes a chunk of an NVFP4 block by its scale byte's entry (r ≠ 0).
-__device__ __forceinline__ unsigned int nvfp4_bf16_codes(const Chunk<IN_BF16>& x, const NVEntry& e) {
+// nvfp4_half_codes codes a chunk of 16-bit weights of an NVFP4 block by its scale byte's entry
+// (r ≠ 0) in the table of their dtype.
+template <int DT>
+__device__ __forceinline__ unsigned int nvfp4_half_codes(const Chunk<DT>& x, const NVEntry& e) {
     unsigned int mag = 0;
 #pragma unroll
     for (int j = 3; j >= 0; j--) {
 #pragma unroll
         for (int h = 1; h >= 0; h--) {  // weight 2j + h; the last one coded ends in nibble 0
-            const float w = fabsf(__uint_as_float(h ? x.u[j] & 0xffff0000u : x.u[j] << 16));
-            mag = __funnelshift_l(nvfp4_bf16_step(w, e.r, e.rh), mag, 4);  // mag·16 + code
+            float w;
+            if constexpr (DT == IN_BF16) w = fabsf(__uint_as_float(h ? x.u[j] & 0xffff0000u : x.u[j] << 16));
+            else w = fabsf(half_value<DT>(h ? x.u[j] >> 16 : x.u[j] & 0xffffu));
+            mag = __funnelshift_l(nvfp4_step(w, e.r, e.rh), mag, 4);  // mag·16 + code
+        }
+    }
+    return signed_codes(x, mag);
+}
+
+// mxfp4_f16_codes codes a chunk of F16 weights of an MXFP4 block with scale byte e, in float32:
+// x = |w|·2^(127−e) is exact (11 significant bits), and so is x' = max(x, 0.5·x + 0.5) (the map
+// of mxfp4_bf16_codes, which F16 arithmetic would round for F16's 11 bits); with x' clamped to 6
+// (x < 8: the block's amax is below 2^(e−124)), every code is x' rounded to one mantissa bit
+// with ties to even: on its bits u, (u + 0x1fffff + bit 22 of u)·64 + 2^30 has the code in its
+// top nibble (0.5 → 0, 6 → 7), which a funnel shift appends to the codes so far.
+__device__ __forceinline__ unsigned int mxfp4_f16_codes(const Chunk<IN_F16>& x, unsigned int e) {
+    const float r = __uint_as_float((254u - e) << 23);
+    unsigned int mag = 0;
+#pragma unroll
+    for (int j = 3; j >= 0; j--) {
+#pragma unroll
+        for (int h = 1; h >= 0; h--) {  // weight 2j + h; the last one coded ends in nibble 0
+            const float v = __fmul_rn(fabsf(half_value<IN_F16>(h ? x.u[j] >> 16 : x.u[j] & 0xffffu)), r);
+            const unsigned int u = __float_as_uint(fminf(fmaxf(v, __fmaf_rn(v, 0.5f, 0.5f)), 6.0f));
+            mag = __funnelshift_l((u + 0x1fffffu + ((u >> 22) & 1u)) * 64u + 0x40000000u, mag, 4);
         }
     }
     return signed_codes(x, mag);
 }
 
 // fp4_chunks codes m chunks of one block whose absolute maximum has the finite float bits amax
-// into out and sets byte to the block's scale byte: the BF16 fast paths where they apply, else
+// into out and sets byte to the block's scale byte: the 16-bit fast paths where they apply, else
 // chunk_codes_general.
 template <int DT, bool NV, int M>
 __device__ __forceinline__ void fp4_chunks(const Chunk<DT>* x, unsigned int amax, float g, const NVEntry* table,
@@ -400,7 +482,7 @@ __device__ __forceinline__ void fp4_chunks(const Chunk<DT>* x, unsigned int amax
             if (e.r != 0.0f) {
                 byte = s;
 #pragma unroll
-                for (int i = 0; i < M; i++) out[i] = nvfp4_bf16_codes(x[i], e);
+                for (int i = 0; i < M; i++) out[i] = nvfp4_half_codes<IN_BF16>(x[i], e);
                 return;
             }
         } else {
@@ -412,73 +494,109 @@ __device__ __forceinline__ void fp4_chunks(const Chunk<DT>* x, unsigned int amax
                 return;
             }
         }
-    }
+    } else if constexpr (DT == IN_F16) {
+        if constexpr (NV) {  // the scale byte as nvfp4_block computes it, the division once a block
+            unsigned int s = e4m3_byte(__fmul_rn(g, __fdiv_rn(__uint_as_float(amax), 6.0f)));
+            s = s == 0u ? 1u : s;
+            const NVEntry e = table[s];
+            if (e.r != 0.0f) {
+                byte = s;
 #pragma unroll
-    for (int i = 0; i < M; i++) out[i] = chunk_codes_general<DT, NV>(x[i], amax, g, byte);
+                for (int i = 0; i < M; i++) out[i] = nvfp4_half_codes<IN_F16>(x[i], e);
+                return;
+            }
+        } else {  // every F16 block: x' < 8 is exact in float32 whatever the scale
+            const unsigned int e = (unsigned int)max((int)(amax >> 23) - 2, 0);
+            byte = e;
+#pragma unroll
+            for (int i = 0; i < M; i++) out[i] = mxfp4_f16_codes(x[i], e);
+            return;
+        }
+    }
+    if constexpr (DT != IN_F16 || NV) {
+#pragma unroll
+        for (int i = 0; i < M; i++) out[i] = chunk_codes_general<DT, NV>(x[i], amax, g, byte);
+    }
 }
 
 // load_pair loads pair p (chunks 2p and 2p + 1) into x when p < pairs, else leaves x zero.
-__device__ __forceinline__ void load_pair(const void* w, unsigned int p, unsigned int pairs, Chunk<IN_BF16>* x) {
-    x[0] = Chunk<IN_BF16>{};
-    x[1] = Chunk<IN_BF16>{};
+template <int DT>
+__device__ __forceinline__ void load_pair(const void* w, unsigned int p, unsigned int pairs, Chunk<DT>* x) {
+    x[0] = Chunk<DT>{};
+    x[1] = Chunk<DT>{};
     if (p < pairs) {
-        load_chunk<IN_BF16>(w, 2 * p, x[0]);
-        load_chunk<IN_BF16>(w, 2 * p + 1, x[1]);
+        load_chunk<DT>(w, 2 * p, x[0]);
+        load_chunk<DT>(w, 2 * p + 1, x[1]);
     }
 }
 
-// code_pair codes pair p (x, its 16 weights) of fp4_bf16_loop.
-template <bool NV>
-__device__ __forceinline__ void code_pair(const Chunk<IN_BF16>* x, unsigned int p, unsigned int pairs, float g, const NVEntry* table,
+// pair_absmax is the float32 bits of the largest magnitude of a pair of 16-bit chunks.
+template <int DT>
+__device__ __forceinline__ unsigned int pair_absmax(const Chunk<DT>* x) {
+    if constexpr (DT == IN_BF16) {
+        return bf16_absmax_bits(bf16x2_max_nan(bf16x2_absmax(x[0]), bf16x2_absmax(x[1])));
+    } else {
+        unsigned int m = 0;
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) m = f16x2_max_nan(m, x[i].u[j] & 0x7fff7fffu);
+        return absmax_bits<DT>(m);
+    }
+}
+
+// code_pair codes pair p (x, its 16 weights) of fp4_half_loop.
+template <int DT, bool NV>
+__device__ __forceinline__ void code_pair(const Chunk<DT>* x, unsigned int p, unsigned int pairs, float g, const NVEntry* table,
                                           unsigned int* codes, unsigned char* scales, u64* status) {
-    unsigned int amax = bf16_absmax_bits(bf16x2_max_nan(bf16x2_absmax(x[0]), bf16x2_absmax(x[1])));
+    unsigned int amax = pair_absmax<DT>(x);
     if (!NV) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // an MXFP4 block is two lanes'
     if (p >= pairs) return;
     if (amax >= 0x7f800000u) {  // a non-finite weight in the block: report it; codes do not matter
-        report_bad<IN_BF16>(x[0], 2 * p, status);
-        report_bad<IN_BF16>(x[1], 2 * p + 1, status);
+        report_bad<DT>(x[0], 2 * p, status);
+        report_bad<DT>(x[1], 2 * p + 1, status);
         return;
     }
     unsigned int byte, out[2];
-    fp4_chunks<IN_BF16, NV, 2>(x, amax, g, table, byte, out);
+    fp4_chunks<DT, NV, 2>(x, amax, g, table, byte, out);
     reinterpret_cast<uint2*>(codes)[p] = make_uint2(out[0], out[1]);
     if (NV) scales[p] = (unsigned char)byte;
     else if ((p & 1) == 0) scales[p / 2] = (unsigned char)byte;
 }
 
-// fp4_bf16_loop is fp4_kernel's loop for BF16: a lane takes 16 consecutive weights (a pair of
+// fp4_half_loop is fp4_kernel's loop for BF16 and F16: a lane takes 16 consecutive weights (a pair of
 // chunks, 32 bytes: a whole NVFP4 block, half an MXFP4 one), a warp 512 weights in a row per
 // step, so that NVFP4's block work is done once per block and the codes leave as one 8-byte
 // store. NVFP4 loads the next step's pair before it codes this one, so that each lane keeps 32
 // bytes in flight while it computes: its kernels run 4 blocks of 256 threads a multiprocessor
 // (63 registers), MXFP4's 8 (40 registers with that prefetch, which would leave room for 6).
-template <bool NV>
-__device__ __forceinline__ void fp4_bf16_loop(const void* w, unsigned int n, float g, const NVEntry* table,
+template <int DT, bool NV>
+__device__ __forceinline__ void fp4_half_loop(const void* w, unsigned int n, float g, const NVEntry* table,
                                               unsigned int* codes, unsigned char* scales, u64* status) {
     const unsigned int lane = threadIdx.x & 31, pairs = n / 2;  // n is even (NVFP4) or a multiple of 4
     const unsigned int step = gridDim.x * FP4_THREADS;
     unsigned int p0 = blockIdx.x * FP4_THREADS + (threadIdx.x & ~31u);
-    Chunk<IN_BF16> x[2];
+    Chunk<DT> x[2];
     if constexpr (NV) {
-        Chunk<IN_BF16> next[2];
-        load_pair(w, p0 + lane, pairs, x);
+        Chunk<DT> next[2];
+        load_pair<DT>(w, p0 + lane, pairs, x);
         for (; p0 < pairs; p0 += step) {
-            load_pair(w, p0 + step + lane, pairs, next);
-            code_pair<NV>(x, p0 + lane, pairs, g, table, codes, scales, status);
+            load_pair<DT>(w, p0 + step + lane, pairs, next);
+            code_pair<DT, NV>(x, p0 + lane, pairs, g, table, codes, scales, status);
             x[0] = next[0];
             x[1] = next[1];
         }
     } else {
         for (; p0 < pairs; p0 += step) {
-            load_pair(w, p0 + lane, pairs, x);
-            code_pair<NV>(x, p0 + lane, pairs, g, table, codes, scales, status);
+            load_pair<DT>(w, p0 + lane, pairs, x);
+            code_pair<DT, NV>(x, p0 + lane, pairs, g, table, codes, scales, status);
         }
     }
 }
 
 // fp4_kernel quantizes the chunks of W. amax_or_g holds G when have_g, else the bits of
-// amax(W) (bw_fp4_amax's result); NVFP4 writes the G it used to global_out. BF16 takes
-// fp4_bf16_loop; for F16 and F32 a warp handles two runs of 32 chunks per step, so that each
+// amax(W) (bw_fp4_amax's result); NVFP4 writes the G it used to global_out. BF16 and F16 take
+// fp4_half_loop; for F32 a warp handles two runs of 32 chunks per step, so that each
 // lane has two loads in flight, and the 2 (NVFP4) or 4 (MXFP4) lanes of a block reduce its
 // absolute maximum with xor shuffles.
 template <int DT, bool NV>
@@ -491,14 +609,14 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
         g = have_g ? __uint_as_float(*amax_or_g) : nvfp4_global(__uint_as_float(*amax_or_g));
         if (blockIdx.x == 0 && threadIdx.x == 0) *global_out = g;
     }
-    __shared__ NVEntry table[NV && DT == IN_BF16 ? 128 : 1];
-    if constexpr (NV && DT == IN_BF16) {
-        for (unsigned int b = threadIdx.x; b < 128u; b += FP4_THREADS) table[b] = nvfp4_entry(b, g);
+    __shared__ NVEntry table[NV && DT != IN_F32 ? 128 : 1];
+    if constexpr (NV && DT != IN_F32) {
+        for (unsigned int b = threadIdx.x; b < 128u; b += FP4_THREADS) table[b] = nvfp4_entry<DT>(b, g);
         __syncthreads();
     }
     const unsigned int n = (unsigned int)chunks;  // < 2^31 (checkFP4Job): no index below wraps
-    if constexpr (DT == IN_BF16) {
-        fp4_bf16_loop<NV>(w, n, g, table, codes, scales, status);
+    if constexpr (DT != IN_F32) {
+        fp4_half_loop<DT, NV>(w, n, g, table, codes, scales, status);
         return;
     }
     const unsigned int warps = gridDim.x * (FP4_THREADS / 32);
@@ -550,16 +668,6 @@ __device__ __forceinline__ unsigned int vec_absmax(unsigned int m, const uint4& 
         const unsigned int a = f16x2_max_nan(v.x & 0x7fff7fffu, v.y & 0x7fff7fffu);
         return f16x2_max_nan(f16x2_max_nan(m, a), f16x2_max_nan(v.z & 0x7fff7fffu, v.w & 0x7fff7fffu));
     }
-}
-
-// absmax_bits turns vec_absmax's accumulator into the float32 bits of the largest magnitude
-// (bits ≥ 0x7f800000 exactly when a weight is not finite).
-template <int DT>
-__device__ __forceinline__ unsigned int absmax_bits(unsigned int m) {
-    if constexpr (DT == IN_F32) return m;
-    const unsigned int h = max(m & 0xffffu, m >> 16);  // 16-bit magnitudes order as their bits too
-    if constexpr (DT == IN_BF16) return h << 16;
-    else return __float_as_uint(__half2float(__ushort_as_half((unsigned short)h)));
 }
 
 // fp4_amax_kernel raises *amax_bits to the bits of max |w| over W (float bits order like the

@@ -93,6 +93,18 @@ static inline __half __ushort_as_half(unsigned short s) {
 static inline float __half2float(__half h) { return (float)h.h; }
 static inline __half __float2half_rn(float f) { return __half{(_Float16)f}; }
 static inline unsigned short __half_as_ushort(__half h) { return bits_as<unsigned short>(h.h); }
+// __float2half_ru and __float2half_rd for f ≥ 0 (what the kernels convert): the nearest F16, then
+// one step up or down when it lies on the wrong side (non-negative F16 order as their bits).
+static inline __half __float2half_ru(float f) {
+    unsigned short b = __half_as_ushort(__float2half_rn(f));
+    if (__half2float(__ushort_as_half(b)) < f) b++;
+    return __ushort_as_half(b);
+}
+static inline __half __float2half_rd(float f) {
+    unsigned short b = __half_as_ushort(__float2half_rn(f));
+    if (__half2float(__ushort_as_half(b)) > f) b--;
+    return __ushort_as_half(b);
+}
 
 template <typename T> static inline T __ldg(const T* p) { return *p; }
 

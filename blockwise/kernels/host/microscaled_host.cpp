@@ -7,7 +7,7 @@
 //   fp4-host amax DTYPE CHUNKS BLOCKS < W > WORD
 // NV is 1 for NVFP4, 0 for MXFP4; DTYPE 0 (BF16), 1 (F16) or 2 (F32) as the kernels number
 // them; W the N·K raw weights; G the global scale's float bits in hex (0: from the tensor).
-// Each block's chunks are coded two by two with the kernel's fp4_chunks (the BF16 fast paths included, with
+// Each block's chunks are coded two by two with the kernel's fp4_chunks (the 16-bit fast paths included, with
 // the NVFP4 scale table built as each thread block builds it), its absmax is their max as the
 // kernel's shuffles take it, and G comes from the same amax the amax kernel reduces. Outputs:
 // codes (N·K/2 bytes), scale bytes (N·K/block) and G as float32 (NVFP4). The amax mode runs
@@ -31,7 +31,7 @@ static void run(const void* w, u64 chunks, unsigned int g_bits, std::vector<unsi
     }
     g = g_bits ? __uint_as_float(g_bits) : nvfp4_global(__uint_as_float(amax_all));
     NVEntry table[128];
-    for (unsigned int b = 0; b < 128; b++) table[b] = nvfp4_entry(b, g);
+    for (unsigned int b = 0; b < 128; b++) table[b] = nvfp4_entry<DT == IN_F32 ? IN_BF16 : DT>(b, g);  // F32 never reads it
     for (u64 b = 0; b < chunks / per; b++) {
         Chunk<DT> x[4];
         unsigned int amax = 0;
@@ -49,12 +49,44 @@ static void run(const void* w, u64 chunks, unsigned int g_bits, std::vector<unsi
     }
 }
 
-// exhaustive checks the BF16 fast paths against the kernels' general arithmetic (the division
-// path and e2m1_code, which the block runs check against the CPU reference) on every BF16
-// weight: MXFP4 for every scale byte the fast path takes (3 … 252) and every magnitude below
-// 8·scale, both signs; NVFP4 for every scale byte the table clears under each global scale G
-// given (hex float bits), every magnitude up to nvfp4_top, both signs. It prints what it checked and
-// fails on the first difference.
+// nvfp4_exhaustive checks the NVFP4 fast path of 16-bit dtype DT under global scale g: every
+// scale byte the table clears, every magnitude up to nvfp4_top, both signs, against the general
+// arithmetic (the division and e2m1_code). It prints what it checked and fails on the first
+// difference.
+template <int DT>
+static int nvfp4_exhaustive(float g) {
+    int fast = 0;
+    long checked = 0;
+    for (unsigned int b = 1; b < 0x7f; b++) {
+        const NVEntry entry = nvfp4_entry<DT>(b, g);
+        if (entry.r == 0.0f) continue;
+        fast++;
+        const float f = __fdiv_rn(e4m3_value(b), g);
+        const unsigned int top = nvfp4_top<DT>(b, g);
+        for (unsigned int a = 0; a <= top; a += 4) {
+            Chunk<DT> x;
+            for (int j = 0; j < 4; j++) x.u[j] = min(a + j, top) | (min(a + j, top) | 0x8000u) << 16;
+            const unsigned int got = nvfp4_half_codes<DT>(x, entry);
+            for (int j = 0; j < 8; j++) {
+                const unsigned int want = e2m1_code(__fdiv_rn(chunk_at<DT>(x, j), f));
+                if ((got >> (4 * j) & 15u) != want) {
+                    fprintf(stderr, "NVFP4 %s G %g byte %u, weight %08x: code %x, want %x\n", DT == IN_BF16 ? "BF16" : "F16", g, b,
+                            __float_as_uint(chunk_at<DT>(x, j)), got >> (4 * j) & 15u, want);
+                    return 1;
+                }
+            }
+            checked += 8;
+        }
+    }
+    printf("NVFP4 %s G=%g: %d of 126 scale bytes on the fast path, %ld weights\n", DT == IN_BF16 ? "BF16" : "F16", g, fast, checked);
+    return 0;
+}
+
+// exhaustive checks the fast paths of 16-bit weights against the kernels' general arithmetic (the
+// division path and e2m1_code, which the block runs check against the CPU reference) on every
+// BF16 and F16 weight: MXFP4 for every scale byte the fast path takes (BF16: 3 … 252; F16: all
+// up to 140, the largest F16's) and every magnitude below 8·scale, both signs; NVFP4 for every
+// scale byte the table clears under each global scale G given (hex float bits).
 static int exhaustive(int n, char** gs) {
     long checked = 0;
     for (unsigned int e = 3; e <= 252; e++) {
@@ -74,32 +106,30 @@ static int exhaustive(int n, char** gs) {
             checked += 8;
         }
     }
-    printf("MXFP4: %ld weights\n", checked);
+    printf("MXFP4 BF16: %ld weights\n", checked);
+    checked = 0;
+    for (unsigned int e = 0; e <= 140; e++) {
+        const float r = __uint_as_float((254u - e) << 23);
+        unsigned int top = 0;  // the F16 bits past the last magnitude below 8·2^(e−127)
+        while (top <= 0x7bffu && __float_as_uint(half_value<IN_F16>(top)) < (e + 3u) << 23) top++;
+        for (unsigned int a = 0; a < top; a += 4) {
+            Chunk<IN_F16> x;
+            for (int j = 0; j < 4; j++) x.u[j] = min(a + j, top - 1) | (min(a + j, top - 1) | 0x8000u) << 16;
+            const unsigned int got = mxfp4_f16_codes(x, e);
+            for (int j = 0; j < 8; j++) {
+                const unsigned int want = e2m1_code(__fmul_rn(chunk_at<IN_F16>(x, j), r));
+                if ((got >> (4 * j) & 15u) != want) {
+                    fprintf(stderr, "MXFP4 F16 byte %u, weight %08x: code %x, want %x\n", e, __float_as_uint(chunk_at<IN_F16>(x, j)), got >> (4 * j) & 15u, want);
+                    return 1;
+                }
+            }
+            checked += 8;
+        }
+    }
+    printf("MXFP4 F16: %ld weights\n", checked);
     for (int i = 0; i < n; i++) {
         const float g = __uint_as_float((unsigned int)strtoul(gs[i], nullptr, 16));
-        int fast = 0;
-        checked = 0;
-        for (unsigned int b = 1; b < 0x7f; b++) {
-            const NVEntry entry = nvfp4_entry(b, g);
-            if (entry.r == 0.0f) continue;
-            fast++;
-            const float f = __fdiv_rn(e4m3_value(b), g);
-            const unsigned int top = nvfp4_top(b, g);
-            for (unsigned int a = 0; a <= top; a += 4) {
-                Chunk<IN_BF16> x;
-                for (int j = 0; j < 4; j++) x.u[j] = min(a + j, top) | (min(a + j, top) | 0x8000u) << 16;
-                const unsigned int got = nvfp4_bf16_codes(x, entry);
-                for (int j = 0; j < 8; j++) {
-                    const unsigned int want = e2m1_code(__fdiv_rn(chunk_at<IN_BF16>(x, j), f));
-                    if ((got >> (4 * j) & 15u) != want) {
-                        fprintf(stderr, "NVFP4 G %g byte %u, weight %08x: code %x, want %x\n", g, b, __float_as_uint(chunk_at<IN_BF16>(x, j)), got >> (4 * j) & 15u, want);
-                        return 1;
-                    }
-                }
-                checked += 8;
-            }
-        }
-        printf("NVFP4 G=%g: %d of 126 scale bytes on the fast path, %ld weights\n", g, fast, checked);
+        if (nvfp4_exhaustive<IN_BF16>(g) != 0 || nvfp4_exhaustive<IN_F16>(g) != 0) return 1;
     }
     return 0;
 }
