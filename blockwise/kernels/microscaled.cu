@@ -468,6 +468,22 @@ __device__ __forceinline__ unsigned int mxfp4_f16_codes(const Chunk<IN_F16>& x, 
     return signed_codes(x, mag);
 }
 
+// nvfp4_table_codes codes m chunks of 16-bit weights of one NVFP4 block whose fl(amax/6) is
+// sixth by the scale table and returns true, or returns false when the table sends the block's
+// scale byte to the general path.
+template <int DT, int M>
+__device__ __forceinline__ bool nvfp4_table_codes(const Chunk<DT>* x, float sixth, float g, const NVEntry* table,
+                                                  unsigned int& byte, unsigned int* out) {
+    unsigned int s = e4m3_byte(__fmul_rn(g, sixth));
+    s = s == 0u ? 1u : s;
+    const NVEntry e = table[s];
+    if (e.r == 0.0f) return false;
+    byte = s;
+#pragma unroll
+    for (int i = 0; i < M; i++) out[i] = nvfp4_half_codes<DT>(x[i], e);
+    return true;
+}
+
 // fp4_chunks codes m chunks of one block whose absolute maximum has the finite float bits amax
 // into out and sets byte to the block's scale byte: the 16-bit fast paths where they apply, else
 // chunk_codes_general.
@@ -476,15 +492,7 @@ __device__ __forceinline__ void fp4_chunks(const Chunk<DT>* x, unsigned int amax
                                            unsigned int& byte, unsigned int* out) {
     if constexpr (DT == IN_BF16) {
         if constexpr (NV) {
-            unsigned int s = e4m3_byte(__fmul_rn(g, nvfp4_bf16_div6(__uint_as_float(amax))));
-            s = s == 0u ? 1u : s;
-            const NVEntry e = table[s];
-            if (e.r != 0.0f) {
-                byte = s;
-#pragma unroll
-                for (int i = 0; i < M; i++) out[i] = nvfp4_half_codes<IN_BF16>(x[i], e);
-                return;
-            }
+            if (nvfp4_table_codes<DT, M>(x, nvfp4_bf16_div6(__uint_as_float(amax)), g, table, byte, out)) return;
         } else {
             const unsigned int e = (unsigned int)max((int)(amax >> 23) - 2, 0);
             if (e >= 3u) {
@@ -495,16 +503,8 @@ __device__ __forceinline__ void fp4_chunks(const Chunk<DT>* x, unsigned int amax
             }
         }
     } else if constexpr (DT == IN_F16) {
-        if constexpr (NV) {  // the scale byte as nvfp4_block computes it, the division once a block
-            unsigned int s = e4m3_byte(__fmul_rn(g, __fdiv_rn(__uint_as_float(amax), 6.0f)));
-            s = s == 0u ? 1u : s;
-            const NVEntry e = table[s];
-            if (e.r != 0.0f) {
-                byte = s;
-#pragma unroll
-                for (int i = 0; i < M; i++) out[i] = nvfp4_half_codes<IN_F16>(x[i], e);
-                return;
-            }
+        if constexpr (NV) {  // fl(amax/6) by the division, once a block
+            if (nvfp4_table_codes<DT, M>(x, __fdiv_rn(__uint_as_float(amax), 6.0f), g, table, byte, out)) return;
         } else {  // every F16 block: x' < 8 is exact in float32 whatever the scale
             const unsigned int e = (unsigned int)max((int)(amax >> 23) - 2, 0);
             byte = e;

@@ -82,51 +82,44 @@ static int nvfp4_exhaustive(float g) {
     return 0;
 }
 
+// mxfp4_exhaustive checks the MXFP4 fast path of 16-bit dtype DT for every scale byte it takes
+// (BF16: 3 … 252; F16: all up to 140, the largest F16's), every magnitude below 8·scale, both
+// signs, against e2m1_code of the exact quotient.
+template <int DT>
+static int mxfp4_exhaustive() {
+    long checked = 0;
+    for (unsigned int e = DT == IN_BF16 ? 3 : 0; e <= (DT == IN_BF16 ? 252u : 140u); e++) {
+        const float r = __uint_as_float((254u - e) << 23);
+        unsigned int top = 0;  // the bits past the last magnitude below 8·2^(e−127)
+        while (top <= half_max<DT>() && __float_as_uint(half_value<DT>(top)) < (e + 3u) << 23) top++;
+        for (unsigned int a = 0; a < top; a += 4) {
+            Chunk<DT> x;
+            for (int j = 0; j < 4; j++) x.u[j] = min(a + j, top - 1) | (min(a + j, top - 1) | 0x8000u) << 16;
+            unsigned int got;
+            if constexpr (DT == IN_BF16) got = mxfp4_bf16_codes(x, e);
+            else got = mxfp4_f16_codes(x, e);
+            for (int j = 0; j < 8; j++) {
+                const unsigned int want = e2m1_code(__fmul_rn(chunk_at<DT>(x, j), r));
+                if ((got >> (4 * j) & 15u) != want) {
+                    fprintf(stderr, "MXFP4 %s byte %u, weight %08x: code %x, want %x\n", DT == IN_BF16 ? "BF16" : "F16", e,
+                            __float_as_uint(chunk_at<DT>(x, j)), got >> (4 * j) & 15u, want);
+                    return 1;
+                }
+            }
+            checked += 8;
+        }
+    }
+    printf("MXFP4 %s: %ld weights\n", DT == IN_BF16 ? "BF16" : "F16", checked);
+    return 0;
+}
+
 // exhaustive checks the fast paths of 16-bit weights against the kernels' general arithmetic (the
 // division path and e2m1_code, which the block runs check against the CPU reference) on every
 // BF16 and F16 weight: MXFP4 for every scale byte the fast path takes (BF16: 3 … 252; F16: all
 // up to 140, the largest F16's) and every magnitude below 8·scale, both signs; NVFP4 for every
 // scale byte the table clears under each global scale G given (hex float bits).
 static int exhaustive(int n, char** gs) {
-    long checked = 0;
-    for (unsigned int e = 3; e <= 252; e++) {
-        const float r = __uint_as_float((254u - e) << 23);
-        const unsigned int top = min((e + 3u) << 7, 0x7f80u);
-        for (unsigned int a = 0; a < top; a += 4) {
-            Chunk<IN_BF16> x;
-            for (int j = 0; j < 4; j++) x.u[j] = min(a + j, top - 1) | (min(a + j, top - 1) | 0x8000u) << 16;
-            const unsigned int got = mxfp4_bf16_codes(x, e);
-            for (int j = 0; j < 8; j++) {
-                const unsigned int want = e2m1_code(__fmul_rn(chunk_at<IN_BF16>(x, j), r));
-                if ((got >> (4 * j) & 15u) != want) {
-                    fprintf(stderr, "MXFP4 byte %u, weight %08x: code %x, want %x\n", e, __float_as_uint(chunk_at<IN_BF16>(x, j)), got >> (4 * j) & 15u, want);
-                    return 1;
-                }
-            }
-            checked += 8;
-        }
-    }
-    printf("MXFP4 BF16: %ld weights\n", checked);
-    checked = 0;
-    for (unsigned int e = 0; e <= 140; e++) {
-        const float r = __uint_as_float((254u - e) << 23);
-        unsigned int top = 0;  // the F16 bits past the last magnitude below 8·2^(e−127)
-        while (top <= 0x7bffu && __float_as_uint(half_value<IN_F16>(top)) < (e + 3u) << 23) top++;
-        for (unsigned int a = 0; a < top; a += 4) {
-            Chunk<IN_F16> x;
-            for (int j = 0; j < 4; j++) x.u[j] = min(a + j, top - 1) | (min(a + j, top - 1) | 0x8000u) << 16;
-            const unsigned int got = mxfp4_f16_codes(x, e);
-            for (int j = 0; j < 8; j++) {
-                const unsigned int want = e2m1_code(__fmul_rn(chunk_at<IN_F16>(x, j), r));
-                if ((got >> (4 * j) & 15u) != want) {
-                    fprintf(stderr, "MXFP4 F16 byte %u, weight %08x: code %x, want %x\n", e, __float_as_uint(chunk_at<IN_F16>(x, j)), got >> (4 * j) & 15u, want);
-                    return 1;
-                }
-            }
-            checked += 8;
-        }
-    }
-    printf("MXFP4 F16: %ld weights\n", checked);
+    if (mxfp4_exhaustive<IN_BF16>() != 0 || mxfp4_exhaustive<IN_F16>() != 0) return 1;
     for (int i = 0; i < n; i++) {
         const float g = __uint_as_float((unsigned int)strtoul(gs[i], nullptr, 16));
         if (nvfp4_exhaustive<IN_BF16>(g) != 0 || nvfp4_exhaustive<IN_F16>(g) != 0) return 1;
