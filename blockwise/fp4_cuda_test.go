@@ -315,14 +315,16 @@ func TestGPUNVFP4NearTies(t *testing.T) {
 func TestGPUFP4NonFinite(t *testing.T) {
 	_, q := openGPUQuantizer(t)
 	const n, k = 16, 128
-	for _, s := range []quant.Scheme{quant.NVFP4Scheme, quant.MXFP4Scheme} {
-		w := fp4TestWeights(rand.New(rand.NewPCG(1, 2)), n, k)
-		w[5*k+70], w[9*k+3] = float32(math.NaN()), float32(math.Inf(1))
-		raw, held := encodeWeights(w, "BF16")
-		_, cpuErr := cpuFP4(held, n, k, s, "qpack", 0)
-		_, err := q.QuantizePack(raw, "BF16", n, k, s, "qpack", "m")
-		if err == nil || cpuErr == nil || !strings.Contains(err.Error(), "row 5, column 70") || !strings.Contains(cpuErr.Error(), "row 5, column 70") {
-			t.Errorf("%s: GPU error %v, CPU error %v; want both at row 5, column 70", s, err, cpuErr)
+	for _, dtype := range gpuDTypeNames {
+		for _, s := range []quant.Scheme{quant.NVFP4Scheme, quant.MXFP4Scheme} {
+			w := fp4TestWeights(rand.New(rand.NewPCG(1, 2)), n, k)
+			w[5*k+70], w[9*k+3] = float32(math.NaN()), float32(math.Inf(1))
+			raw, held := encodeWeights(w, dtype)
+			_, cpuErr := cpuFP4(held, n, k, s, "qpack", 0)
+			_, err := q.QuantizePack(raw, dtype, n, k, s, "qpack", "m")
+			if err == nil || cpuErr == nil || !strings.Contains(err.Error(), "row 5, column 70") || !strings.Contains(cpuErr.Error(), "row 5, column 70") {
+				t.Errorf("%s %s: GPU error %v, CPU error %v; want both at row 5, column 70", dtype, s, err, cpuErr)
+			}
 		}
 	}
 }
