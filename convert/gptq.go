@@ -55,6 +55,7 @@ type blockRunner struct {
 	experts *expertRouting   // which experts are calibrated on which tokens
 	tokens  int              // calibration tokens, for the experts' log lines
 	math    model.GPUOptions // the GPU engine's GEMM math (Options.CalibMath)
+	solving time.Duration    // in updateGroup's solves and weight replacements (the rest of Update is Hessian handling)
 
 	mu      sync.Mutex
 	results map[string]chan gptqResult
@@ -294,29 +295,35 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 			work = append(work, &solved{l: l, s: s})
 		}
 	}
+	// Each linear's dequantized weights replace its own (in place: W is no longer needed) as soon
+	// as it is solved, while the others' solves go on.
+	solveAndReplace := func(x *solved, set solverSet) {
+		if x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name], set); x.err == nil {
+			x.err = x.l.SetWeight(x.t.Dequantize(x.l.W))
+		}
+	}
+	start := time.Now()
 	if len(work) > 1 && r.parallelSolves(work[0].l.In) {
 		var wg sync.WaitGroup
 		for _, x := range work {
-			g := <-r.solvers
+			set := <-r.solvers
 			wg.Go(func() {
-				defer func() { r.solvers <- g }()
-				x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name], g)
+				defer func() { r.solvers <- set }()
+				solveAndReplace(x, set)
 			})
 		}
 		wg.Wait()
 	} else {
 		for _, x := range work {
-			x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name], r.solver)
+			solveAndReplace(x, r.solver)
 		}
 	}
+	r.solving += time.Since(start)
 	for _, x := range work {
 		l := x.l
 		if x.err != nil {
 			err := fmt.Errorf("tensor %s.weight: %w", l.Name, x.err)
 			r.results[l.Name] <- gptqResult{err: err}
-			return err
-		}
-		if err := l.SetWeight(x.t.Dequantize(l.W)); err != nil { // in place: W is no longer needed
 			return err
 		}
 		r.logf("gptq %s %s on %s: relative loss %.5f, damping %g (%d retries), %s\n",

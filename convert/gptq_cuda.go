@@ -76,10 +76,11 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 		return nil // AWQ's own line tells where the time went
 	}
 	ct := r.gpu.e.CalibrationTimes()
-	sums := ""
+	sums := fmt.Sprintf(" (solving and replacing weights %.1f s", r.solving.Seconds())
 	if len(devs) > 1 {
-		sums = fmt.Sprintf(" (Hessians summed across GPUs %.2f s)", r.gpu.sums.Seconds())
+		sums += fmt.Sprintf(", Hessians summed across GPUs %.2f s", r.gpu.sums.Seconds())
 	}
+	sums += ")"
 	var peaks []string
 	for _, sh := range r.gpu.shards {
 		peaks = append(peaks, fmt.Sprintf("%.2f", float64(sh.e.PeakMemoryUsed())/1e9))

@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/qpack-gpu-out}
 mkdir -p "$OUT"
 root=$PWD start=$(date +%s) work=${QPACK_WORK:-/tmp/qpack-7b}
 left() { echo $((${QPACK_BUDGET:-540} - ($(date +%s) - start))); }
-tar -xJf bin/gpu.tar.xz -C bin
+tar -xJf ${QPACK_TAR:-bin/gpu.tar.xz} -C bin
 B=$root/bin/gpu
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 nvidia-smi topo -m | head -6; df -h /dev/shm /tmp | tail -2; free -g | head -2

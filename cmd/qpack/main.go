@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"runtime/pprof"
 
 	"github.com/urfave/cli/v2"
 )
@@ -44,9 +45,42 @@ func newApp() *cli.App {
 			synthCommand(),
 			verifyCommand(),
 		},
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the command to this file (go tool pprof reads it): where a slow run spends its host time"},
+		},
+		Before: startProfile,
+		After:  stopProfile,
 		// Errors are printed once, by main, with exit code 1.
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
+}
+
+// startProfile starts the CPU profile --cpuprofile asks for.
+func startProfile(c *cli.Context) error {
+	path := c.String("cpuprofile")
+	if path == "" {
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return fmt.Errorf("--cpuprofile: %w", err)
+	}
+	profileFile = f
+	return nil
+}
+
+var profileFile *os.File // the running --cpuprofile
+
+func stopProfile(*cli.Context) error {
+	if profileFile == nil {
+		return nil
+	}
+	pprof.StopCPUProfile()
+	return profileFile.Close()
 }
 
 func main() {

@@ -1,0 +1,43 @@
+#!/bin/bash
+# GPTQ across GPU counts in one call, qpack alone carried (bin/q.tar.xz: CGO_ENABLED=0 go build -o
+# bin/q/qpack ./cmd/qpack && tar -cJf bin/q.tar.xz -C bin/q qpack), with out/mid.tar.xz and
+# out/calib.txt: mid-llama through GPTQ on 1, 2 and all GPUs, each evaluated; a synthetic
+# Llama-2-7B through GPTQ 128 × 2048 on 1, 2 and all GPUs (a CPU profile of the last); a
+# Llama-2-70B-shaped model of QPACK_70B_LAYERS layers (4) on all GPUs and on one. Models live in
+# /dev/shm. QPACK_BUDGET: seconds this may take (540).
+set -u
+OUT=${OUT:-/tmp/qpack-gpu-out}
+mkdir -p "$OUT" bin/q
+root=$PWD start=$(date +%s) work=/dev/shm/qpack
+left() { echo $((${QPACK_BUDGET:-540} - ($(date +%s) - start))); }
+tar -xJf bin/q.tar.xz -C bin/q
+Q=$root/bin/q/qpack
+gpus=$(nvidia-smi -L | wc -l)
+all=$(seq -s, 0 $((gpus - 1)))
+mkdir -p $work
+(/usr/bin/time -f "synth 7B: %e s" "$Q" synth $work/s7 --vocab 2048 --calib-ids 262144 >/dev/null &&
+	cp testdata/models/tiny/tokenizer.json $work/s7/ &&
+	/usr/bin/time -f "synth 70B-shaped: %e s" "$Q" synth $work/w70 --layers ${QPACK_70B_LAYERS:-4} --hidden 8192 --intermediate 28672 --heads 64 --kv-heads 8 --vocab 32000 --calib-ids 262144 >/dev/null &&
+	cp testdata/models/tiny/tokenizer.json $work/w70/) >"$OUT/synth.log" 2>&1 &
+synth=$!
+if [[ -f out/mid.tar.xz ]]; then
+	mkdir -p /tmp/models && tar -xJf out/mid.tar.xz -C /tmp/models
+	for d in 0 0,1 $all; do
+		"$Q" convert /tmp/models/mid-llama -o /tmp/ml-$d --device cuda --devices $d --method gptq --calib out/calib.txt --overwrite >"$OUT/ml-$d.log" 2>&1
+		echo "mid-llama gptq --devices $d rc $?: $(grep -E '^gptq on' "$OUT/ml-$d.log" | cut -c1-60) $("$Q" eval /tmp/ml-$d --data /tmp/models/mid-llama/heldout_ids.npy --device cuda -q 2>&1 | tail -1)"
+	done
+fi
+wait $synth
+cat "$OUT/synth.log"
+conv() { # name, seconds, model, qpack's own flags, convert's flags...
+	local name=$1 t=$2 m=$3 app=$4
+	shift 4
+	[[ $(left) -gt $((t + 10)) ]] || { echo "$name: skipped, $(left) s left"; return 1; }
+	/usr/bin/time -f "$name: %e s wall, %M KB max resident" timeout "$t" "$Q" $app convert $work/$m --device cuda --overwrite -o $work/out-$name --method gptq \
+		--calib $work/$m/calib_ids.npy --calib-samples 128 --calib-seqlen 2048 ${QPACK_ARGS:-} "$@" >"$OUT/$name.log" 2>&1
+	grep -E '^gptq on|wall|rror' "$OUT/$name.log" | cut -c1-420
+}
+conv 7b-1 80 s7 "" --devices 0 && conv 7b-2 60 s7 "" --devices 0,1 && conv 7b-$gpus 50 s7 "--cpuprofile $OUT/7b-$gpus.prof" --devices $all
+rm -rf $work/out-7b-*
+conv 70b-$gpus 150 w70 "" --devices $all && conv 70b-1 200 w70 "" --devices 0
+echo "done, $(left) s left"
