@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -19,12 +20,17 @@ import (
 // and barriers, each float operation rounded once) and returns the binary, or skips without
 // -blockwise.hostcxx.
 func hostKernels(t *testing.T) string {
+	return hostKernelsFrom(t, "kernels")
+}
+
+// hostKernelsFrom is hostKernels with blockwise.cu taken from directory src.
+func hostKernelsFrom(t *testing.T, src string) string {
 	t.Helper()
 	if *hostCXX == "" {
 		t.Skip("-blockwise.hostcxx not set (a C++ compiler to run kernels/blockwise.cu on the CPU)")
 	}
 	bin := filepath.Join(t.TempDir(), "bw-host")
-	cmd := exec.Command(*hostCXX, "-O2", "-ffp-contract=off", "-std=c++20", "-pthread", "-I", "kernels/host", "-I", "kernels",
+	cmd := exec.Command(*hostCXX, "-O2", "-ffp-contract=off", "-std=c++20", "-pthread", "-I", "kernels/host", "-I", src,
 		"-o", bin, "kernels/host/blockwise_host.cpp")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v: %v\n%s", cmd, err, out)
@@ -73,7 +79,7 @@ func hostQuantizePack(bin string, j gpuJob, raw []byte) ([]packing.Raw, error) {
 }
 
 // TestKernelsOnCPU runs the one-launch kernels bw_piece_* (integer 2/3/4/8-bit and NF4 groups of
-// 32, 64, 128) and bw_bin_* (binary groups of 32, 64, 128) on the CPU — the kernel source itself,
+// 32, 64, 128; GPTQ int4 g128 among them) and bw_bin_* (binary groups of 32, 64, 128) on the CPU — the kernel source itself,
 // its warps' shuffles and barriers included — in every format they serve, both 16-bit dtypes and
 // zero-point modes, on gpuTestWeights (exact rounding ties, zero and one-value rows, tiny and large
 // magnitudes), with N not a multiple of 16 or 32 and K of one and of several blocks; every byte
@@ -103,12 +109,62 @@ func TestKernelsOnCPU(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if j.gptq4g128() { // bw_gptq4_g128, not a piece kernel
-					continue
-				}
 				checkAgainstCPU(t, r, j, dtype, func(raw []byte) ([]packing.Raw, error) { return hostQuantizePack(bin, j, raw) })
 			}
 		}
+	}
+}
+
+// TestKernelsOnCPUCatchesBrokenKernels checks that TestKernelsOnCPU's comparison can fail where
+// it matters most: each mutant of kernels/blockwise.cu (one edit of the GPTQ int4-g128 path of
+// bw_piece_*) must give bytes that differ from the reference in the formats it breaks.
+func TestKernelsOnCPUCatchesBrokenKernels(t *testing.T) {
+	src, err := os.ReadFile("kernels/blockwise.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []struct {
+		name, old, new string
+		formats        []string
+	}{
+		{"qweight words of the row's two lanes swapped",
+			"((u64)pc * 16 + 2 * j + h) * wpc * n_rows", "((u64)pc * 16 + 2 * j + (h ^ 1)) * wpc * n_rows",
+			[]string{"gptq", "gptq_v2"}},
+		{"qzeros without the zero shift", // gptq stores z − 1; gptq_v2's shift is 0, where the mutant is the kernel
+			"((unsigned int)((int)zero[q] - zero_shift) & maxq) << (BITS * ((lane >> 1) & (rpw - 1)))",
+			"((unsigned int)((int)zero[q]) & maxq) << (BITS * ((lane >> 1) & (rpw - 1)))",
+			[]string{"gptq"}},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			if n := bytes.Count(src, []byte(m.old)); n != 1 {
+				t.Fatalf("kernels/blockwise.cu holds %q %d times, want once: update the mutant", m.old, n)
+			}
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "blockwise.cu"), bytes.Replace(src, []byte(m.old), []byte(m.new), 1), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			bin := hostKernelsFrom(t, dir)
+			r := rand.New(rand.NewPCG(rand.Uint64(), 23))
+			s := quant.Scheme{Bits: 4, GroupSize: 128, Grid: quant.Integer}
+			for _, format := range m.formats {
+				j, err := newGPUJob("BF16", 45, 1280, s, format, "m", 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				raw, held := encodeWeights(gpuTestWeights(r, j.n, j.k), "BF16")
+				want, err := cpuQuantizePack(held, j.n, j.k, s, format, "m")
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := hostQuantizePack(bin, j, raw)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(diffRaws(format, got, want)) == 0 {
+					t.Errorf("%s: the mutant's output equals the reference", format)
+				}
+			}
+		})
 	}
 }
 

@@ -31,7 +31,6 @@ const (
 	gpuTileCols = 256 // TILE_COLS: columns of W per block
 	gpuThreads  = 256 // THREADS
 	gpuWarps    = 8   // WARPS
-	gptq4Rows   = 16  // G128_ROWS: rows per warp of bw_gptq4_g128
 	pieceRows   = 16  // PIECE_ROWS: rows per warp of bw_piece_*
 	pieceCols   = 128 // PIECE_COLS: columns per warp of bw_piece_*
 	rowpcRows   = 8   // RPC_ROWS: rows per block of bw_rowpc_*
@@ -85,7 +84,6 @@ type GPUQuantizer struct {
 		// encode kernels by dtype code: fused (parameters fitted in the kernel) or reading
 		// the parameters of bw_params / bw_params_bin
 		fusedInt, fusedNF4, encodeInt, encodeNF4, encodeBin [3]cuda.Function
-		gptq4g128                                           [3]cuda.Function         // see gpuJob.gptq4g128
 		piece                                               map[string]cuda.Function // by name: see gpuJob.pieceKernel, rowpcKernel, binKernel
 		params, paramsBin, packZeros                        cuda.Function
 	}
@@ -178,7 +176,7 @@ func newGPUQuantizer(dev *cuda.Device, slots int, ptx []byte, cubins ...[]byte) 
 			dst  *[3]cuda.Function
 			name string
 		}{{&k.fusedInt, "bw_fused_int"}, {&k.fusedNF4, "bw_fused_nf4"}, {&k.encodeInt, "bw_encode_int"},
-			{&k.encodeNF4, "bw_encode_nf4"}, {&k.encodeBin, "bw_encode_bin"}, {&k.gptq4g128, "bw_gptq4_g128"}} {
+			{&k.encodeNF4, "bw_encode_nf4"}, {&k.encodeBin, "bw_encode_bin"}} {
 			kernels = append(kernels, struct {
 				dst  *cuda.Function
 				name string
@@ -331,18 +329,11 @@ func (j gpuJob) fused() bool {
 	return j.s.Grid != quant.Binary && j.gsize%8 == 0 && lanes <= 32 && bits.OnesCount(uint(lanes)) == 1
 }
 
-// gptq4g128 reports whether the job runs on the one-launch kernel bw_gptq4_g128: GPTQ layouts,
-// integer 4-bit, groups of 128 with K a multiple of 128, and at most 65535 bands of 16 rows.
-func (j gpuJob) gptq4g128() bool {
-	return j.layout == layoutGPTQ && j.s.Grid == quant.Integer && j.s.Bits == 4 && j.gsize == 128 &&
-		j.k%128 == 0 && (j.n+gptq4Rows-1)/gptq4Rows <= 65535
-}
-
 // pieceKernel names the one-launch kernel bw_piece_* that runs the job, or is "" when none does:
 // it takes 16-bit inputs with K a multiple of 128, integer 2-, 3-, 4- or 8-bit or NF4 groups of
-// 32, 64 or 128 columns, and at most 65535 bands of 16 rows. GPTQ int4 g128 keeps bw_gptq4_g128.
+// 32, 64 or 128 columns, and at most 65535 bands of 16 rows.
 func (j gpuJob) pieceKernel() string {
-	if j.gptq4g128() || j.dtype == gpuDTypes["F32"].code || j.k%pieceCols != 0 || (j.n+pieceRows-1)/pieceRows > 65535 ||
+	if j.dtype == gpuDTypes["F32"].code || j.k%pieceCols != 0 || (j.n+pieceRows-1)/pieceRows > 65535 ||
 		!slices.Contains(pieceGroupSizes, j.gsize) {
 		return ""
 	}
@@ -381,7 +372,7 @@ func (j gpuJob) pieceGrid() cuda.Dim3 {
 // of 8, integer 4- or 8-bit or NF4, and for GPTQ a stage of 8 rows' qweight words that fits
 // rowpcMaxStage (8-bit K = 6144 fills it exactly).
 func (j gpuJob) rowpcKernel() string {
-	if j.pieceKernel() != "" || j.gptq4g128() || j.dtype == gpuDTypes["F32"].code || j.groups != 1 || j.k%8 != 0 ||
+	if j.pieceKernel() != "" || j.dtype == gpuDTypes["F32"].code || j.groups != 1 || j.k%8 != 0 ||
 		j.k > rowpcMaxCols || (j.layout == layoutGPTQ && j.rowpcStageBytes() > rowpcMaxStage) {
 		return ""
 	}
@@ -429,7 +420,7 @@ func (j gpuJob) deviceBytes() [numBufs]int {
 	sz[bufInput] = j.n * j.k * [3]int{2, 2, 4}[j.dtype]
 	sz[bufCodes], sz[bufScales], sz[bufZeros], sz[bufOffsets] = j.outputSizes()
 	ng := j.n * j.groups
-	if j.s.Grid == quant.Integer && !j.gptq4g128() && j.pieceKernel() == "" && j.rowpcKernel() == "" {
+	if j.s.Grid == quant.Integer && j.pieceKernel() == "" && j.rowpcKernel() == "" {
 		sz[bufZeroBytes] = ng
 	}
 	if !j.fused() && j.binKernel() == "" {
@@ -475,11 +466,6 @@ func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.S
 	n, kk, gsize, groups, nbits := int32(j.n), int32(j.k), int32(j.gsize), int32(j.groups), int32(s.Bits)
 	spread := cuda.Dim3{X: min(max(1, (j.n*j.groups*32+gpuThreads-1)/gpuThreads), 65536), Y: 1, Z: 1}
 	block := cuda.Dim3{X: gpuThreads, Y: 1, Z: 1}
-	if j.gptq4g128() {
-		grid := cuda.Dim3{X: (j.groups + gpuWarps - 1) / gpuWarps, Y: (j.n + gptq4Rows - 1) / gptq4Rows, Z: 1}
-		return k.gptq4g128[j.dtype].Launch(grid, block, 0, st, ptrs[bufInput], n, kk, groups, sym, j.zeroShift,
-			ptrs[bufCodes], ptrs[bufScales], ptrs[bufZeros], ptrs[bufStatus])
-	}
 	if name := j.pieceKernel(); name != "" {
 		return k.piece[name].Launch(j.pieceGrid(), block, 0, st, ptrs[bufInput], n, kk, sym, j.zeroShift, j.layout,
 			ptrs[bufCodes], ptrs[bufScales], ptrs[bufZeros], q.nf4, ptrs[bufStatus])

@@ -127,19 +127,27 @@ func cpuQuantizePack(w []float32, n, k int, s quant.Scheme, format, prefix strin
 
 func compareRaws(t *testing.T, what string, got, want []packing.Raw) {
 	t.Helper()
-	if len(got) != len(want) {
-		t.Errorf("%s: %d tensors, want %d", what, len(got), len(want))
-		return
+	for _, d := range diffRaws(what, got, want) {
+		t.Error(d)
 	}
+}
+
+// diffRaws describes how got differs from want (nothing when they are the same tensors).
+func diffRaws(what string, got, want []packing.Raw) []string {
+	if len(got) != len(want) {
+		return []string{fmt.Sprintf("%s: %d tensors, want %d", what, len(got), len(want))}
+	}
+	var diffs []string
 	for i := range want {
 		g, w := got[i], want[i]
 		switch {
 		case g.Name != w.Name || g.DType != w.DType || !slices.Equal(g.Shape, w.Shape):
-			t.Errorf("%s: tensor %d is %s %s%v, want %s %s%v", what, i, g.Name, g.DType, g.Shape, w.Name, w.DType, w.Shape)
+			diffs = append(diffs, fmt.Sprintf("%s: tensor %d is %s %s%v, want %s %s%v", what, i, g.Name, g.DType, g.Shape, w.Name, w.DType, w.Shape))
 		case !bytes.Equal(g.Data, w.Data):
-			t.Errorf("%s: %s differs from the reference at byte %d of %d", what, w.Name, firstDiff(g.Data, w.Data), len(w.Data))
+			diffs = append(diffs, fmt.Sprintf("%s: %s differs from the reference at byte %d of %d", what, w.Name, firstDiff(g.Data, w.Data), len(w.Data)))
 		}
 	}
+	return diffs
 }
 
 func firstDiff(a, b []byte) int {
@@ -281,16 +289,18 @@ func TestGPUQuantizerSupports(t *testing.T) {
 	}
 }
 
-// TestGPUQuantizerGPTQ4G128 covers the one-launch kernel bw_gptq4_g128 on every dtype, both
-// GPTQ formats and both zero-point modes, with N not a multiple of 8 or 16 (partial qzeros
-// words and row bands) and BF16/F16 weights, whose quotients hit exact rounding ties often.
+// TestGPUQuantizerGPTQ4G128 covers the hottest case, GPTQ int4 with groups of 128, on every
+// dtype (BF16 and F16 on bw_piece_int4_g128, F32 on the fused tile kernel), both GPTQ formats
+// and both zero-point modes, with N not a multiple of 8 or 16 (partial qzeros words and row
+// bands), K of one piece and of several blocks (idle warps), and 16-bit weights, whose
+// quotients hit exact rounding ties often.
 func TestGPUQuantizerGPTQ4G128(t *testing.T) {
 	_, q := openGPUQuantizer(t)
 	q.poison = true
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 11))
-	for _, shape := range [][2]int{{45, 640}, {16, 128}, {203, 1152}} {
+	for _, shape := range [][2]int{{45, 640}, {16, 128}, {203, 1152}, {33, 2176}} {
 		n, k := shape[0], shape[1]
 		for _, name := range []string{"int4-g128-asym", "int4-g128-sym"} {
 			s, err := quant.ParseScheme(name)
@@ -299,7 +309,13 @@ func TestGPUQuantizerGPTQ4G128(t *testing.T) {
 			}
 			for _, format := range []string{"gptq", "gptq_v2"} {
 				for _, dtype := range []string{"BF16", "F16", "F32"} {
-					checkGPUAgainstCPU(t, q, r, dtype, n, k, s, format, gpuJob.gptq4g128, true)
+					kernel := func(j gpuJob) bool {
+						if dtype == "F32" {
+							return j.pieceKernel() == "" && j.fused()
+						}
+						return j.pieceKernel() == "bw_piece_int4_g128"+kernelSuffixes[j.dtype]
+					}
+					checkGPUAgainstCPU(t, q, r, dtype, n, k, s, format, kernel, true)
 				}
 			}
 		}
@@ -383,7 +399,7 @@ func TestGPUQuantizerPieces(t *testing.T) {
 			}
 			for _, format := range gpuFormats(s) {
 				for _, dtype := range []string{"BF16", "F16"} {
-					takes := func(j gpuJob) bool { return j.pieceKernel() != "" || j.gptq4g128() || j.binKernel() != "" }
+					takes := func(j gpuJob) bool { return j.pieceKernel() != "" || j.binKernel() != "" }
 					// bw_bin_* needs K a multiple of two groups
 					want := s.Grid != quant.Binary || k%(2*s.GroupSize) == 0
 					checkGPUAgainstCPU(t, q, r, dtype, n, k, s, format, takes, want)
@@ -439,6 +455,8 @@ func badInputCases() []badInputCase {
 	return []badInputCase{
 		{"int4-g128-asym", "qpack", [][3]float32{{21, 300, nan}, {30, 2, nan}}, "row 21, column 300"},
 		{"int8-g32-sym", "gptq", [][3]float32{{33, 9, -inf}}, "row 33, column 9"},
+		{"int4-g128-asym", "gptq", [][3]float32{{21, 300, inf}, {21, 257, nan}}, "row 21, column 257"},
+		{"int4-g128-sym", "gptq_v2", [][3]float32{{9, 130, 3e38}}, "row 9, group 1"},
 		{"int8-g64-asym", "qpack", [][3]float32{{2, 511, inf}, {2, 509, nan}}, "row 2, column 509"},
 		{"nf4-g64", "qpack", [][3]float32{{17, 200, inf}}, "row 17, column 200"},
 		{"nf4-g32", "qpack", [][3]float32{{38, 511, nan}}, "row 38, column 511"},

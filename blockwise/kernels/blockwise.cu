@@ -18,10 +18,9 @@
 // first run a parameter kernel (bw_params, bw_params_bin) and then bw_encode_*.
 // Scales go straight to their layout; integer zero points go to a byte per (row, group) that
 // bw_pack_zeros packs into GPTQ's qzeros or qpack's zeros afterwards.
-// The hottest case, GPTQ int4 with groups of 128 and K a multiple of 128, has its own
-// one-launch kernel (bw_gptq4_g128_*, at the end). For 16-bit inputs, integer 2/3/4/8-bit and
-// NF4 groups of 32, 64 and 128 (K a multiple of 128) run on bw_piece_* (the same work split, both
-// layouts), binary groups of 32, 64 and 128 on bw_bin_* (a lane per group, summed in order), and
+// For 16-bit inputs, integer 2/3/4/8-bit and NF4 groups of 32, 64 and 128 (K a multiple of 128)
+// run on bw_piece_* (a warp per 16 rows × 128 columns, both layouts; the hottest case, GPTQ int4
+// with groups of 128, among them), binary groups of 32, 64 and 128 on bw_bin_* (a lane per group, summed in order), and
 // per-channel groups of rows up to 6144 columns on bw_rowpc_* (a row per warp, in registers);
 // these read the input once, where the tile kernels above are what remains for F32 and the
 // other group sizes and shapes.
@@ -613,16 +612,6 @@ extern "C" __global__ void bw_pack_zeros(const unsigned char* zbytes, int n_rows
     }
 }
 
-// bw_gptq4_g128_*: GPTQ int4 with groups of 128 (K a multiple of 128) in one launch. A warp
-// takes 16 rows × one group; lanes 2i and 2i+1 hold row r0 + i, lane half h loading chunks
-// 2j + h (j = 0..7, 8 columns each), so that each 16-byte load instruction reads 16 rows × 32
-// contiguous bytes. Chunk c of group g is qweight word (16g + c, row), so store j writes two
-// runs of 16 consecutive words and needs no shared memory. The group's range comes from packed
-// min/max and one shuffle; the 16 rows' zero points (two qzeros words) are gathered with
-// shuffles. Blocks are 8 warps on consecutive groups of the same rows (blockIdx.x: groups,
-// blockIdx.y: row bands of 16).
-#define G128_ROWS 16
-
 // Packed min/max of two 16-bit floats. NaN wins, so that a NaN weight makes its group unsafe
 // (RecipInt.safe) and takes the division path, which reports it.
 template <int DT>
@@ -712,115 +701,10 @@ __device__ __forceinline__ unsigned int int_chunk_bits(const Raw<DT>& xj, const 
     else return (__float_as_uint(pk[0]) & 0xfffu) | __float_as_uint(pk[1]) << 12;
 }
 
-template <int DT>
-__device__ __forceinline__ void gptq4_g128(const void* w, int n_rows, int k, int groups, int sym, int zero_shift,
-                                           unsigned int* qweight, unsigned short* scales, unsigned int* qzeros,
-                                           u64* status) {
-    const int lane = threadIdx.x & 31;
-    const int g = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    if (g >= groups) return;  // whole warps: no shuffle or barrier misses them
-    const int r0 = blockIdx.y * G128_ROWS;
-    const int r = r0 + (lane >> 1), h = lane & 1;
-    const bool live = r < n_rows;
-    const u64 base = (u64)min(r, n_rows - 1) * k + (u64)g * 128;  // rows past N reload the last
-    Raw<DT> x[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) load_raw<DT>(w, base + 8 * (2 * j + h), 8, true, x[j]);
-
-    float lo = 0.0f, hi = 0.0f;
-    bool finite = true;  // 16-bit inputs: no NaN or Inf in the group (F32 checks each weight instead)
-    if constexpr (DT == IN_F32) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                lo = fminf(lo, raw_at<DT>(x[j], e));
-                hi = fmaxf(hi, raw_at<DT>(x[j], e));
-            }
-        }
-    } else {
-        range16<DT, 8>(x, 0, 8, lo, hi, finite);
-    }
-    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
-    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
-    finite = __shfl_xor_sync(0xffffffffu, (int)finite, 1) && finite;  // the group's two lanes
-    __half scale_h;
-    float scale, zero;
-    int_params(lo, hi, sym, 15, &scale_h, &scale, &zero);
-    const RecipInt p = recip_int(scale, zero, 15, fmaxf(-lo, hi));
-
-    unsigned int word[8];
-    bool ok = true;
-    if constexpr (DT == IN_F32) {
-        // Four codes c_e = n_e + zero pack exactly in a float (see int_chunk_words).
-        const float pack0 = __fadd_rn(8388608.0f, __fmul_rn(zero, 4369.0f));
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float pk[2] = {pack0, pack0};
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                pk[e >> 2] = __fmaf_rn(int_round_fast(raw_at<DT>(x[j], e), p, ok), (float)(1 << (4 * (e & 3))), pk[e >> 2]);
-            word[j] = __byte_perm(__float_as_uint(pk[0]), __float_as_uint(pk[1]), 0x5410);
-        }
-    } else {
-        // Rounding is monotone in w, so when the group's extremes round inside the code range
-        // every weight does.
-        ok = p.safe && finite;
-        const bool inside = ok && int_round_exact(lo, p) >= p.nlo && int_round_exact(hi, p) <= p.nhi;
-        unsigned int wj[8][1];
-        if (__all_sync(0xffffffffu, inside)) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) int_chunk_words<DT, 4, false>(x[j], p, zero, wj[j]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; j++) int_chunk_words<DT, 4, true>(x[j], p, zero, wj[j]);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++) word[j] = wj[j][0];
-    }
-    if (!ok) {  // F32: a weight near a rounding tie; any input: not finite, or an unsafe group. Divide.
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            unsigned int wd = 0, bad = 0;
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float v = raw_at<DT>(x[j], e);
-                bad |= (non_finite(v) ? 1u : 0u) << e;
-                wd |= int_code(v, scale, zero, 15) << (4 * e);
-            }
-            word[j] = wd;
-            if (bad) atomicMin(status, base + 8 * (2 * j + h) + __ffs(bad) - 1);
-        }
-    }
-    if (live) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) qweight[(u64)(16 * g + 2 * j + h) * n_rows + r] = word[j];
-        if (h == 0) {
-            scales[(u64)g * n_rows + r] = __half_as_ushort(scale_h);
-            if (non_finite(scale)) atomicMin(status + 1, (u64)r * groups + g);
-        }
-    }
-    // qzeros [groups, ceil(N/8)]: word (g, r/8) holds rows r..r+7, (z − zero_shift) mod 16 each.
-    unsigned int zw = live && h == 0 ? ((unsigned int)((int)zero - zero_shift) & 15u) << (4 * ((lane >> 1) & 7)) : 0u;
-#pragma unroll
-    for (int off = 1; off < 16; off <<= 1) zw |= __shfl_xor_sync(0xffffffffu, zw, off);
-    const int zr = r0 + 8 * (lane >> 4);
-    if ((lane & 15) == 0 && zr < n_rows) qzeros[(u64)g * ((n_rows + 7) / 8) + zr / 8] = zw;
-}
-
-#define GPTQ4_ENTRY(suffix, DTV, MIN_BLOCKS)                                                                   \
-    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                                         \
-        bw_gptq4_g128##suffix(const void* w, int n_rows, int k, int groups, int sym, int zero_shift,          \
-                              unsigned int* qweight, unsigned short* scales, unsigned int* qzeros, u64* status) { \
-        gptq4_g128<DTV>(w, n_rows, k, groups, sym, zero_shift, qweight, scales, qzeros, status);              \
-    }
-GPTQ4_ENTRY(_bf16, IN_BF16, 3)
-GPTQ4_ENTRY(_f16, IN_F16, 3)
-GPTQ4_ENTRY(_f32, IN_F32, 2)
-
-// bw_piece_*: integer 4- and 8-bit and NF4 groups of 32, 64 or 128 columns of a 16-bit input
-// (BF16, F16) with K a multiple of 128, in one launch, in both layouts. The work split is
-// bw_gptq4_g128's: a warp takes 16 rows × one piece of 128 columns; lanes 2i and 2i+1 hold row
+// bw_piece_*: integer 2-, 3-, 4- and 8-bit and NF4 groups of 32, 64 or 128 columns of a 16-bit
+// input (BF16, F16) with K a multiple of 128, in one launch, in both layouts. A warp takes 16
+// rows × one piece of 128 columns (blocks: 8 warps on consecutive pieces of the same rows,
+// blockIdx.x along K, blockIdx.y row bands of 16); lanes 2i and 2i+1 hold row
 // r0 + i, lane half h holding chunks 2j + h (j = 0..7), so that each 16-byte load instruction
 // reads 16 rows × 32 contiguous bytes, and each lane quantizes 64 weights. A piece holds
 // 128/GS groups; group q is chunks j ∈ [q·GS/16, (q+1)·GS/16) of both lanes of a row, so the
