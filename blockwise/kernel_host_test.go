@@ -48,14 +48,17 @@ func nf4ThresholdBytes() []byte {
 	return b
 }
 
-// hostQuantizePack runs job j's bw_piece_* or bw_bin_* kernel on the CPU, as enqueue launches it,
-// and returns what QuantizePack would.
+// hostQuantizePack runs job j's bw_piece_*, bw_rowpc_* or bw_bin_* kernel on the CPU, as enqueue
+// launches it, and returns what QuantizePack would.
 func hostQuantizePack(bin string, j gpuJob, raw []byte) ([]packing.Raw, error) {
 	name := j.pieceKernel() + j.binKernel()
-	if name == "" {
-		return nil, fmt.Errorf("%s %s: no bw_piece or bw_bin kernel", j.format, j.s)
-	}
 	g := j.pieceGrid()
+	if rowpc := j.rowpcKernel(); rowpc != "" {
+		name, g = rowpc, j.rowpcGrid()
+	}
+	if name == "" {
+		return nil, fmt.Errorf("%s %s: no bw_piece, bw_rowpc or bw_bin kernel", j.format, j.s)
+	}
 	sym := 0
 	if j.s.Sym {
 		sym = 1
@@ -79,14 +82,15 @@ func hostQuantizePack(bin string, j gpuJob, raw []byte) ([]packing.Raw, error) {
 }
 
 // TestKernelsOnCPU runs the one-launch kernels bw_piece_* (integer 2/3/4/8-bit and NF4 groups of
-// 32, 64, 128; GPTQ int4 g128 among them) and bw_bin_* (binary groups of 32, 64, 128) on the CPU — the kernel source itself,
-// its warps' shuffles and barriers included — in every format they serve, both 16-bit dtypes and
-// zero-point modes, on gpuTestWeights (exact rounding ties, zero and one-value rows, tiny and large
-// magnitudes), with N not a multiple of 16 or 32 and K of one and of several blocks; every byte
+// 32, 64, 128; GPTQ int4 g128 among them), bw_rowpc_* (per-channel integer 4/8-bit and NF4) and
+// bw_bin_* (binary groups of 32, 64, 128) on the CPU — the kernel source itself, its warps'
+// shuffles and barriers included — in every format they serve, both 16-bit dtypes and zero-point
+// modes, on gpuTestWeights (exact rounding ties, zero and one-value rows, tiny and large
+// magnitudes), with N not a multiple of 8, 16 or 32 and K of one and of several blocks; every byte
 // must be the CPU reference's. It also checks the reports of non-finite weights and of parameters
 // out of F16's range, and NF4's bucket table on a sample of all (weight, scale) pairs (the GPU
 // test TestGPURoundExactExhaustive takes all of them). What it cannot check is nvcc's
-// compilation: TestGPUQuantizerPieces does, on a GPU.
+// compilation: TestGPUQuantizerPieces and TestGPUQuantizerRowPC do, on a GPU.
 // go test ./blockwise -run KernelsOnCPU -args -blockwise.hostcxx=g++
 func TestKernelsOnCPU(t *testing.T) {
 	bin := hostKernels(t)
@@ -113,11 +117,33 @@ func TestKernelsOnCPU(t *testing.T) {
 			}
 		}
 	}
+	// bw_rowpc_*, on TestGPUQuantizerRowPC's shapes that it takes.
+	for _, shape := range rowpcTestShapes {
+		n, k := shape[0], shape[1]
+		for _, name := range rowpcTestSchemes {
+			s, err := quant.ParseScheme(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, format := range gpuFormats(s) {
+				dtype := []string{"BF16", "F16"}[r.IntN(2)]
+				j, err := newGPUJob(dtype, n, k, s, format, "m", 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if j.rowpcKernel() == "" {
+					continue
+				}
+				checkAgainstCPU(t, r, j, dtype, func(raw []byte) ([]packing.Raw, error) { return hostQuantizePack(bin, j, raw) })
+			}
+		}
+	}
 }
 
 // TestKernelsOnCPUCatchesBrokenKernels checks that TestKernelsOnCPU's comparison can fail where
 // it matters most: each mutant of kernels/blockwise.cu (one edit of the GPTQ int4-g128 path of
-// bw_piece_*) must give bytes that differ from the reference in the formats it breaks.
+// bw_piece_* or of bw_rowpc_*'s stage and clamp) must give bytes that differ from the reference
+// in the formats it breaks.
 func TestKernelsOnCPUCatchesBrokenKernels(t *testing.T) {
 	src, err := os.ReadFile("kernels/blockwise.cu")
 	if err != nil {
@@ -125,15 +151,23 @@ func TestKernelsOnCPUCatchesBrokenKernels(t *testing.T) {
 	}
 	for _, m := range []struct {
 		name, old, new string
+		scheme         string
+		n, k           int
 		formats        []string
 	}{
 		{"qweight words of the row's two lanes swapped",
 			"((u64)pc * 16 + 2 * j + h) * wpc * n_rows", "((u64)pc * 16 + 2 * j + (h ^ 1)) * wpc * n_rows",
-			[]string{"gptq", "gptq_v2"}},
+			"int4-g128-asym", 45, 1280, []string{"gptq", "gptq_v2"}},
 		{"qzeros without the zero shift", // gptq stores z − 1; gptq_v2's shift is 0, where the mutant is the kernel
 			"((unsigned int)((int)zero[q] - zero_shift) & maxq) << (BITS * ((lane >> 1) & (rpw - 1)))",
 			"((unsigned int)((int)zero[q]) & maxq) << (BITS * ((lane >> 1) & (rpw - 1)))",
-			[]string{"gptq"}},
+			"int4-g128-sym", 45, 1280, []string{"gptq"}},
+		{"per-channel stage read without its swizzle",
+			"((threadIdx.x / RPC_ROWS) ^ (rr << 2))", "((threadIdx.x / RPC_ROWS) ^ rr)",
+			"int4-pc-asym", 45, 4096, []string{"gptq"}},
+		{"per-channel rows never clamped",
+			"GRID == GRID_INT && ok && int_round_exact(lo, p) >= p.nlo && int_round_exact(hi, p) <= p.nhi;", "GRID == GRID_INT && ok;",
+			"int4-pc-sym", 45, 4096, []string{"gptq", "qpack"}},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			if n := bytes.Count(src, []byte(m.old)); n != 1 {
@@ -145,9 +179,12 @@ func TestKernelsOnCPUCatchesBrokenKernels(t *testing.T) {
 			}
 			bin := hostKernelsFrom(t, dir)
 			r := rand.New(rand.NewPCG(rand.Uint64(), 23))
-			s := quant.Scheme{Bits: 4, GroupSize: 128, Grid: quant.Integer}
+			s, err := quant.ParseScheme(m.scheme)
+			if err != nil {
+				t.Fatal(err)
+			}
 			for _, format := range m.formats {
-				j, err := newGPUJob("BF16", 45, 1280, s, format, "m", 0)
+				j, err := newGPUJob("BF16", m.n, m.k, s, format, "m", 0)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -161,18 +198,18 @@ func TestKernelsOnCPUCatchesBrokenKernels(t *testing.T) {
 					t.Fatal(err)
 				}
 				if len(diffRaws(format, got, want)) == 0 {
-					t.Errorf("%s: the mutant's output equals the reference", format)
+					t.Errorf("%s %s: the mutant's output equals the reference", format, m.scheme)
 				}
 			}
 		})
 	}
 }
 
-// TestKernelsOnCPUReportBadInput checks bw_piece_*'s and bw_bin_*'s reports on the CPU
+// TestKernelsOnCPUReportBadInput checks bw_piece_*'s, bw_rowpc_*'s and bw_bin_*'s reports on the CPU
 // (badInputCases).
 func TestKernelsOnCPUReportBadInput(t *testing.T) {
 	bin := hostKernels(t)
-	checkBadInputs(t, func(j gpuJob) bool { return j.pieceKernel()+j.binKernel() != "" }, func(j gpuJob, raw []byte) error {
+	checkBadInputs(t, func(j gpuJob) bool { return j.pieceKernel()+j.rowpcKernel()+j.binKernel() != "" }, func(j gpuJob, raw []byte) error {
 		_, err := hostQuantizePack(bin, j, raw)
 		return err
 	})

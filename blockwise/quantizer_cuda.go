@@ -387,11 +387,16 @@ func (j gpuJob) rowpcKernel() string {
 	return ""
 }
 
+// rowpcGrid is the launch grid of bw_rowpc_*: a block per 8 rows.
+func (j gpuJob) rowpcGrid() cuda.Dim3 {
+	return cuda.Dim3{X: (j.n + rowpcRows - 1) / rowpcRows, Y: 1, Z: 1}
+}
+
 // rowpcStageBytes is the dynamic shared memory of bw_rowpc_* in the GPTQ layout: 8 rows of
-// K·b/32 words, each rounded up to a multiple of 8.
+// K·b/32 words, each rounded up to a multiple of 32 (the kernel's bank swizzle stays in a row).
 func (j gpuJob) rowpcStageBytes() int {
 	words := j.k * j.s.Bits / 32
-	return rowpcRows * ((words + 7) / 8 * 8) * 4
+	return rowpcRows * ((words + 31) / 32 * 32) * 4
 }
 
 // outputSizes are the byte sizes of the packed tensors the kernels write.
@@ -479,8 +484,7 @@ func (q *GPUQuantizer) enqueue(j gpuJob, ptrs [numBufs]cuda.DevicePtr, st cuda.S
 		if j.layout == layoutGPTQ {
 			shared = j.rowpcStageBytes()
 		}
-		grid := cuda.Dim3{X: (j.n + rowpcRows - 1) / rowpcRows, Y: 1, Z: 1}
-		return k.piece[name].Launch(grid, block, shared, st, ptrs[bufInput], n, kk, sym, j.zeroShift, j.layout,
+		return k.piece[name].Launch(j.rowpcGrid(), block, shared, st, ptrs[bufInput], n, kk, sym, j.zeroShift, j.layout,
 			ptrs[bufCodes], ptrs[bufScales], ptrs[bufZeros], q.nf4, ptrs[bufStatus])
 	}
 	var encode cuda.Function

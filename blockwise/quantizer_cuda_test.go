@@ -409,6 +409,12 @@ func TestGPUQuantizerPieces(t *testing.T) {
 	}
 }
 
+// rowpcTestShapes are TestGPUQuantizerRowPC's shapes; rowpcTestSchemes its schemes.
+var (
+	rowpcTestShapes  = [][2]int{{13, 1000}, {45, 4096}, {8, 4104}, {11, 6144}, {5, 6152}, {21, 8192}, {3, 136}}
+	rowpcTestSchemes = []string{"int4-pc-asym", "int4-pc-sym", "int8-pc-asym", "int8-pc-sym", "nf4-pc"}
+)
+
 // TestGPUQuantizerRowPC covers the per-channel kernels bw_rowpc_* in every format they serve, on
 // both 16-bit dtypes and both zero-point modes: N not a multiple of 8 (a partial block of rows
 // and partial qzeros words), K not a multiple of the 256 columns a warp loads at once, K at
@@ -421,9 +427,9 @@ func TestGPUQuantizerRowPC(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 17))
-	for _, shape := range [][2]int{{13, 1000}, {45, 4096}, {8, 4104}, {11, 6144}, {5, 6152}, {21, 8192}, {3, 136}} {
+	for _, shape := range rowpcTestShapes {
 		n, k := shape[0], shape[1]
-		for _, name := range []string{"int4-pc-asym", "int4-pc-sym", "int8-pc-asym", "int8-pc-sym", "nf4-pc"} {
+		for _, name := range rowpcTestSchemes {
 			s, err := quant.ParseScheme(name)
 			if err != nil {
 				t.Fatal(err)

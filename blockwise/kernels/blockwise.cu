@@ -1278,8 +1278,10 @@ BIN_ENTRY(128)
 // reads 512 contiguous bytes), reduces its range with shuffles, fits the row's parameters once
 // and quantizes. A block is 8 consecutive rows. qpack codes are stored straight from the
 // registers (each store instruction: 128 or 256 contiguous bytes); GPTQ's qweight [K·b/32, N] is
-// staged in shared memory (dynamic, 8·S words with S = K·b/32 rounded up to a multiple of 8; word
-// index xor the row, against bank conflicts) and written as runs of 8 consecutive words.
+// staged in shared memory (dynamic, 8·S words with S = K·b/32 rounded up to a multiple of 32) and
+// written as runs of 8 consecutive words. Row rr's word wi sits at rr·S + (wi xor 4·rr): a warp
+// writing its row's words (int4: 32 consecutive ones) and a warp reading words wi..wi+3 of all 8
+// rows both touch 32 distinct banks.
 #define RPC_ROWS WARPS
 
 template <int DT, int GRID, int BITS, int CPL>
@@ -1323,19 +1325,26 @@ __device__ __forceinline__ void rowpc_kernel(PIECE_PARAMS) {
         for (int i = 0; i < 15; i++) t[i] = __ldg(nf4t + i);
     }
     // emit stores chunk i's words: qpack codes straight to the row, GPTQ's to the stage.
-    const int words = nchunks * wpc, stride = (words + 7) & ~7;
+    const int words = nchunks * wpc, stride = (words + 31) & ~31;
     unsigned char* row = codes + (u64)r * ((u64)nchunks * BITS);
+    // word m of chunk lane + 32i is word wi = wpc·lane + m + 32·wpc·i of the row, at
+    // (wpc·lane xor 4·warp) + m + 32·wpc·i (m < 2 and 32·wpc·i leave the xor's bits alone).
+    unsigned int* const staged = rstage + warp * stride + ((wpc * lane) ^ (warp << 2));
     auto emit = [&](int i, const unsigned int (&word)[wpc]) {
         const int c = lane + 32 * i;
         if (c >= nchunks) return;
-        if (layout == LAYOUT_GPTQ) {
+        if (GRID == GRID_INT && layout == LAYOUT_GPTQ) {  // GPTQ holds integer grids only
 #pragma unroll
-            for (int m = 0; m < wpc; m++) rstage[warp * stride + ((c * wpc + m) ^ warp)] = word[m];
+            for (int m = 0; m < wpc; m++) staged[32 * wpc * i + m] = word[m];
         } else if (live) {
             if constexpr (BITS == 4) *(unsigned int*)(row + 4 * c) = word[0];
             else *(uint2*)(row + 8 * c) = make_uint2(word[0], word[1]);
         }
     };
+    // Rounding is monotone in w: when the row's extremes round inside the code range, every weight
+    // does and needs no clamp (2 of about 11 instructions per weight; warp-uniform). Symmetric rows
+    // often round their positive extreme to 2^(b−1), one past the range, and are clamped.
+    const bool inside = GRID == GRID_INT && ok && int_round_exact(lo, p) >= p.nlo && int_round_exact(hi, p) <= p.nhi;
     if (ok) {  // warp-uniform
 #pragma unroll
         for (int i = 0; i < CPL; i++) {
@@ -1344,6 +1353,8 @@ __device__ __forceinline__ void rowpc_kernel(PIECE_PARAMS) {
                 word[0] = 0;
 #pragma unroll
                 for (int e = 0; e < 8; e++) word[0] |= nf4_code(quotient_exact(raw_at<DT>(x[i], e), p), t) << (4 * e);
+            } else if (inside) {
+                int_chunk_words<DT, BITS, false>(x[i], p, zero, word);
             } else {
                 int_chunk_words<DT, BITS, true>(x[i], p, zero, word);
             }
@@ -1368,19 +1379,23 @@ __device__ __forceinline__ void rowpc_kernel(PIECE_PARAMS) {
         if (non_finite(scale)) atomicMin(status + 1, (u64)r);
         if (GRID == GRID_INT && layout == LAYOUT_QPACK && !sym) zeros[r] = (unsigned char)zero;
     }
-    if (layout == LAYOUT_QPACK) return;
+    if (GRID != GRID_INT || layout == LAYOUT_QPACK) return;
     // GPTQ (block-uniform from here on): qweight from the stage, and qzeros.
     __syncthreads();
-    const int rows = min(RPC_ROWS, n_rows - r0);
-    unsigned int* qweight = (unsigned int*)codes;
-    for (int idx = threadIdx.x; idx < words * RPC_ROWS; idx += THREADS) {
-        const int rr = idx % RPC_ROWS, wi = idx / RPC_ROWS;
-        if (rr < rows) qweight[(u64)wi * n_rows + r0 + rr] = rstage[rr * stride + (wi ^ rr)];
+    // Thread t writes row t mod 8's words t/8, t/8 + 32, …: a warp instruction stores 4 runs of 8
+    // words. (wi + 32i) xor 4·rr is (wi xor 4·rr) + 32i, so both addresses just step.
+    const int rows = min(RPC_ROWS, n_rows - r0), rr = threadIdx.x % RPC_ROWS;
+    if (rr < rows) {
+        constexpr int step = THREADS / RPC_ROWS;
+        const unsigned int* src = rstage + rr * stride + ((threadIdx.x / RPC_ROWS) ^ (rr << 2));
+        unsigned int* dst = (unsigned int*)codes + (u64)(threadIdx.x / RPC_ROWS) * n_rows + r0 + rr;
+        const u64 dst_step = (u64)step * n_rows;
+#pragma unroll 4
+        for (int wi = threadIdx.x / RPC_ROWS; wi < words; wi += step, src += step, dst += dst_step) *dst = *src;
     }
     // qzeros [1, ceil(N·b/32)]: word r/rpw holds rows r..r+rpw−1, (z − zero_shift) mod 2^b each.
     // The rows' zero points pass through the stage once it is read (a static array beside it
     // would not fit when the stage takes the whole default 48 KiB).
-    if (GRID != GRID_INT) return;
     constexpr int rpw = 32 / BITS;
     __syncthreads();
     if (lane == 0) rstage[warp] = (unsigned int)zero;
@@ -1395,8 +1410,8 @@ __device__ __forceinline__ void rowpc_kernel(PIECE_PARAMS) {
 
 // CPL 16 (K ≤ 4096) and 24 (K ≤ 6144) fit 128 registers (2 blocks per SM). A CPL 32 variant
 // (K ≤ 8192, 156 registers, 1 block per SM) ran at 36% of the copy and was dropped; longer rows
-// keep the two-kernel path. Every weight is clamped (no warp-uniform skip as in bw_piece_*), and
-// the division path is a loop, to keep the unrolled code (and the PTX) smaller.
+// keep the two-kernel path. The division path is a loop, to keep the unrolled code (and the PTX)
+// smaller.
 #define ROWPC_ENTRY(name, GRIDV, BITSV, CPLV, MIN_BLOCKS)                                              \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) name##_bf16(PIECE_PARAMS) {     \
         rowpc_kernel<IN_BF16, GRIDV, BITSV, CPLV>(PIECE_ARGS);                                         \

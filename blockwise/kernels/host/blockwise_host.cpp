@@ -1,8 +1,8 @@
-// Runs blockwise.cu's one-launch kernels bw_piece_* and bw_bin_* on the CPU, threads and warps
+// Runs blockwise.cu's one-launch kernels bw_piece_*, bw_rowpc_* and bw_bin_* on the CPU, threads and warps
 // emulated (cuda_fp16.h in this directory), for blockwise's TestKernelsOnCPU:
 //   c++ -O2 -ffp-contract=off -std=c++20 -pthread -I kernels/host -I kernels -o bw-host kernels/host/blockwise_host.cpp
 //   bw-host NAME GX GY N K SYM ZSHIFT LAYOUT CODES SCALES ZEROS OFFSETS < T W > OUT
-// NAME is a kernel (bw_piece_int3_g64_bf16, bw_bin_g128_f16, …) launched on GX × GY blocks of 256
+// NAME is a kernel (bw_piece_int3_g64_bf16, bw_rowpc_int4_c24_f16, bw_bin_g128_f16, …) launched on GX × GY blocks of 256
 // threads; T the 15 NF4 thresholds (float32), W the N·K raw weights; CODES … OFFSETS the byte sizes
 // of the outputs, which start poisoned (0xa5) and are written out in that order, then the two
 // status words.
@@ -32,6 +32,8 @@ static const std::map<std::string, piece_fn> pieces = {
     PIECE(bw_piece_int3_g64), PIECE(bw_piece_int3_g128), PIECE(bw_piece_int4_g32), PIECE(bw_piece_int4_g64),
     PIECE(bw_piece_int4_g128), PIECE(bw_piece_int8_g32), PIECE(bw_piece_int8_g64), PIECE(bw_piece_int8_g128),
     PIECE(bw_piece_nf4_g32), PIECE(bw_piece_nf4_g64), PIECE(bw_piece_nf4_g128),
+    PIECE(bw_rowpc_int4_c16), PIECE(bw_rowpc_int4_c24), PIECE(bw_rowpc_int8_c16), PIECE(bw_rowpc_int8_c24),
+    PIECE(bw_rowpc_nf4_c16), PIECE(bw_rowpc_nf4_c24),  // the same parameters
 };
 static const std::map<std::string, bin_fn> bins = {
     {"bw_bin_g32_bf16", bw_bin_g32_bf16}, {"bw_bin_g64_bf16", bw_bin_g64_bf16}, {"bw_bin_g128_bf16", bw_bin_g128_bf16},
