@@ -11,7 +11,8 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// BenchmarkGPUQuantize times quantize+pack of device-resident BF16 tensors (no transfers):
+// BenchmarkGPUQuantize times quantize+pack of device-resident BF16 tensors (no transfers; one F16
+// case, GPTQ int4 g128, whose kernel serves both 16-bit dtypes):
 // effective bandwidth = (input bytes + packed output bytes) / median time of CUDA-event-timed
 // batches, against a device-to-device copy of the same inputs timed the same way. Inputs
 // rotate over enough buffers to exceed the L2 cache. Run with -test.benchtime=1x; each
@@ -35,13 +36,15 @@ func BenchmarkGPUQuantize(b *testing.B) {
 		n, k   int
 		s      quant.Scheme
 		format string
+		dtype  string
 	}
 	int4 := quant.Scheme{Bits: 4, GroupSize: 128, Grid: quant.Integer}
 	cases := []benchCase{
-		{"0.5M", 512, 1024, int4, "gptq"},
-		{"1M", 1024, 1024, int4, "gptq"},
-		{"5M", 2048, 2560, int4, "gptq"},
-		{"10M", 4096, 2560, int4, "gptq"},
+		{"0.5M", 512, 1024, int4, "gptq", "BF16"},
+		{"1M", 1024, 1024, int4, "gptq", "BF16"},
+		{"5M", 2048, 2560, int4, "gptq", "BF16"},
+		{"10M", 4096, 2560, int4, "gptq", "BF16"},
+		{"50M-F16", 8192, 6144, int4, "gptq", "F16"},
 	}
 	// Every scheme family × layout of issue 16 that the GPU quantizer does, at 50M and 180M.
 	for _, size := range []struct {
@@ -58,22 +61,18 @@ func BenchmarkGPUQuantize(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			cases = append(cases, benchCase{size.label, size.n, size.k, s, c.format})
+			cases = append(cases, benchCase{size.label, size.n, size.k, s, c.format, "BF16"})
 		}
 	}
 	for _, c := range cases {
 		b.Run(fmt.Sprintf("%s/%s/%s", c.label, c.s, c.format), func(b *testing.B) {
-			benchGPUQuantize(b, dev, q, c.label, c.n, c.k, c.s, c.format)
+			j, err := newGPUJob(c.dtype, c.n, c.k, c.s, c.format, "bench", 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			benchGPUJob(b, dev, q, c.label, j)
 		})
 	}
-}
-
-func benchGPUQuantize(b *testing.B, dev *cuda.Device, q *GPUQuantizer, label string, n, k int, s quant.Scheme, format string) {
-	j, err := newGPUJob("BF16", n, k, s, format, "bench", 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	benchGPUJob(b, dev, q, label, j)
 }
 
 // benchGPUJob times job j's kernels against a copy of its input (see BenchmarkGPUQuantize).

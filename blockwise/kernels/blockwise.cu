@@ -1342,7 +1342,7 @@ __device__ __forceinline__ void rowpc_kernel(PIECE_PARAMS) {
         }
     };
     // Rounding is monotone in w: when the row's extremes round inside the code range, every weight
-    // does and needs no clamp (2 of about 11 instructions per weight; warp-uniform). Symmetric rows
+    // does and needs no clamp (two instructions per weight; warp-uniform). Symmetric rows
     // often round their positive extreme to 2^(b−1), one past the range, and are clamped.
     const bool inside = GRID == GRID_INT && ok && int_round_exact(lo, p) >= p.nlo && int_round_exact(hi, p) <= p.nhi;
     if (ok) {  // warp-uniform
