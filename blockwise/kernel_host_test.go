@@ -100,44 +100,16 @@ func TestKernelsOnCPU(t *testing.T) {
 	// 45 rows: three bands, the last partial (GPTQ 3-bit qzeros: an even band without a next one
 	// writes its second word whole); 1280 columns: 10 pieces (5 binary g128 pairs), two blocks, the
 	// second with idle warps; 33 rows: one row in the third band.
-	for _, shape := range [][2]int{{45, 1280}, {33, 512}} {
-		n, k := shape[0], shape[1]
-		for _, name := range pieceSchemes() {
-			s, err := quant.ParseScheme(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, format := range gpuFormats(s) {
-				dtype := []string{"BF16", "F16"}[r.IntN(2)]
-				j, err := newGPUJob(dtype, n, k, s, format, "m", 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				checkAgainstCPU(t, r, j, dtype, func(raw []byte) ([]packing.Raw, error) { return hostQuantizePack(bin, j, raw) })
-			}
-		}
+	onCPU := func(j gpuJob, dtype string) {
+		checkAgainstCPU(t, r, j, dtype, func(raw []byte) ([]packing.Raw, error) { return hostQuantizePack(bin, j, raw) })
 	}
+	eachJob(t, r, [][2]int{{45, 1280}, {33, 512}}, pieceSchemes(), onCPU)
 	// bw_rowpc_*, on TestGPUQuantizerRowPC's shapes that it takes.
-	for _, shape := range rowpcTestShapes {
-		n, k := shape[0], shape[1]
-		for _, name := range rowpcTestSchemes {
-			s, err := quant.ParseScheme(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, format := range gpuFormats(s) {
-				dtype := []string{"BF16", "F16"}[r.IntN(2)]
-				j, err := newGPUJob(dtype, n, k, s, format, "m", 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if j.rowpcKernel() == "" {
-					continue
-				}
-				checkAgainstCPU(t, r, j, dtype, func(raw []byte) ([]packing.Raw, error) { return hostQuantizePack(bin, j, raw) })
-			}
+	eachJob(t, r, rowpcTestShapes, rowpcTestSchemes, func(j gpuJob, dtype string) {
+		if j.rowpcKernel() != "" {
+			onCPU(j, dtype)
 		}
-	}
+	})
 }
 
 // TestKernelsOnCPUCatchesBrokenKernels checks that TestKernelsOnCPU's comparison can fail where

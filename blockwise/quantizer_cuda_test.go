@@ -427,17 +427,29 @@ func TestGPUQuantizerRowPC(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 17))
-	for _, shape := range rowpcTestShapes {
-		n, k := shape[0], shape[1]
-		for _, name := range rowpcTestSchemes {
+	takes := func(j gpuJob) bool { return j.rowpcKernel() != "" }
+	eachJob(t, r, rowpcTestShapes, rowpcTestSchemes, func(j gpuJob, dtype string) {
+		checkGPUAgainstCPU(t, q, r, dtype, j.n, j.k, j.s, j.format, takes, j.k <= rowpcMaxCols)
+	})
+}
+
+// eachJob calls check with the job of every shape, scheme (by name) and format the GPU packs it
+// in, on BF16 or F16 weights as r picks.
+func eachJob(t *testing.T, r *rand.Rand, shapes [][2]int, schemes []string, check func(j gpuJob, dtype string)) {
+	t.Helper()
+	for _, shape := range shapes {
+		for _, name := range schemes {
 			s, err := quant.ParseScheme(name)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, format := range gpuFormats(s) {
 				dtype := []string{"BF16", "F16"}[r.IntN(2)]
-				takes := func(j gpuJob) bool { return j.rowpcKernel() != "" }
-				checkGPUAgainstCPU(t, q, r, dtype, n, k, s, format, takes, k <= rowpcMaxCols)
+				j, err := newGPUJob(dtype, shape[0], shape[1], s, format, "m", 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				check(j, dtype)
 			}
 		}
 	}
