@@ -57,6 +57,9 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 			return err
 		}
 		defer e.Close()
+		if r.solver != nil {
+			e.Reserve(solverReserve(m.Config, len(devs)))
+		}
 		r.gpu.shards = append(r.gpu.shards, &gpuShard{e: e, grams: map[string]*deviceGram{}})
 	}
 	r.gpu.e = r.gpu.shards[0].e
@@ -89,6 +92,18 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 		r.method, gpuNames(devs), len(seqs), len(seqs[0]), total.Seconds(), (total - r.gpu.solve).Seconds(),
 		ct.Upload.Seconds(), ct.Observe.Seconds(), ct.Refresh.Seconds(), ct.Output.Seconds(), r.gpu.solve.Seconds(), sums, strings.Join(peaks, ", "))
 	return nil
+}
+
+// solverReserve estimates the GPU memory that GPTQ takes on each GPU at its largest, for the
+// engine to leave free (model.GPU.Reserve): the solver of the widest input (28·k² bytes for H,
+// its factor and inverses; about 25·n·k for a row share's weights, codes and the baseline's
+// products), two more solving a narrower group at once, and the widest Gram matrix. A
+// Llama-2-70B-shaped model needs 48 GB of it on one GPU, 35 GB on each of four.
+func solverReserve(cfg *model.Config, shards int) uint64 {
+	widest := uint64(max(cfg.Hidden, cfg.Intermediate, cfg.MoE.Intermediate, cfg.MoE.SharedIntermediate))
+	largest := uint64(cfg.Hidden) * widest / uint64(shards) // n·k of a row share of the largest linear
+	solver := func(k uint64) uint64 { return 28*k*k + 25*largest }
+	return solver(widest) + 2*solver(uint64(cfg.Hidden)) + 4*widest*widest
 }
 
 // gpuNames names the GPUs of a calibration: "NVIDIA H100" or "4 × NVIDIA H100".

@@ -3,6 +3,7 @@ package convert
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/internal/testenv"
+	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/quantized"
 )
@@ -175,5 +177,19 @@ func TestCalibMathRefusesUnknown(t *testing.T) {
 	_, err := newBlockRunner(Options{Method: GPTQ, CalibMath: "fp16"}, nil, t.Logf)
 	if err == nil || !strings.Contains(err.Error(), `"fp16"`) || !strings.Contains(err.Error(), CalibBF16) {
 		t.Fatalf("got %v, want an error naming fp16 and the choices", err)
+	}
+}
+
+// TestSolverReserve: the estimate of GPTQ's GPU memory for a Llama-2-70B shape is what
+// solverReserve's comment says (it decides whether a 70B calibrates staged on one GPU).
+func TestSolverReserve(t *testing.T) {
+	cfg := &model.Config{Hidden: 8192, Intermediate: 28672}
+	for _, c := range []struct {
+		shards int
+		gb     float64
+	}{{1, 48}, {4, 35}} {
+		if got := float64(solverReserve(cfg, c.shards)) / 1e9; math.Abs(got-c.gb) > 1 {
+			t.Errorf("%d GPUs: %.1f GB, want about %.0f", c.shards, got, c.gb)
+		}
 	}
 }

@@ -171,8 +171,8 @@ func (e *GPU) LinearWeights(l *Linear) (w cuda.DevicePtr, ok bool) {
 // mid + down(act): the final pass needs that one GEMM instead of the whole block again.
 type mlpState struct{ mid, act cuda.DevicePtr }
 
-// mlpState returns buffers for x's mlpState, or nil when they would not leave 4 GiB of the
-// GPU free (the final pass then runs the whole block).
+// mlpState returns buffers for x's mlpState, or nil when they would not leave 4 GiB and the
+// calibrator's reserve of the GPU free (the final pass then runs the whole block).
 func (e *GPU) mlpState(x *DeviceBatch) (*mlpState, error) {
 	rows := x.S * x.T
 	midBytes, actBytes := 4*rows*e.cfg.Hidden, 4*rows*e.cfg.Intermediate
@@ -181,7 +181,7 @@ func (e *GPU) mlpState(x *DeviceBatch) (*mlpState, error) {
 		if err != nil {
 			return nil, err
 		}
-		if free < uint64(midBytes+actBytes)+4<<30 {
+		if free < uint64(midBytes+actBytes)+4<<30+e.reserve {
 			return nil, nil
 		}
 	}

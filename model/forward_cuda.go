@@ -59,6 +59,7 @@ type GPU struct {
 	poison    bool      // tests: fill work buffers with NaN whenever they are handed out
 	noStaging bool      // tests: calibrate dense blocks by recomputing passes (stagedState)
 	bf16      bool      // GPUOptions.BF16
+	reserve   uint64    // bytes the calibrator will need besides the engine's (Reserve)
 	times     CalibrationTimes
 }
 
@@ -150,6 +151,11 @@ func (e *GPU) accepts(m *Model) error {
 	}
 	return nil
 }
+
+// Reserve says how much GPU memory the calibrator will take besides the engine's (GPTQ's
+// solvers grow to their largest problem during the first block): the engine keeps its staged
+// calibration buffers only where they leave that much free, and 4 GiB more.
+func (e *GPU) Reserve(bytes uint64) { e.reserve = bytes }
 
 // Device is the GPU the engine runs on.
 func (e *GPU) Device() *cuda.Device { return e.dev }

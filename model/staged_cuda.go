@@ -28,8 +28,8 @@ var denseStages = [][]Group{{GroupQKV}, {GroupO}, {GroupGateUp}, {GroupDown}}
 
 // stagedState returns the buffers for calibrating b over x in steps that end with denseStages
 // (AWQ+GPTQ's first step, every group at once, runs before them as usual), or nil where staging
-// does not apply (a block of experts, other steps, or too little GPU memory: under 4 GiB would
-// be left free; the recomputing passes then run).
+// does not apply (a block of experts, other steps, or too little GPU memory: under 4 GiB and the
+// calibrator's reserve would be left free; the recomputing passes then run).
 func (e *GPU) stagedState(b *Block, x *DeviceBatch, steps [][]Group) (*stagedState, error) {
 	n := len(denseStages)
 	if e.noStaging || b.MoE != nil || len(steps) < n || !slices.EqualFunc(steps[len(steps)-n:], denseStages, slices.Equal) {
@@ -48,7 +48,7 @@ func (e *GPU) stagedState(b *Block, x *DeviceBatch, steps [][]Group) (*stagedSta
 		if err != nil {
 			return nil, err
 		}
-		if free < uint64(need)+4<<30 {
+		if free < uint64(need)+4<<30+e.reserve {
 			return nil, nil
 		}
 	}
