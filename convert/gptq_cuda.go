@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -291,37 +292,42 @@ func (c *gpuCapture) sumShards(grams []*deviceGram) error {
 
 // solveRows runs GPTQ on linear l with the group's summed Gram matrices, on one GPU, or on
 // several, each taking a share of l's rows with set's solver for its GPU and the engine's copy
-// of its rows; the shares' tensors are joined. GPTQ alone leaves the engine's copy equal to l.W
-// (AWQ folds its scales into l.W first): then it is copied on the device instead of sent over
-// the bus again.
+// of its rows, straight into one tensor (gptq.GPUSolver.QuantizeGramRows). GPTQ alone leaves the
+// engine's copy equal to l.W (AWQ folds its scales into l.W first): then it is copied on the
+// device instead of sent over the bus again.
 func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, grams []*deviceGram, set solverSet) (*quant.Tensor, gptq.Stats, error) {
 	n, k := l.Out, l.In
 	parts := min(len(grams), n)
 	at := model.ShareSequences(n, parts)
-	ts := make([]*quant.Tensor, parts)
+	t := gptq.NewRowsTensor(s, n, k)
+	rows := make([]*quant.Tensor, parts)
 	sts := make([]gptq.Stats, parts)
 	errs := make([]error, parts)
 	var wg sync.WaitGroup
 	for i := range parts {
 		wg.Go(func() {
 			lo, hi := at[i], at[i+1]
-			w, e, gr := l.W[lo*k:hi*k], r.gpu.shards[i].e, grams[i]
-			if src, ok := e.LinearWeights(l); ok && r.awq == nil {
-				ts[i], sts[i], errs[i] = set[i].QuantizeGramResident(w, src.Add(4*lo*k), hi-lo, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			src, ok := r.gpu.shards[i].e.LinearWeights(l)
+			if !ok || r.awq != nil {
+				src = 0
 			} else {
-				ts[i], sts[i], errs[i] = set[i].QuantizeGram(w, hi-lo, k, gr.sum, 2/float64(gr.n), s, r.opt)
+				src = src.Add(4 * lo * k)
 			}
+			gr := grams[i]
+			rows[i], sts[i], errs[i] = set[i].QuantizeGramRows(t, lo, l.W[lo*k:hi*k], src, hi-lo, k, gr.sum, 2/float64(gr.n), s, r.opt)
 		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return nil, gptq.Stats{}, err
 	}
-	if parts == 1 {
-		return ts[0], sts[0], nil
+	for _, p := range rows[1:] {
+		if !slices.Equal(p.GIdx, rows[0].GIdx) {
+			return nil, gptq.Stats{}, errors.New("the GPUs ordered the columns differently") // one H, one order: a bug if seen
+		}
 	}
-	t, err := quant.ConcatRows(ts)
-	return t, joinStats(sts), err
+	t.GIdx = rows[0].GIdx
+	return t, joinStats(sts), nil
 }
 
 // joinStats combines the stats of one linear's row shares: the losses add up; damping, dead

@@ -54,6 +54,13 @@ type GPUSolver struct {
 
 	poison  bool        // tests: fill outputs and scratch with garbage before each run
 	profile *gpuProfile // when set, each phase is timed with events
+	into    *rowsOf     // during QuantizeGramRows: where run puts its results
+}
+
+// rowsOf is rows [row, row+n) of a tensor that QuantizeGramRows fills.
+type rowsOf struct {
+	dst *quant.Tensor
+	row int
 }
 
 type gpuBuffer struct {
@@ -268,6 +275,37 @@ func (g *GPUSolver) QuantizeGramResident(w []float32, src cuda.DevicePtr, n, k i
 		}
 		return g.dev.CopyDeviceAsync(dst, src, 4*len(w), g.stream)
 	})
+}
+
+// QuantizeGramRows is QuantizeGramResident (QuantizeGram when src is 0) for rows [row, row+n)
+// of a weight of dst.N rows, whose tensor the caller made with NewRowsTensor: the codes and group
+// parameters go straight into dst's rows, so that solvers on several GPUs fill one tensor at once
+// instead of joining theirs. It returns those rows as a tensor sharing dst's memory, with the
+// column order (GIdx) that the caller gives dst.
+func (g *GPUSolver) QuantizeGramRows(dst *quant.Tensor, row int, w []float32, src cuda.DevicePtr, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	if dst.Scheme != s || dst.K != k || row < 0 || row+n > dst.N {
+		return nil, Stats{}, fmt.Errorf("gptq: rows %d..%d of %s with %d columns do not fit a %d×%d %s tensor", row, row+n, s, k, dst.N, dst.K, dst.Scheme)
+	}
+	g.into = &rowsOf{dst, row}
+	defer func() { g.into = nil }()
+	if src == 0 {
+		return g.QuantizeGram(w, n, k, gram, scale, s, opt)
+	}
+	return g.QuantizeGramResident(w, src, n, k, gram, scale, s, opt)
+}
+
+// NewRowsTensor makes the n×k tensor of scheme s (an integer grid) that QuantizeGramRows calls fill.
+func NewRowsTensor(s quant.Scheme, n, k int) *quant.Tensor { return newTensor(s, n, k, 0) }
+
+// resultTensor is the tensor run fills: a new one, or rows of QuantizeGramRows's destination.
+func (g *GPUSolver) resultTensor(p gpuPlan) *quant.Tensor {
+	if g.into == nil {
+		return newTensor(p.s, p.n, p.k, 0)
+	}
+	d, r, ng := g.into.dst, g.into.row, p.s.Groups(p.k)
+	codes, params := d.Codes[r*p.k:(r+p.n)*p.k:(r+p.n)*p.k], [2]int{r * ng, (r + p.n) * ng}
+	return &quant.Tensor{Scheme: p.s, N: p.n, K: p.k, Codes: codes,
+		Scales: d.Scales[params[0]:params[1]:params[1]], Zeros: d.Zeros[params[0]:params[1]:params[1]]}
 }
 
 // quantizeGram is QuantizeGram with load putting the weights into slotOrig.
@@ -493,7 +531,7 @@ func int32s(v []int) []int32 {
 
 // run quantizes the weights in slotOrig with the Hessian in slotH.
 func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
-	n, k, groups := p.n, p.k, p.s.Groups(p.k)
+	n, groups := p.n, p.s.Groups(p.k)
 	st.DeadColumns = p.deadCount
 	ptr, err := g.allocate(p)
 	if err != nil {
@@ -510,7 +548,7 @@ func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
 	if err := g.columns(p, ptr); err != nil {
 		return nil, err
 	}
-	t := newTensor(p.s, n, k, 0)
+	t := g.resultTensor(p)
 	rowSq, rowDq := make([]float64, n), make([]float64, n)
 	status := make([]byte, 8)
 	for _, c := range []struct {

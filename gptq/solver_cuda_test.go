@@ -263,7 +263,7 @@ func TestGPUBaselineLoss(t *testing.T) {
 // TestGPUQuantizeGramMatchesHostHessian: given the calibration's float32 Gram matrix on the
 // device, QuantizeGram (and QuantizeGramResident, with the weights on the device too) gives
 // exactly what Quantize gives with H = scale·gram made on the host (dead channels and act-order
-// included), on fresh random inputs.
+// included), on fresh random inputs; so does QuantizeGramRows for shares of the rows.
 func TestGPUQuantizeGramMatchesHostHessian(t *testing.T) {
 	dev, g := openGPUSolver(t)
 	seed := uint64(time.Now().UnixNano())
@@ -330,6 +330,30 @@ func TestGPUQuantizeGramMatchesHostHessian(t *testing.T) {
 			if gst.Loss != wst.Loss || gst.Baseline != wst.Baseline || gst.DeadColumns != 2 || gst.Lambda != wst.Lambda {
 				t.Errorf("%+v: %s's stats %+v, want %+v (2 dead columns)", opt, path, gst, wst)
 			}
+		}
+		// QuantizeGramRows: two shares of the rows, the second first, into one tensor; each
+		// equals Quantize of its rows (a GPU of a calibration on several solves such a share).
+		dst := NewRowsTensor(s, n, k)
+		ng := s.Groups(k)
+		for _, rows := range [][2]int{{20, n}, {0, 20}} {
+			lo, hi := rows[0], rows[1]
+			for _, src := range []cuda.DevicePtr{0, resident.Add(4 * lo * k)} {
+				part, _, err := g.QuantizeGramRows(dst, lo, w[lo*k:hi*k], src, hi-lo, k, p, scale, s, opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, _, err := g.Quantize(w[lo*k:hi*k], hi-lo, k, h, s, opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(dst.Codes[lo*k:hi*k], want.Codes) || !slices.Equal(dst.Scales[lo*ng:hi*ng], want.Scales) ||
+					!slices.Equal(dst.Zeros[lo*ng:hi*ng], want.Zeros) || !slices.Equal(part.GIdx, want.GIdx) || !slices.Equal(part.Codes, want.Codes) {
+					t.Errorf("%+v: QuantizeGramRows of rows %d..%d (weights on the device: %v) differs from Quantize's", opt, lo, hi, src != 0)
+				}
+			}
+		}
+		if _, _, err := g.QuantizeGramRows(dst, 40, w[:10*k], resident, 10, k, p, scale, s, opt); err == nil {
+			t.Errorf("rows 40..50 of a tensor of %d rows were accepted", n)
 		}
 	}
 }

@@ -42,38 +42,36 @@ type gpuBlock struct {
 	qNorm, kNorm               cuda.DevicePtr         // qwen3 only
 	q, k, v, o, gate, up, down *gpuLinear             // gate, up, down are nil in a mixture-of-experts block
 	lin                        map[*Linear]*gpuLinear // every linear of the block (the experts' too)
+	parts                      []blockPart            // where each of the block's tensors is (placeBlock)
 }
 
 // uploadBlock copies b's current weights to the GPU.
 func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
-	return e.placeBlock(b, func(g *gpuBlock, parts []blockPart) error {
-		for _, p := range parts {
-			if err := e.stager.CopyToDevice(p.at, cuda.Bytes(p.data), e.stream); err != nil {
-				return err
-			}
+	g, err := e.placeBlock(b)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range g.parts {
+		if err := e.stager.CopyToDevice(p.at, cuda.Bytes(p.data), e.stream); err != nil {
+			e.dev.Free(g.mem)
+			return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
 		}
-		return nil
-	})
+	}
+	if err := e.finishBlock(g); err != nil {
+		return nil, err
+	}
+	return g, nil
 }
 
-// copyBlock is uploadBlock from another engine's copy of the block, from (uploaded by
-// uploadBlock and finished): one device-to-device copy of its allocation.
-func (e *GPU) copyBlock(b *Block, src *GPU, from *gpuBlock) (*gpuBlock, error) {
-	return e.placeBlock(b, func(g *gpuBlock, parts []blockPart) error {
-		last := parts[len(parts)-1]
-		return e.dev.CopyFromPeerAsync(g.mem, src.dev, from.mem, int(last.at-g.mem)+4*len(last.data), e.stream)
-	})
-}
-
-// blockPart is one tensor of a block and where it goes on the GPU.
+// blockPart is one tensor of a block (or a piece of one) and where it goes on the GPU.
 type blockPart struct {
 	at   cuda.DevicePtr
 	data []float32
 }
 
-// placeBlock lays b's tensors out in one allocation, has fill copy them there, and rounds the
-// linears to bfloat16 when the GEMMs read them so.
-func (e *GPU) placeBlock(b *Block, fill func(g *gpuBlock, parts []blockPart) error) (*gpuBlock, error) {
+// placeBlock lays b's tensors out in one allocation (g.parts says where each goes) for the
+// caller to copy them there.
+func (e *GPU) placeBlock(b *Block) (*gpuBlock, error) {
 	type part struct {
 		dst  *cuda.DevicePtr
 		data []float32
@@ -105,22 +103,25 @@ func (e *GPU) placeBlock(b *Block, fill func(g *gpuBlock, parts []blockPart) err
 	if g.mem, err = e.dev.Alloc(total); err != nil {
 		return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
 	}
-	placed := make([]blockPart, len(parts))
+	g.parts = make([]blockPart, len(parts))
 	for i, p := range parts {
 		*p.dst = g.mem.Add(offsets[i])
-		placed[i] = blockPart{*p.dst, p.data}
-	}
-	if err := fill(g, placed); err != nil {
-		e.dev.Free(g.mem)
-		return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
-	}
-	if e.bf16 {
-		if err := e.roundBlockToBF16(g); err != nil {
-			e.freeBlock(g)
-			return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
-		}
+		g.parts[i] = blockPart{*p.dst, p.data}
 	}
 	return g, nil
+}
+
+// finishBlock rounds the linears of g, whose weights are in place, to bfloat16 when the GEMMs
+// read them so; on failure g is freed.
+func (e *GPU) finishBlock(g *gpuBlock) error {
+	if !e.bf16 {
+		return nil
+	}
+	if err := e.roundBlockToBF16(g); err != nil {
+		e.freeBlock(g)
+		return fmt.Errorf("model: block %d weights on the GPU: %w", g.b.Index, err)
+	}
+	return nil
 }
 
 // roundBlockToBF16 gives every linear of g but a router (whose choices BF16 would move) its
@@ -159,24 +160,6 @@ func (e *GPU) refreshWeights(g *gpuBlock, groups []Group) error {
 	err := g.changeable(groups, func(dst cuda.DevicePtr, v []float32, name string) error {
 		if err := e.stager.CopyToDevice(dst, cuda.Bytes(v), e.stream); err != nil {
 			return fmt.Errorf("model: %s on the GPU: %w", name, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return e.roundChanged(g, groups)
-}
-
-// copyWeights is refreshWeights from another engine's copy of the block, from, whose weights
-// are up to date: a device-to-device copy (over NVLink or PCIe) of each changed range.
-func (e *GPU) copyWeights(g *gpuBlock, src *GPU, from *gpuBlock, groups []Group) error {
-	if err := e.Synchronize(); err != nil {
-		return err
-	}
-	err := g.changeable(groups, func(dst cuda.DevicePtr, v []float32, name string) error {
-		if err := e.dev.CopyFromPeerAsync(dst, src.dev, from.mem.Add(int(dst-g.mem)), 4*len(v), e.stream); err != nil {
-			return fmt.Errorf("model: %s from GPU %d: %w", name, src.dev.Info().Ordinal, err)
 		}
 		return nil
 	})

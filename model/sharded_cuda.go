@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
 )
@@ -81,9 +82,8 @@ func ShareSequences(n, parts int) (at []int) {
 }
 
 // calibrateShards runs block b's calibration on every engine, the steps' updates shared. The
-// first engine uploads the block's weights, and after each update the replaced ones; the others
-// copy them from its memory (over NVLink where the GPUs have it), so that the host sends them
-// over the bus once.
+// engines share the uploads of the block's weights, and after each update of the replaced ones
+// (spread).
 func calibrateShards(engines []*GPU, b *Block, xs []*DeviceBatch, c ShardedCalibrator, opt CalibrateOptions) error {
 	gs, err := uploadShards(engines, b)
 	defer func() {
@@ -120,36 +120,104 @@ func calibrateShards(engines []*GPU, b *Block, xs []*DeviceBatch, c ShardedCalib
 	})
 }
 
-// uploadShards puts block b on every engine: the first uploads it, the others copy its copy.
+// uploadShards puts block b on every engine (spread).
 func uploadShards(engines []*GPU, b *Block) ([]*gpuBlock, error) {
 	gs := make([]*gpuBlock, len(engines))
-	first := engines[0]
-	err := first.timed(&first.times.Upload, func() (err error) {
-		gs[0], err = first.uploadBlock(b)
+	err := eachEngine(engines, func(i int, e *GPU) (err error) {
+		gs[i], err = e.placeBlock(b)
 		return err
 	})
-	if err != nil {
-		return gs, err
+	if err == nil {
+		err = spread(engines, gs, func(g *gpuBlock) []blockPart { return g.parts }, func(e *GPU) *time.Duration { return &e.times.Upload })
 	}
-	err = eachEngine(engines[1:], func(i int, e *GPU) error {
-		return e.timed(&e.times.Upload, func() (err error) {
-			gs[i+1], err = e.copyBlock(b, first, gs[0])
+	if err == nil {
+		err = eachEngine(engines, func(i int, e *GPU) error {
+			err := e.finishBlock(gs[i])
+			if err != nil {
+				gs[i] = nil // freed
+			}
 			return err
 		})
-	})
+	}
 	return gs, err
 }
 
-// refreshShards is each engine's refreshWeights after an update of the groups: the first
-// uploads the replaced weights, the others copy them from it.
+// refreshShards is each engine's refreshWeights after an update of the groups (spread).
 func refreshShards(engines []*GPU, gs []*gpuBlock, groups []Group) error {
-	first := engines[0]
-	if err := first.timed(&first.times.Refresh, func() error { return first.refreshWeights(gs[0], groups) }); err != nil {
+	changed := func(g *gpuBlock) []blockPart {
+		var parts []blockPart
+		g.changeable(groups, func(dst cuda.DevicePtr, v []float32, _ string) error {
+			parts = append(parts, blockPart{dst, v})
+			return nil
+		})
+		return parts
+	}
+	err := spread(engines, gs, changed, func(e *GPU) *time.Duration { return &e.times.Refresh })
+	if err != nil {
 		return err
 	}
-	return eachEngine(engines[1:], func(i int, e *GPU) error {
-		return e.timed(&e.times.Refresh, func() error { return e.copyWeights(gs[i+1], first, gs[0], groups) })
+	return eachEngine(engines, func(i int, e *GPU) error {
+		return e.timed(&e.times.Refresh, func() error { return e.roundChanged(gs[i], groups) })
 	})
+}
+
+// spread copies the parts of a block's weights that parts lists to every engine: each uploads
+// an equal share of their bytes from the host (share), then copies the others' shares from the
+// engines that uploaded them, over NVLink or PCIe. The host's bytes cross the buses once in all,
+// on every GPU's at once. The time goes to each engine's *phase.
+func spread(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, phase func(e *GPU) *time.Duration) error {
+	n := len(engines)
+	err := eachEngine(engines, func(i int, e *GPU) error {
+		return e.timed(phase(e), func() error {
+			if err := e.Synchronize(); err != nil { // the passes before are done with the old weights
+				return err
+			}
+			for _, p := range share(parts(gs[i]), i, n) {
+				if err := e.stager.CopyToDevice(p.at, cuda.Bytes(p.data), e.stream); err != nil {
+					return fmt.Errorf("model: block %d weights on the GPU: %w", gs[i].b.Index, err)
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil || n == 1 {
+		return err
+	}
+	return eachEngine(engines, func(i int, e *GPU) error {
+		return e.timed(phase(e), func() error {
+			for j, from := range engines {
+				if j == i {
+					continue
+				}
+				for _, p := range share(parts(gs[j]), j, n) {
+					to := gs[i].mem.Add(int(p.at - gs[j].mem)) // the engines' layouts are the same
+					if err := e.dev.CopyFromPeerAsync(to, from.dev, p.at, 4*len(p.data), e.stream); err != nil {
+						return fmt.Errorf("model: block %d weights from GPU %d: %w", gs[i].b.Index, from.dev.Info().Ordinal, err)
+					}
+				}
+			}
+			return nil
+		})
+	})
+}
+
+// share is the i-th of n equal shares of the parts' values, cutting parts where a share ends.
+func share(parts []blockPart, i, n int) []blockPart {
+	total := 0
+	for _, p := range parts {
+		total += len(p.data)
+	}
+	lo, hi := total*i/n, total*(i+1)/n
+	var out []blockPart
+	at := 0
+	for _, p := range parts {
+		a, b := max(lo, at), min(hi, at+len(p.data))
+		if a < b {
+			out = append(out, blockPart{p.at.Add(4 * (a - at)), p.data[a-at : b-at]})
+		}
+		at += len(p.data)
+	}
+	return out
 }
 
 // shard is one engine's view of a ShardedCalibrator; refreshed says that its updates also

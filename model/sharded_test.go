@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/qpack-dev/qpack/cuda"
 )
 
 func TestShareSequences(t *testing.T) {
@@ -89,5 +91,49 @@ func TestEachEngineReportsTheCause(t *testing.T) {
 	})
 	if err != cause {
 		t.Errorf("eachEngine returned %v, want the failing engine's error", err)
+	}
+}
+
+// TestShareCutsPartsEvenly: the shares of a block's parts cover every value once, in order,
+// at the same device addresses, in shares whose sizes differ by at most one value.
+func TestShareCutsPartsEvenly(t *testing.T) {
+	var parts []blockPart
+	at := cuda.DevicePtr(1 << 20)
+	for i, n := range []int{3, 1000, 17, 1, 4096} {
+		data := make([]float32, n)
+		for j := range data {
+			data[j] = float32(i*10000 + j)
+		}
+		parts = append(parts, blockPart{at, data})
+		at = at.Add(4*n + 256)
+	}
+	for _, n := range []int{1, 2, 3, 4, 7} {
+		var got []blockPart
+		sizes := map[int]bool{}
+		for i := range n {
+			size := 0
+			for _, p := range share(parts, i, n) {
+				got = append(got, p)
+				size += len(p.data)
+			}
+			sizes[size] = true
+		}
+		if len(sizes) > 2 {
+			t.Errorf("%d shares: sizes %v", n, sizes)
+		}
+		// Rejoin: every value once, at its address.
+		k := 0
+		for _, p := range parts {
+			for j, v := range p.data {
+				for k < len(got) && len(got[k].data) == 0 {
+					k++
+				}
+				q := got[k]
+				if q.at != p.at.Add(4*j) || q.data[0] != v {
+					t.Fatalf("%d shares: value %g of a part at %#x: got %g at %#x", n, v, p.at.Add(4*j), q.data[0], q.at)
+				}
+				got[k] = blockPart{q.at.Add(4), q.data[1:]}
+			}
+		}
 	}
 }
