@@ -3,8 +3,8 @@
 # bin/q/qpack ./cmd/qpack && tar -cJf bin/q.tar.xz -C bin/q qpack), with out/mid.tar.xz and
 # out/calib.txt: mid-llama through GPTQ on 1, 2 and all GPUs, each evaluated; a synthetic
 # Llama-2-7B through GPTQ 128 × 2048 on 1, 2 and all GPUs (a CPU profile of the last); a
-# Llama-2-70B-shaped model of QPACK_70B_LAYERS layers (4) on all GPUs and on one. Models live in
-# /dev/shm. QPACK_BUDGET: seconds this may take (540).
+# Llama-2-70B-shaped model of QPACK_70B_LAYERS layers (4) on all GPUs and on one (QPACK_7B and
+# QPACK_70B list other --devices). Models live in /dev/shm. QPACK_BUDGET: seconds this may take (540).
 set -u
 OUT=${OUT:-/tmp/qpack-gpu-out}
 mkdir -p "$OUT" bin/q
@@ -37,7 +37,13 @@ conv() { # name, seconds, model, qpack's own flags, convert's flags...
 		--calib $work/$m/calib_ids.npy --calib-samples 128 --calib-seqlen 2048 ${QPACK_ARGS:-} "$@" >"$OUT/$name.log" 2>&1
 	grep -E '^gptq on|wall|rror' "$OUT/$name.log" | cut -c1-420
 }
-conv 7b-1 80 s7 "" --devices 0 && conv 7b-2 60 s7 "" --devices 0,1 && conv 7b-$gpus 50 s7 "--cpuprofile $OUT/7b-$gpus.prof" --devices $all
+for d in ${QPACK_7B:-0 0,1 $all}; do # GPU lists for the 7B, then for the 70B-shaped model
+	n=$(echo $d | tr , '\n' | wc -l)
+	conv 7b-$n 80 s7 "--cpuprofile $OUT/7b-$n.prof" --devices $d || break
+done
 rm -rf $work/out-7b-*
-conv 70b-$gpus 150 w70 "" --devices $all && conv 70b-1 200 w70 "" --devices 0
+for d in ${QPACK_70B:-$all 0}; do
+	n=$(echo $d | tr , '\n' | wc -l)
+	conv 70b-$n ${QPACK_70B_T:-200} w70 "" --devices $d || break
+done
 echo "done, $(left) s left"
