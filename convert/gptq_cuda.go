@@ -228,7 +228,7 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 }
 
 // take removes the group's Gram matrices (one per shard, all gathered) from the shards once
-// their accumulations have finished.
+// their accumulations have finished, each made whole (model.GPU.FinishGram).
 func (c *gpuCapture) take(key string) ([]*deviceGram, error) {
 	grams := make([]*deviceGram, len(c.shards))
 	for i, sh := range c.shards {
@@ -241,6 +241,9 @@ func (c *gpuCapture) take(key string) ([]*deviceGram, error) {
 				}
 			}
 			return nil, errors.New("no calibration inputs reached it")
+		}
+		if err := sh.e.FinishGram(grams[i].sum, grams[i].k); err != nil {
+			return nil, err
 		}
 		if err := sh.e.Synchronize(); err != nil { // the Gram's last accumulation
 			return nil, err

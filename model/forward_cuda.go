@@ -47,7 +47,7 @@ type GPU struct {
 	module *cuda.Module
 	fn     struct {
 		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare cuda.Function
-		channelStatsPartial, channelStatsFinish, toBF16                                                     cuda.Function
+		channelStatsPartial, channelStatsFinish, toBF16, mirrorUpper                                        cuda.Function
 	}
 	scratch map[string]gpuBuffer // named work buffers, grown on demand
 	ropeT   int                  // positions covered by the uploaded rotary tables
@@ -96,7 +96,7 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, 
 		{&e.fn.siluMul, "silu_mul"}, {&e.fn.ropeHeads, "rope_heads"}, {&e.fn.mergeHeads, "merge_heads"},
 		{&e.fn.causalSoftmax, "causal_softmax"}, {&e.fn.tokenNLL, "token_nll"}, {&e.fn.tokenCompare, "token_compare"},
 		{&e.fn.channelStatsPartial, "channel_stats_partial"}, {&e.fn.channelStatsFinish, "channel_stats_finish"},
-		{&e.fn.toBF16, "to_bf16"},
+		{&e.fn.toBF16, "to_bf16"}, {&e.fn.mirrorUpper, "mirror_upper"},
 	} {
 		if *f.dst, err = e.module.Function(f.name); err != nil {
 			return nil, err
@@ -272,16 +272,55 @@ func (e *GPU) linear(y, x cuda.DevicePtr, l *gpuLinear, rows int) error {
 }
 
 // AddGram queues sum += xᵀx for x [rows, cols] (row-major) and sum [cols, cols] on the
-// engine's stream: the Gram matrix of a linear's inputs, from which GPTQ's Hessian is made.
+// engine's stream: the Gram matrix of a linear's inputs, from which GPTQ's Hessian is made. As the
+// matrix is symmetric, only the tiles on and above the diagonal are computed (gramTiles); call
+// FinishGram once the sum is complete, before reading it.
 func (e *GPU) AddGram(sum, x cuda.DevicePtr, rows, cols int) error {
+	src, size, gemm := x, 4, e.blas.Sgemm
 	if e.bf16 {
 		xb, err := e.roundedToBF16("gram.x", x, rows*cols)
 		if err != nil {
 			return err
 		}
-		return e.blas.GemmBF16(cuda.NoTrans, cuda.Trans, cols, cols, rows, 1, xb, cols, xb, cols, 1, sum, cols)
+		src, size, gemm = xb, 2, e.blas.GemmBF16
 	}
-	return e.blas.Sgemm(cuda.NoTrans, cuda.Trans, cols, cols, rows, 1, x, cols, x, cols, 1, sum, cols)
+	at := gramTileBounds(cols)
+	for i := range len(at) - 1 {
+		for j := i; j < len(at)-1; j++ { // the column-major tile (i, j): rows of tile i, columns of tile j
+			m, n := at[i+1]-at[i], at[j+1]-at[j]
+			if err := gemm(cuda.NoTrans, cuda.Trans, m, n, rows, 1, src.Add(size*at[i]), cols, src.Add(size*at[j]), cols,
+				1, sum.Add(4*(at[i]+at[j]*cols)), cols); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// gramTiles is how many tiles of rows and of columns AddGram cuts a Gram matrix into: of the 16
+// GEMM tiles it computes the 10 on and above the diagonal, 37.5% fewer FLOPs, while each tile of
+// a 7B's 4096 or 11008 columns (1024 or 2752 wide, × 8192 rows) still keeps the tensor cores busy.
+const gramTiles = 4
+
+// gramTileBounds returns the tiles' first columns and cols: multiples of 32 (aligned operands),
+// one tile below 1024 columns.
+func gramTileBounds(cols int) []int {
+	tiles := gramTiles
+	if cols < 1024 {
+		tiles = 1
+	}
+	at := []int{0}
+	for t := 1; t < tiles; t++ {
+		at = append(at, cols*t/tiles/32*32)
+	}
+	return append(at, cols)
+}
+
+// FinishGram makes sum, accumulated by AddGram, the whole symmetric Gram matrix: its lower
+// triangle is copied from the upper one.
+func (e *GPU) FinishGram(sum cuda.DevicePtr, cols int) error {
+	t := (cols + 31) / 32
+	return e.fn.mirrorUpper.Launch(cuda.Dim3{X: t, Y: t, Z: 1}, cuda.Dim3{X: 32, Y: 8, Z: 1}, 0, e.stream, sum, int32(cols))
 }
 
 // roundedToBF16 returns the named work buffer holding x's n values rounded to bfloat16.

@@ -221,22 +221,36 @@ func TestGPUToBF16(t *testing.T) {
 	}
 }
 
-// TestGPUAddGramBF16: with BF16 the Gram matrix is that of x rounded to bfloat16, summed in
-// float32 (within 1e-5 of the float64 sum of the rounded values), over two accumulations.
-func TestGPUAddGramBF16(t *testing.T) {
-	e := openGPU(t, mustConfig(t, gpuTestConfigs[0].json), GPUOptions{BF16: true}, 0)
+// TestGPUAddGram: AddGram's tiles of the upper triangle, made whole by FinishGram, give the
+// Gram matrix of x (with BF16, of x rounded to bfloat16) summed in float32 — within 1e-5 of the
+// float64 sum — over two accumulations, at a width of one tile and at one of four uneven tiles.
+func TestGPUAddGram(t *testing.T) {
+	for _, bf16 := range []bool{false, true} {
+		for _, cols := range []int{72, 1100} {
+			t.Run(fmt.Sprintf("bf16=%v/cols=%d", bf16, cols), func(t *testing.T) { testAddGram(t, bf16, cols) })
+		}
+	}
+}
+
+func testAddGram(t *testing.T, bf16 bool, cols int) {
+	e := openGPU(t, mustConfig(t, gpuTestConfigs[0].json), GPUOptions{BF16: bf16}, 0)
 	r := freshRand(t)
-	const rows, cols = 300, 72
+	const rows = 300
 	x := make([]float32, rows*cols)
+	rounded := make([]float64, len(x))
 	for i := range x {
 		x[i] = float32(r.NormFloat64())
+		rounded[i] = float64(x[i])
+		if bf16 {
+			rounded[i] = float64(fp.BF16ToF32(fp.F32ToBF16(x[i])))
+		}
 	}
 	want := make([]float64, cols*cols)
 	for row := range rows {
-		xr := x[row*cols : (row+1)*cols]
+		xr := rounded[row*cols : (row+1)*cols]
 		for i, a := range xr {
 			for j, b := range xr {
-				want[i*cols+j] += 2 * float64(fp.BF16ToF32(fp.F32ToBF16(a))) * float64(fp.BF16ToF32(fp.F32ToBF16(b)))
+				want[i*cols+j] += 2 * a * b
 			}
 		}
 	}
@@ -264,6 +278,25 @@ func TestGPUAddGramBF16(t *testing.T) {
 	if err := e.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
+	// NaN below the diagonal (column-major: row > column): FinishGram must write all of it.
+	part := make([]float32, cols*cols)
+	if err := e.dev.CopyFromDevice(cuda.Bytes(part), sum); err != nil {
+		t.Fatal(err)
+	}
+	for c := range cols {
+		for r := c + 1; r < cols; r++ {
+			part[r+c*cols] = float32(math.NaN())
+		}
+	}
+	if err := e.dev.CopyToDevice(sum, cuda.Bytes(part)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.FinishGram(sum, cols); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
 	got32 := make([]float32, cols*cols)
 	if err := e.dev.CopyFromDevice(cuda.Bytes(got32), sum); err != nil {
 		t.Fatal(err)
@@ -273,7 +306,14 @@ func TestGPUAddGramBF16(t *testing.T) {
 		got[i] = float64(v)
 	}
 	if rel := relativeDiff(got, want); !(rel < 1e-5) {
-		t.Errorf("BF16 Gram matrix: relative error %.2e against the rounded inputs' float64 sum", rel)
+		t.Errorf("Gram matrix: relative error %.2e against the float64 sum", rel)
+	}
+	for i := range cols {
+		for j := range i {
+			if got32[i*cols+j] != got32[j*cols+i] {
+				t.Fatalf("Gram matrix not symmetric at (%d, %d): %g and %g", i, j, got32[i*cols+j], got32[j*cols+i])
+			}
+		}
 	}
 }
 
@@ -342,6 +382,9 @@ func (r *gramRecorder) Update(b *Block, groups []Group) error {
 	for _, g := range groups {
 		key := fmt.Sprintf("%d/%s", b.Index, g)
 		if p, ok := r.gpu[key]; ok {
+			if err := r.e.FinishGram(p, r.k[key]); err != nil {
+				return err
+			}
 			if err := r.e.Synchronize(); err != nil {
 				return err
 			}

@@ -56,6 +56,27 @@ extern "C" __global__ void add_bias(float* y, const float* bias, long long total
     if (i < total) y[i] += bias[i % n];
 }
 
+// mirror_upper: the n×n matrix a (column-major) becomes the symmetric matrix of its upper
+// triangle (row < column), which is what AddGram accumulates, tile by tile. A 32×32 tile of the
+// lower triangle is written from its mirror through shared memory, so that both the reads and the
+// writes are coalesced; blocks above the diagonal have nothing to do.
+extern "C" __global__ void mirror_upper(float* a, int n) {
+    __shared__ float tile[32][33];
+    const int bx = blockIdx.x, by = blockIdx.y;
+    if (by < bx) return;
+    const int r = bx * 32 + threadIdx.x;  // read (r, c) above the diagonal
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+        const int c = by * 32 + j;
+        if (r < n && c < n) tile[j][threadIdx.x] = a[r + (long long)c * n];
+    }
+    __syncthreads();
+    const int r2 = by * 32 + threadIdx.x;  // write (r2, c2) below it
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+        const int c2 = bx * 32 + j;
+        if (r2 < n && c2 < n && r2 > c2) a[r2 + (long long)c2 * n] = tile[threadIdx.x][j];
+    }
+}
+
 // add: x += y elementwise (the residual connections).
 extern "C" __global__ void add(float* x, const float* y, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
