@@ -9,8 +9,11 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/qpack-dev/qpack/fp"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -44,11 +47,15 @@ func TestFP4KernelOnCPU(t *testing.T) {
 	}
 	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	// The BF16 and F16 fast paths against the kernel's general arithmetic on every BF16 and F16
-	// weight: every
-	// MXFP4 scale, and the NVFP4 scale bytes the table clears under global scales given (with
-	// exact ties: 1, 3), typical (2688/amax for amax around 0.1), extreme and random.
+	// weight: every MXFP4 scale, and the NVFP4 scale bytes the table clears under global scales
+	// given (with exact ties: 1, 3), typical (2688/amax for amax around 0.1), computed from
+	// amaxes whose scale bytes meet exact ties (fp4TieAmaxes), extreme and random.
 	gs := []string{}
-	for _, g := range []float32{1, 3, 1344, 2688 / 0.0731, 1e4, 0.37, 2.5e-30, 7.3e20, float32(math.Exp2(r.Float64()*40 - 10)), float32(math.Exp2(r.Float64()*40 - 10))} {
+	globals := []float32{1, 3, 1344, 2688 / 0.0731, 1e4, 0.37, 2.5e-30, 7.3e20, float32(math.Exp2(r.Float64()*40 - 10)), float32(math.Exp2(r.Float64()*40 - 10))}
+	for _, amax := range append(fp4TieAmaxes[:], randomAmax(r, "BF16", 1.0/64, 4), randomAmax(r, "F16", 1.0/256, 4)) {
+		globals = append(globals, quant.NVFP4GlobalScale(amax))
+	}
+	for _, g := range globals {
 		gs = append(gs, fmt.Sprintf("%x", math.Float32bits(g)))
 	}
 	if out, err := exec.Command(bin, append([]string{"exhaustive"}, gs...)...).CombinedOutput(); err != nil {
@@ -56,6 +63,7 @@ func TestFP4KernelOnCPU(t *testing.T) {
 	} else {
 		t.Logf("exhaustive check of the 16-bit fast paths:\n%s", out)
 	}
+	checkNVFP4Tables(t, bin, r)
 	// run codes raw block by block, then with the kernels themselves on a grid of 2 thread blocks
 	// (grid-stride loops that go round several times), and compares both with the CPU's bytes.
 	run := func(what string, w []float32, n, k, dt int, s quant.Scheme, g float32, raw []byte, want []packing.Raw) {
@@ -156,6 +164,62 @@ func TestFP4KernelOnCPU(t *testing.T) {
 						t.Fatalf("%s: CPU: %v", what, err)
 					}
 					run(what, w, n, k, dt, s, g, raw, want)
+				}
+			}
+		}
+	}
+}
+
+// fp4TieAmaxes are BF16 amaxes under whose global scale 2688/amax many NVFP4 scale bytes meet
+// exact ties (f = s·amax/2688 has as few bits as a BF16 weight, so 0.25·f, 0.75·f, … are
+// weights): BenchmarkGPUQuantizeFP4's BF16 amax (mantissa 225 = 3·75), a power of two, and
+// mantissas 140 = 7·20 and 144 = 3·48.
+var fp4TieAmaxes = [...]float32{0.10986328125, 0.0625, 0.068359375, 0.0703125}
+
+// randomAmax is a random magnitude in [lo, hi), log-uniform, rounded to BF16 or F16.
+func randomAmax(r *rand.Rand, dtype string, lo, hi float64) float32 {
+	v := float32(lo * math.Pow(hi/lo, r.Float64()))
+	if dtype == "BF16" {
+		return fp.BF16ToF32(fp.F32ToBF16(v))
+	}
+	return fp.F16ToF32(fp.F32ToF16(v))
+}
+
+// checkNVFP4Tables asks the harness which NVFP4 scale bytes the BF16 and F16 tables send to the
+// general path under the global scale 2688/amax of amaxes a tensor has: BenchmarkGPUQuantizeFP4's,
+// every BF16 mantissa in two binades and random F16 ones. A block whose byte is sent there
+// costs its whole warp the general path, so only bytes that the arithmetic excludes may be:
+// 1 to 3 (subnormal E4M3 scales, whose blocks may hold weights up to 9·f, past the fast code's
+// 7) and, for F16, the bytes below 32, whose blocks lie under amax/3584 and hold F16 subnormals
+// with few bits.
+func checkNVFP4Tables(t *testing.T, bin string, r *rand.Rand) {
+	amaxes := []float32{0.10986328125}
+	for m := uint32(0); m < 256; m++ {
+		amaxes = append(amaxes, math.Float32frombits(0x3d800000+m<<16)) // [2^-4, 2^-2)
+	}
+	for range 64 {
+		amaxes = append(amaxes, randomAmax(r, "F16", 1.0/256, 4))
+	}
+	args := []string{}
+	for _, a := range amaxes {
+		args = append(args, fmt.Sprintf("%x", math.Float32bits(quant.NVFP4GlobalScale(a))))
+	}
+	for dt, dtype := range []string{"BF16", "F16"} {
+		out, err := exec.Command(bin, append([]string{"slow", fmt.Sprint(dt)}, args...)...).Output()
+		if err != nil {
+			t.Fatalf("%s: slow %s: %v", bin, dtype, err)
+		}
+		lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+		if len(lines) != len(amaxes) {
+			t.Fatalf("slow %s: %d lines for %d global scales", dtype, len(lines), len(amaxes))
+		}
+		for i, line := range lines {
+			for _, f := range strings.Fields(line) {
+				b, _ := strconv.Atoi(f)
+				if b > 3 && (dt == 0 || b >= 32) {
+					t.Errorf("NVFP4 %s, amax %v (G %v): scale byte %d takes the general path (all slow: %s)", dtype, amaxes[i],
+						quant.NVFP4GlobalScale(amaxes[i]), b, line)
+					break
 				}
 			}
 		}

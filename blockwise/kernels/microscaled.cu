@@ -323,13 +323,21 @@ struct NVEntry {
     float r, rh;
 };
 
+// NVFP4_LATE is how many float32 steps past an E2M1 threshold's midpoint nvfp4_step's code
+// changes: a few, so that exact ties can go either way (nvfp4_entry).
+#ifndef NVFP4_LATE
+#define NVFP4_LATE 8
+#endif
+
 // nvfp4_step is the NVFP4 16-bit path's magnitude code of a magnitude w, in bits 28-30
 // of the result: with x = w·r, x' = max(x, w·rh + 0.5) (the map of mxfp4_bf16_codes, here in
-// float32) rounded half up to one mantissa bit is bits(x')·64 + 0x48000000 (0.5 → 0, 6 → 7),
-// for x' < 7. The code is monotone in w, and nvfp4_entry clears a byte only when it equals
-// E2M1(fl(w/f)) at every step and stays 7 up to the largest weight a block of that byte holds.
+// float32) rounded to one mantissa bit is bits(x')·64 + 0x48000000 (0.5 → 0, 6 → 7) for
+// x' < 7, rounding up from NVFP4_LATE float steps past the midpoint (−64·NVFP4_LATE). The code
+// is monotone in w, r and rh, and nvfp4_entry clears a byte only with factors r, rh under
+// which it equals E2M1(fl(w/f)) at every step and stays 7 up to the largest weight a block of
+// that byte holds.
 __device__ __forceinline__ unsigned int nvfp4_step(float w, float r, float rh) {
-    return __float_as_uint(fmaxf(__fmul_rn(w, r), __fmaf_rn(w, rh, 0.5f))) * 64u + 0x48000000u;
+    return __float_as_uint(fmaxf(__fmul_rn(w, r), __fmaf_rn(w, rh, 0.5f))) * 64u + (0x48000000u - 64u * NVFP4_LATE);
 }
 
 // half_value is the float32 value of a 16-bit weight's bits h (BF16 or F16: exact).
@@ -373,19 +381,13 @@ __device__ __forceinline__ unsigned int nvfp4_top(unsigned int b, float g) {
     return min(half_ceil<DT>(top), half_max<DT>());
 }
 
-// nvfp4_entry computes the NVEntry of scale byte b under G for 16-bit weights of dtype DT (BF16
-// or F16; the table of one is not the other's). The exact codes of magnitudes
-// change at 7 boundaries: fl(w/f) ≥ t exactly when w ≥ (t − ulp(t)/2)·f, and fl(w/f) > t
-// exactly when w > (t + ulp(t)/2)·f (ties go to t, whose mantissa is even), for the E2M1
-// thresholds t = 0.25 (>), 0.75 (≥), 1.25 (>), 1.75 (≥), 2.5 (>), 3.5 (≥), 5 (>); the products
-// are exact in float64 (25 × 24 bits) and rounded up or down to the dtype's boundary. The fast
-// code, monotone too, is exact for every weight of a block with this byte when it steps at the
-// same 7 places (the codes at each boundary and just below it agree) and its x' stays below 7
-// up to the block's largest possible weight (nvfp4_top). Byte 0x7e (448) also takes the blocks
-// that saturate, so it is never cleared.
-// e2m1_mid is t ± ulp(t)/2 for the i-th E2M1 threshold t, ulp(t) = 2^(exponent of t − 23): the
-// float32 quotients from which fl(w/f) codes above t (a switch, not an array: ptxas keeps an
-// array it does not fold on the stack).
+// The exact codes of magnitudes change at 7 boundaries: fl(w/f) ≥ t exactly when
+// w ≥ (t − ulp(t)/2)·f, and fl(w/f) > t exactly when w > (t + ulp(t)/2)·f (ties go to t, whose
+// mantissa is even), for the E2M1 thresholds t = 0.25 (>), 0.75 (≥), 1.25 (>), 1.75 (≥),
+// 2.5 (>), 3.5 (≥), 5 (>); the products are exact in float64 (25 × 24 bits) and rounded up or
+// down to the dtype's boundary. e2m1_mid is t ± ulp(t)/2 for the i-th threshold t,
+// ulp(t) = 2^(exponent of t − 23): the float32 quotients from which fl(w/f) codes above t (a
+// switch, not an array: ptxas keeps an array it does not fold on the stack).
 __device__ __forceinline__ double e2m1_mid(int i) {
     switch (i) {
     case 0: return 0.25 + 0x1p-26;
@@ -398,6 +400,74 @@ __device__ __forceinline__ double e2m1_mid(int i) {
     }
 }
 
+// nvfp4_reaches reports whether, with the factors r, rh, every weight from u[i] on codes above
+// the i-th threshold for LO ≤ i < HI (u[i] past half_max: no weight does), and nvfp4_stays
+// whether every weight below u[i] codes at most i and, when HI is 7, the largest weight a block
+// holds (top) keeps x' < 7. Both are monotone in r and in rh (reaches rising, stays falling):
+// the factors that pass both form an interval of each.
+template <int DT, int LO, int HI>
+__device__ __forceinline__ bool nvfp4_reaches(const unsigned int* u, float r, float rh) {
+    bool ok = true;
+#pragma unroll
+    for (int i = LO; i < HI; i++) ok &= u[i] > half_max<DT>() || nvfp4_fast<DT>(u[i], r, rh) >= (unsigned int)i + 1u;
+    return ok;
+}
+template <int DT, int LO, int HI>
+__device__ __forceinline__ bool nvfp4_stays(const unsigned int* u, unsigned int top, float r, float rh) {
+    bool ok = true;
+    if (HI == 7) {
+        const float w = half_value<DT>(top);
+        ok = fmaxf(__fmul_rn(w, r), __fmaf_rn(w, rh, 0.5f)) < 7.0f;
+    }
+#pragma unroll
+    for (int i = LO; i < HI; i++) ok &= nvfp4_fast<DT>(min(u[i] - 1u, half_max<DT>()), r, rh) <= (unsigned int)i;
+    return ok;
+}
+
+// NVFP4_REACH is how many float32 steps either side of its starting point nvfp4_entry searches a
+// factor.
+#define NVFP4_REACH 32
+
+// nvfp4_factor searches the factor v (r or rh, the other fixed) within NVFP4_REACH float steps
+// of its value for one under which the fast code reaches and stays at the thresholds LO … HI − 1:
+// v itself when it does, else by bisection the first factor above v that reaches, or the last
+// below it that stays (the interval's nearest end). It returns false when that end is out of
+// reach or fails the other test (the interval is empty).
+template <int DT, int LO, int HI>
+__device__ __forceinline__ bool nvfp4_factor(const unsigned int* u, unsigned int top, float& r, float& rh, float& v) {
+    const bool reaches = nvfp4_reaches<DT, LO, HI>(u, r, rh);
+    if (reaches && nvfp4_stays<DT, LO, HI>(u, top, r, rh)) return true;
+    // lo fails the test that v failed, hi passes it; bisection brings them next to each other.
+    unsigned int lo = __float_as_uint(v), hi = reaches ? lo - NVFP4_REACH : lo + NVFP4_REACH;
+    v = __uint_as_float(hi);
+    if (!(reaches ? nvfp4_stays<DT, LO, HI>(u, top, r, rh) : nvfp4_reaches<DT, LO, HI>(u, r, rh))) return false;
+    while (lo + 1u != hi && hi + 1u != lo) {
+        const unsigned int mid = lo / 2u + hi / 2u + (lo & hi & 1u);
+        v = __uint_as_float(mid);
+        if (reaches ? nvfp4_stays<DT, LO, HI>(u, top, r, rh) : nvfp4_reaches<DT, LO, HI>(u, r, rh)) hi = mid;
+        else lo = mid;
+    }
+    v = __uint_as_float(hi);
+    return nvfp4_reaches<DT, LO, HI>(u, r, rh) && nvfp4_stays<DT, LO, HI>(u, top, r, rh);
+}
+
+// nvfp4_entry computes the NVEntry of scale byte b under G for 16-bit weights of dtype DT (BF16
+// or F16; the table of one is not the other's). The fast code is monotone in w and so is the
+// exact one, which changes at 7 boundaries u[i] (e2m1_mid rounded to the dtype): the fast code
+// is exact for every weight of a block with this byte when it steps at the same 7 places
+// (nvfp4_reaches, nvfp4_stays) and its x' stays below 7 up to the block's largest possible
+// weight (nvfp4_top). Nothing asks that r be 1/f: rh alone places the steps at 0.25 and 0.75
+// (there x' = w·rh + 0.5 > w·r), r alone the five from 1.25 on (x' = w·r), so each is searched
+// near 1/f and 1/(2f) (nvfp4_factor). Exact ties w = t·f are common under a computed G =
+// 2688/amax, where f = s·amax/2688 often has as few bits as the weights (E4M3 scale 1.75·2^k
+// and a BF16 amax whose mantissa 3 divides: f is a BF16 number and 0.25·f, 0.75·f are weights).
+// fl(w/f) sends ties at 0.25, 1.25, 2.5, 5 down and at 0.75, 1.75, 3.5 up, and a code that
+// changes at the midpoint itself cannot follow both; with the change NVFP4_LATE steps late
+// (x' ≥ t + 8 ulps, 7.5 ulps past the midpoint: relative 6·2^-23 at 1.25·2^k, 4.3·2^-23 at
+// 1.75·2^k), factors a relative 4.3 to 6·2^-23 above 1/f send the ties of both kinds their way,
+// and rh a relative 10 to 30·2^-23 above 1/(2f) the two at 0.25 and 0.75: the searches start
+// in those windows (r at 1/f·(1 + 5·2^-23), rh at 1/(2f)·(1 + 20·2^-23)). Byte 0x7e (448) also
+// takes the blocks that saturate, so it is never cleared.
 template <int DT>
 __device__ __forceinline__ NVEntry nvfp4_entry(unsigned int b, float g) {
     NVEntry e;
@@ -405,17 +475,18 @@ __device__ __forceinline__ NVEntry nvfp4_entry(unsigned int b, float g) {
     e.rh = 0.0f;
     if (b == 0u || b >= 0x7eu) return e;  // byte 0 is never a block's (MinE4M3), 0x7f is NaN
     const float f = __fdiv_rn(e4m3_value(b), g);
-    const float r = __frcp_rn(f), rh = __fmul_rn(r, 0.5f);
-    if (!(r >= 1.17549435e-38f && r <= 3.40282346638528859812e+38f)) return e;
+    const float r0 = __frcp_rn(f);
+    if (!(r0 >= 0x1p-124f && r0 <= 0x1p126f)) return e;  // every factor searched normal and finite
+    unsigned int u[7];
 #pragma unroll
     for (int i = 0; i < 7; i++) {
         const double p = e2m1_mid(i) * (double)f;
-        const unsigned int u = (i & 1) ? half_ceil<DT>(p) : half_above<DT>(p);  // ≥ t: the first weight ≥ p; > t: > p
-        if (u <= half_max<DT>() && nvfp4_fast<DT>(u, r, rh) < (unsigned int)i + 1u) return e;
-        if (u >= 1u && nvfp4_fast<DT>(min(u - 1u, half_max<DT>()), r, rh) > (unsigned int)i) return e;
+        u[i] = (i & 1) ? half_ceil<DT>(p) : half_above<DT>(p);  // ≥ t: the first weight ≥ p; > t: > p
     }
-    const float w = half_value<DT>(nvfp4_top<DT>(b, g));
-    if (!(fmaxf(__fmul_rn(w, r), __fmaf_rn(w, rh, 0.5f)) < 7.0f)) return e;
+    const unsigned int top = nvfp4_top<DT>(b, g);
+    float r = __fmul_rn(r0, 1.0f + 5.0f * 0x1p-23f), rh = __fmul_rn(r0, 0.5f + 10.0f * 0x1p-23f);
+    // rh first, on its two thresholds; then r on all seven, which checks the pair as a whole.
+    if (!nvfp4_factor<DT, 0, 2>(u, top, r, rh, rh) || !nvfp4_factor<DT, 0, 7>(u, top, r, rh, r)) return e;
     e.r = r;
     e.rh = rh;
     return e;

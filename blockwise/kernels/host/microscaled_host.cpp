@@ -5,6 +5,7 @@
 //   fp4-host kernel NV N K DTYPE G BLOCKS < W > CODES SCALES GLOBAL STATUS
 //   fp4-host exhaustive G...
 //   fp4-host amax DTYPE CHUNKS BLOCKS < W > WORD
+//   fp4-host slow DTYPE G...
 // NV is 1 for NVFP4, 0 for MXFP4; DTYPE 0 (BF16), 1 (F16) or 2 (F32) as the kernels number
 // them; W the N·K raw weights; G the global scale's float bits in hex (0: from the tensor).
 // Each block's chunks are coded two by two with the kernel's fp4_chunks (the 16-bit fast paths included, with
@@ -12,7 +13,8 @@
 // kernel's shuffles take it, and G comes from the same amax the amax kernel reduces. Outputs:
 // codes (N·K/2 bytes), scale bytes (N·K/block) and G as float32 (NVFP4). The amax mode runs
 // bw_fp4_amax alone on CHUNKS chunks of 8 weights with a grid of BLOCKS thread blocks and writes
-// the word it raised from 0 (4 bytes).
+// the word it raised from 0 (4 bytes). The slow mode prints, for each G, a line of the scale
+// bytes 1 … 125 whose blocks of 16-bit dtype DTYPE the NVFP4 table sends to the general path.
 #include <cuda_fp16.h>  // the stand-ins in this directory
 
 #include "microscaled.cu"
@@ -164,7 +166,20 @@ static int amax(int dt, u64 chunks, unsigned int blocks) {
     return fwrite(&word, 4, 1, stdout) == 1 ? 0 : 4;
 }
 
+// slow prints the scale bytes the NVFP4 table of dtype dt leaves to the general path under each
+// global scale G of gs (hex float bits), a line each.
+static int slow(int dt, int n, char** gs) {
+    for (int i = 0; i < n; i++) {
+        const float g = __uint_as_float((unsigned int)strtoul(gs[i], nullptr, 16));
+        for (unsigned int b = 1; b < 0x7e; b++)
+            if ((dt == IN_BF16 ? nvfp4_entry<IN_BF16>(b, g) : nvfp4_entry<IN_F16>(b, g)).r == 0.0f) printf(" %u", b);
+        printf("\n");
+    }
+    return 0;
+}
+
 int main(int argc, char** argv) {
+    if (argc >= 3 && strcmp(argv[1], "slow") == 0) return slow(atoi(argv[2]), argc - 3, argv + 3);
     if (argc >= 2 && strcmp(argv[1], "exhaustive") == 0) return exhaustive(argc - 2, argv + 2);
     if (argc == 5 && strcmp(argv[1], "amax") == 0) return amax(atoi(argv[2]), strtoull(argv[3], nullptr, 10), (unsigned int)atoi(argv[4]));
     const bool kernels = argc == 8 && strcmp(argv[1], "kernel") == 0;
