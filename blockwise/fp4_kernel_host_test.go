@@ -40,11 +40,8 @@ func TestFP4KernelOnCPU(t *testing.T) {
 	if *hostCXX == "" {
 		t.Skip("-blockwise.hostcxx not set (a C++ compiler to run kernels/microscaled.cu on the CPU)")
 	}
-	bin := filepath.Join(t.TempDir(), "fp4-host")
-	cmd := exec.Command(*hostCXX, "-O2", "-ffp-contract=off", "-std=c++20", "-pthread", "-I", "kernels/host", "-I", "kernels", "-o", bin, "kernels/host/microscaled_host.cpp")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%v: %v\n%s", cmd, err, out)
-	}
+	dir := t.TempDir()
+	bin := buildFP4Host(t, dir)
 	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	// The BF16 and F16 fast paths against the kernel's general arithmetic on every BF16 and F16
 	// weight: every MXFP4 scale, and the NVFP4 scale bytes the table clears under global scales
@@ -58,15 +55,18 @@ func TestFP4KernelOnCPU(t *testing.T) {
 	for _, g := range globals {
 		gs = append(gs, fmt.Sprintf("%x", math.Float32bits(g)))
 	}
-	if out, err := exec.Command(bin, append([]string{"exhaustive"}, gs...)...).CombinedOutput(); err != nil {
-		t.Fatalf("exhaustive check of the 16-bit fast paths: %v\n%s", err, out)
-	} else {
-		t.Logf("exhaustive check of the 16-bit fast paths:\n%s", out)
+	exhaustive := func(bin string) {
+		if out, err := exec.Command(bin, append([]string{"exhaustive"}, gs...)...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: exhaustive check of the 16-bit fast paths: %v\n%s", bin, err, out)
+		} else {
+			t.Logf("%s: exhaustive check of the 16-bit fast paths:\n%s", bin, out)
+		}
 	}
+	exhaustive(bin)
 	checkNVFP4Tables(t, bin, r)
 	// run codes raw block by block, then with the kernels themselves on a grid of 2 thread blocks
 	// (grid-stride loops that go round several times), and compares both with the CPU's bytes.
-	run := func(what string, w []float32, n, k, dt int, s quant.Scheme, g float32, raw []byte, want []packing.Raw) {
+	run := func(bin, what string, w []float32, n, k, dt int, s quant.Scheme, g float32, raw []byte, want []packing.Raw) {
 		t.Helper()
 		nv := 0
 		if s.Grid == quant.NVFP4 {
@@ -146,7 +146,7 @@ func TestFP4KernelOnCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(fmt.Sprintf("near ties (%d weights where w·(1/f) ≠ w/f)", differ), w, 64, 512, 2, quant.NVFP4Scheme, 3, raw, want)
+	run(bin, fmt.Sprintf("near ties (%d weights where w·(1/f) ≠ w/f)", differ), w, 64, 512, 2, quant.NVFP4Scheme, 3, raw, want)
 	for _, shape := range [][2]int{{1, 32}, {37, 96}, {200, 512}} {
 		n, k := shape[0], shape[1]
 		w := fp4TestWeights(r, n, k)
@@ -163,11 +163,52 @@ func TestFP4KernelOnCPU(t *testing.T) {
 					if err != nil {
 						t.Fatalf("%s: CPU: %v", what, err)
 					}
-					run(what, w, n, k, dt, s, g, raw, want)
+					run(bin, what, w, n, k, dt, s, g, raw, want)
 				}
 			}
 		}
 	}
+	// The NVFP4 tables' searches from starting points moved off (harness copies built with
+	// NVFP4_SHIFT_R and NVFP4_SHIFT_RH): r from 6 float steps below and above, rh from 24 above
+	// and below; and a copy whose rh searches all fail (NVFP4_RH_FAILS), where every byte must
+	// go to the general path whatever r's search finds. Each copy's cleared bytes must code every
+	// weight exactly, and its kernels must give the CPU's bytes.
+	const n, k = 37, 96
+	w = fp4TestWeights(r, n, k)
+	for _, shift := range [][2]int{{-6, 24}, {6, -24}, {0, 0}} {
+		var defines []string
+		if shift == [2]int{} {
+			defines = []string{"-DNVFP4_SHIFT_R=0", "-DNVFP4_SHIFT_RH=0", "-DNVFP4_RH_FAILS=1"}
+		} else {
+			defines = []string{fmt.Sprintf("-DNVFP4_SHIFT_R=%d", shift[0]), fmt.Sprintf("-DNVFP4_SHIFT_RH=%d", shift[1]), "-DNVFP4_RH_FAILS=0"}
+		}
+		bin := buildFP4Host(t, dir, defines...)
+		exhaustive(bin)
+		for dt, dtype := range []string{"BF16", "F16"} {
+			raw, held := encodeWeights(w, dtype)
+			for _, g := range []float32{0, 1e4} {
+				what := fmt.Sprintf("%dx%d %s NVFP4 G=%g, harness built with %v", n, k, dtype, g, defines)
+				want, err := cpuFP4(held, n, k, quant.NVFP4Scheme, "qpack", g)
+				if err != nil {
+					t.Fatalf("%s: CPU: %v", what, err)
+				}
+				run(bin, what, w, n, k, dt, quant.NVFP4Scheme, g, raw, want)
+			}
+		}
+	}
+}
+
+// buildFP4Host compiles the host harness into dir with the given preprocessor definitions (none:
+// as the kernels).
+func buildFP4Host(t *testing.T, dir string, defines ...string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "fp4-host"+strings.Join(defines, ""))
+	args := append([]string{"-O2", "-ffp-contract=off", "-std=c++20", "-pthread", "-I", "kernels/host", "-I", "kernels"}, defines...)
+	cmd := exec.Command(*hostCXX, append(args, "-o", bin, "kernels/host/microscaled_host.cpp")...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v\n%s", cmd, err, out)
+	}
+	return bin
 }
 
 // fp4TieAmaxes are BF16 amaxes under whose global scale 2688/amax many NVFP4 scale bytes meet

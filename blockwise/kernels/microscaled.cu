@@ -424,21 +424,17 @@ __device__ __forceinline__ bool nvfp4_stays(const unsigned int* u, unsigned int 
     return ok;
 }
 
-// NVFP4_REACH is how many float32 steps either side of its starting point nvfp4_entry searches a
-// factor.
-#define NVFP4_REACH 32
-
-// nvfp4_factor searches the factor v (r or rh, the other fixed) within NVFP4_REACH float steps
-// of its value for one under which the fast code reaches and stays at the thresholds LO … HI − 1:
-// v itself when it does, else by bisection the first factor above v that reaches, or the last
-// below it that stays (the interval's nearest end). It returns false when that end is out of
-// reach or fails the other test (the interval is empty).
-template <int DT, int LO, int HI>
-__device__ __forceinline__ bool nvfp4_factor(const unsigned int* u, unsigned int top, float& r, float& rh, float& v) {
+// nvfp4_search looks for a factor v (r or rh, the other fixed) within REACH float steps of its
+// value under which the fast code reaches and stays at the thresholds LO … HI − 1: v itself when
+// it does, else by bisection the first factor above v that reaches, or the last below it that
+// stays (the nearer end of the interval). It returns false when that end is out of reach or
+// fails the other test (the interval is empty).
+template <int DT, int LO, int HI, unsigned int REACH>
+__device__ __forceinline__ bool nvfp4_search(const unsigned int* u, unsigned int top, float& r, float& rh, float& v) {
     const bool reaches = nvfp4_reaches<DT, LO, HI>(u, r, rh);
     if (reaches && nvfp4_stays<DT, LO, HI>(u, top, r, rh)) return true;
     // lo fails the test that v failed, hi passes it; bisection brings them next to each other.
-    unsigned int lo = __float_as_uint(v), hi = reaches ? lo - NVFP4_REACH : lo + NVFP4_REACH;
+    unsigned int lo = __float_as_uint(v), hi = reaches ? lo - REACH : lo + REACH;
     v = __uint_as_float(hi);
     if (!(reaches ? nvfp4_stays<DT, LO, HI>(u, top, r, rh) : nvfp4_reaches<DT, LO, HI>(u, r, rh))) return false;
     while (lo + 1u != hi && hi + 1u != lo) {
@@ -451,45 +447,83 @@ __device__ __forceinline__ bool nvfp4_factor(const unsigned int* u, unsigned int
     return nvfp4_reaches<DT, LO, HI>(u, r, rh) && nvfp4_stays<DT, LO, HI>(u, top, r, rh);
 }
 
-// nvfp4_entry computes the NVEntry of scale byte b under G for 16-bit weights of dtype DT (BF16
-// or F16; the table of one is not the other's). The fast code is monotone in w and so is the
-// exact one, which changes at 7 boundaries u[i] (e2m1_mid rounded to the dtype): the fast code
-// is exact for every weight of a block with this byte when it steps at the same 7 places
-// (nvfp4_reaches, nvfp4_stays) and its x' stays below 7 up to the block's largest possible
-// weight (nvfp4_top). Nothing asks that r be 1/f: rh alone places the steps at 0.25 and 0.75
-// (there x' = w·rh + 0.5 > w·r), r alone the five from 1.25 on (x' = w·r), so each is searched
-// near 1/f and 1/(2f) (nvfp4_factor). Exact ties w = t·f are common under a computed G =
-// 2688/amax, where f = s·amax/2688 often has as few bits as the weights (E4M3 scale 1.75·2^k
+// nvfp4_factor computes one factor of the NVEntry of scale byte b under G for 16-bit weights of
+// dtype DT (BF16 or F16; the table of one is not the other's): r when R, else rh; 0 when the
+// byte's blocks must take the general path.
+//
+// The fast code is monotone in w and so is the exact one, which changes at 7 boundaries u[i]
+// (e2m1_mid rounded to the dtype): the fast code is exact for every weight of a block with this
+// byte when it steps at the same 7 places (nvfp4_reaches, nvfp4_stays) and its x' stays below 7
+// up to the block's largest possible weight (nvfp4_top). Nothing asks that r be 1/f, and the
+// two factors are found apart: rh alone places the steps at 0.25 and 0.75 (for weights up to
+// 0.76·f, w·rh + 0.5 ≥ 0.88 > w·r), r alone the five from 1.25 on and x' at the top (from 1.24·f
+// on, w·rh + 0.5 < w·r), for any r and rh within 2^-17 of 1/f and 1/(2f), as the searches keep
+// them. Each is searched near a starting point: exact ties w = t·f are common under a computed
+// G = 2688/amax, where f = s·amax/2688 often has as few bits as the weights (E4M3 scale 1.75·2^k
 // and a BF16 amax whose mantissa 3 divides: f is a BF16 number and 0.25·f, 0.75·f are weights).
 // fl(w/f) sends ties at 0.25, 1.25, 2.5, 5 down and at 0.75, 1.75, 3.5 up, and a code that
 // changes at the midpoint itself cannot follow both; with the change NVFP4_LATE steps late
 // (x' ≥ t + 8 ulps, 7.5 ulps past the midpoint: relative 6·2^-23 at 1.25·2^k, 4.3·2^-23 at
 // 1.75·2^k), factors a relative 4.3 to 6·2^-23 above 1/f send the ties of both kinds their way,
 // and rh a relative 10 to 30·2^-23 above 1/(2f) the two at 0.25 and 0.75: the searches start
-// in those windows (r at 1/f·(1 + 5·2^-23), rh at 1/(2f)·(1 + 20·2^-23)). Byte 0x7e (448) also
-// takes the blocks that saturate, so it is never cleared.
-template <int DT>
-__device__ __forceinline__ NVEntry nvfp4_entry(unsigned int b, float g) {
-    NVEntry e;
-    e.r = 0.0f;
-    e.rh = 0.0f;
-    if (b == 0u || b >= 0x7eu) return e;  // byte 0 is never a block's (MinE4M3), 0x7f is NaN
+// in those windows (r at 1/f·(1 + 5·2^-23), rh at 1/(2f)·(1 + 20·2^-23)). r, where near ties
+// move the interval a step or two from there, searches 8 steps either side; rh, whose interval
+// then lies 10 to 20 steps away (near 10 or 30·2^-23, the ties at 0.75 or 0.25), 32. Byte 0x7e
+// (448) also takes the blocks that saturate, so it is never cleared.
+// NVFP4_SHIFT_R and NVFP4_SHIFT_RH move the searches' starting points by that many float steps
+// (0 in the kernels), and NVFP4_RH_FAILS makes every rh search fail (0): the host harness builds
+// such copies to test both directions of each search and the tables' handling of a failed rh.
+#ifndef NVFP4_SHIFT_R
+#define NVFP4_SHIFT_R 0
+#define NVFP4_SHIFT_RH 0
+#define NVFP4_RH_FAILS 0
+#endif
+template <int DT, bool R>
+__device__ __forceinline__ float nvfp4_factor(unsigned int b, float g) {
+    if (b == 0u || b >= 0x7eu) return 0.0f;  // byte 0 is never a block's (MinE4M3), 0x7f is NaN
     const float f = __fdiv_rn(e4m3_value(b), g);
     const float r0 = __frcp_rn(f);
-    if (!(r0 >= 0x1p-124f && r0 <= 0x1p126f)) return e;  // every factor searched normal and finite
+    if (!(r0 >= 0x1p-124f && r0 <= 0x1p126f)) return 0.0f;  // every factor searched normal and finite
+    constexpr int lo = R ? 2 : 0, hi = R ? 7 : 2;
     unsigned int u[7];
 #pragma unroll
-    for (int i = 0; i < 7; i++) {
+    for (int i = lo; i < hi; i++) {
         const double p = e2m1_mid(i) * (double)f;
         u[i] = (i & 1) ? half_ceil<DT>(p) : half_above<DT>(p);  // ≥ t: the first weight ≥ p; > t: > p
     }
-    const unsigned int top = nvfp4_top<DT>(b, g);
     float r = __fmul_rn(r0, 1.0f + 5.0f * 0x1p-23f), rh = __fmul_rn(r0, 0.5f + 10.0f * 0x1p-23f);
-    // rh first, on its two thresholds; then r on all seven, which checks the pair as a whole.
-    if (!nvfp4_factor<DT, 0, 2>(u, top, r, rh, rh) || !nvfp4_factor<DT, 0, 7>(u, top, r, rh, r)) return e;
-    e.r = r;
-    e.rh = rh;
+    if constexpr (R) {
+        r = __uint_as_float(__float_as_uint(r) + NVFP4_SHIFT_R);
+        return nvfp4_search<DT, lo, hi, 8>(u, nvfp4_top<DT>(b, g), r, rh, r) ? r : 0.0f;
+    } else {
+        rh = __uint_as_float(__float_as_uint(rh) + NVFP4_SHIFT_RH);
+        return !NVFP4_RH_FAILS && nvfp4_search<DT, lo, hi, 32>(u, 0u, r, rh, rh) ? rh : 0.0f;
+    }
+}
+
+// nvfp4_entry is the NVEntry of scale byte b under G for 16-bit weights of dtype DT.
+template <int DT>
+__device__ __forceinline__ NVEntry nvfp4_entry(unsigned int b, float g) {
+    NVEntry e;
+    e.r = nvfp4_factor<DT, true>(b, g);
+    e.rh = nvfp4_factor<DT, false>(b, g);
+    if (e.rh == 0.0f) e.r = 0.0f;
     return e;
+}
+
+// nvfp4_table fills a thread block's NVFP4 table of the 128 scale bytes under G, for 16-bit
+// weights of dtype DT: thread t finds r of byte t (t < 128) or rh of byte t − 128, and a byte
+// whose rh search fails gets r = 0.
+template <int DT>
+__device__ __forceinline__ void nvfp4_table(NVEntry* table, float g) {
+    static_assert(FP4_THREADS == 256, "a thread for each factor of each of the 128 bytes");
+    const unsigned int b = threadIdx.x & 127u;
+    float rh = 0.0f;
+    if (threadIdx.x < 128u) table[b].r = nvfp4_factor<DT, true>(b, g);
+    else table[b].rh = rh = nvfp4_factor<DT, false>(b, g);
+    __syncthreads();
+    if (threadIdx.x >= 128u && rh == 0.0f) table[b].r = 0.0f;
+    __syncthreads();
 }
 
 // nvfp4_bf16_div6 is fl(amax/6) for a BF16 amax: the product by fl(1/6) corrected once by its
@@ -682,8 +716,7 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
     }
     __shared__ NVEntry table[NV && DT != IN_F32 ? 128 : 1];
     if constexpr (NV && DT != IN_F32) {
-        for (unsigned int b = threadIdx.x; b < 128u; b += FP4_THREADS) table[b] = nvfp4_entry<DT>(b, g);
-        __syncthreads();
+        nvfp4_table<DT>(table, g);
     }
     const unsigned int n = (unsigned int)chunks;  // < 2^31 (checkFP4Job): no index below wraps
     if constexpr (DT != IN_F32) {
