@@ -28,8 +28,9 @@
 // 3 bits, so unless x lies within 4 ulps of such a number, fl(w/f) is on the same side of every
 // threshold and codes the same; the rare weights that do (and any non-finite x) are redone with
 // the division. The 16-bit paths instead decide per scale byte, before the loop, whether their
-// cheaper arithmetic is exact for every weight of the dtype (nvfp4_entry), and send the blocks
-// of the bytes where it is not to the general path.
+// cheaper arithmetic, with factors chosen for the byte, is exact for every weight of the dtype
+// (nvfp4_table, nvfp4_factor), and send the blocks of the bytes where it is not to the general
+// path.
 //
 // Non-finite weights are reported like blockwise.cu's kernels: status[0] is lowered to the
 // lowest flat index of one (atomicMin), and the host turns it into the CPU's error.
@@ -266,9 +267,8 @@ __device__ __forceinline__ unsigned int chunk_codes_general(const Chunk<DT>& x, 
 // The BF16 fast paths work on both lanes of a word at once where they can (packed BF16 and F16
 // min/max/FMA, integer steps that cannot carry between lanes), the F16 ones on each weight in
 // float32, and reach the rules' bytes exactly; the blocks they cannot do (BF16 MXFP4 scales
-// below 2^-124; NVFP4 block scales whose
-// reciprocal path could differ from the division, a property of the scale byte that
-// nvfp4_entry decides beforehand) take chunk_codes_general.
+// below 2^-124; NVFP4 block scales for which no factors make the fast code equal the division's,
+// a property of the scale byte that nvfp4_table decides beforehand) take chunk_codes_general.
 
 
 // signed_codes puts the signs of a chunk's 8 16-bit weights on the magnitudes mag (nibble j the
@@ -317,23 +317,22 @@ __device__ __forceinline__ unsigned int mxfp4_bf16_codes(const Chunk<IN_BF16>& x
     return codes & (0x77777777u | nonzero);
 }
 
-// NVEntry is what the NVFP4 16-bit path needs of one scale byte s under global scale G: r = 1/f
-// (f = s/G) and rh = r/2; r = 0 marks a byte whose blocks take chunk_codes_general.
+// NVEntry is what the NVFP4 16-bit path needs of one scale byte s under global scale G: the
+// factors r ≈ 1/f (f = s/G) and rh ≈ r/2 (nvfp4_factor); r = 0 marks a byte whose blocks take
+// chunk_codes_general.
 struct NVEntry {
     float r, rh;
 };
 
-// NVFP4_LATE is how many float32 steps past an E2M1 threshold's midpoint nvfp4_step's code
-// changes: a few, so that exact ties can go either way (nvfp4_entry).
-#ifndef NVFP4_LATE
+// NVFP4_LATE is how many float32 steps past an E2M1 threshold (x' at a rounding midpoint)
+// nvfp4_step's code changes: a few, so that exact ties can go either way (nvfp4_factor).
 #define NVFP4_LATE 8
-#endif
 
 // nvfp4_step is the NVFP4 16-bit path's magnitude code of a magnitude w, in bits 28-30
 // of the result: with x = w·r, x' = max(x, w·rh + 0.5) (the map of mxfp4_bf16_codes, here in
 // float32) rounded to one mantissa bit is bits(x')·64 + 0x48000000 (0.5 → 0, 6 → 7) for
 // x' < 7, rounding up from NVFP4_LATE float steps past the midpoint (−64·NVFP4_LATE). The code
-// is monotone in w, r and rh, and nvfp4_entry clears a byte only with factors r, rh under
+// is monotone in w, r and rh, and nvfp4_factor clears a byte only with factors r, rh under
 // which it equals E2M1(fl(w/f)) at every step and stays 7 up to the largest weight a block of
 // that byte holds.
 __device__ __forceinline__ unsigned int nvfp4_step(float w, float r, float rh) {
