@@ -17,7 +17,8 @@
 // takes 16 weights) and arithmetic: BF16 two weights per 32-bit operation where it can
 // (mxfp4_bf16_codes), F16 in float32, which holds an F16 weight's 11 bits with room to spare
 // (mxfp4_f16_codes), and NVFP4 for both by a scale table (nvfp4_half_codes). F32 takes the
-// general per-weight path (chunk_codes): a warp takes 32 consecutive chunks (grid-stride over
+// general per-weight path (chunk_codes; NVFP4's f and 1/f of each scale byte from a table,
+// NVScale): a warp takes 32 consecutive chunks (grid-stride over
 // the tensor), lane l loads chunk 32i + l, the 2 (NVFP4) or 4 (MXFP4) lanes of a block reduce
 // its absolute maximum with xor shuffles, every lane stores its 4 code bytes and the block's
 // first lane its scale byte.
@@ -212,15 +213,34 @@ struct FP4Block {
     float f, r;         // NVFP4: f = s/G and r = 1/f; MXFP4: r = 1/s (exact), f unused
 };
 
-__device__ __forceinline__ FP4Block nvfp4_block(float amax, float g) {
-    FP4Block b;
-    b.byte = e4m3_byte(__fmul_rn(g, __fdiv_rn(amax, 6.0f)));
-    if (b.byte == 0u) b.byte = 1u;  // quant.MinE4M3
-    b.f = __fdiv_rn(e4m3_value(b.byte), g);
-    b.r = __frcp_rn(b.f);
+// nvfp4_byte is the scale byte of an NVFP4 block whose absolute maximum is amax, under G.
+__device__ __forceinline__ unsigned int nvfp4_byte(float amax, float g) {
+    const unsigned int byte = e4m3_byte(__fmul_rn(g, __fdiv_rn(amax, 6.0f)));
+    return byte == 0u ? 1u : byte;  // quant.MinE4M3
+}
+
+// NVScale is the general path's f = s/G and r = 1/f of a scale byte; the F32 kernels keep a
+// table of the 128 in shared memory (nvfp4_scale of each, once per thread block) instead of a
+// division and a reciprocal per chunk.
+struct NVScale {
+    float f, r;
+};
+
+__device__ __forceinline__ NVScale nvfp4_scale(unsigned int byte, float g) {
+    NVScale s;
+    s.f = __fdiv_rn(e4m3_value(byte), g);
+    s.r = __frcp_rn(s.f);
     // A subnormal or infinite reciprocal is not within half an ulp of 1/f: NaN sends every
     // weight of the block to the division (near_threshold).
-    if (!(fabsf(b.r) >= 1.17549435e-38f && fabsf(b.r) <= 3.40282346638528859812e+38f)) b.r = __uint_as_float(0x7fc00000u);
+    if (!(fabsf(s.r) >= 1.17549435e-38f && fabsf(s.r) <= 3.40282346638528859812e+38f)) s.r = __uint_as_float(0x7fc00000u);
+    return s;
+}
+
+__device__ __forceinline__ FP4Block nvfp4_block(unsigned int byte, const NVScale& s) {
+    FP4Block b;
+    b.byte = byte;
+    b.f = s.f;
+    b.r = s.r;
     return b;
 }
 
@@ -257,7 +277,13 @@ __device__ __forceinline__ unsigned int chunk_codes(const Chunk<DT>& x, const FP
 // by the rules above for any dtype, and sets byte to the block's scale byte.
 template <int DT, bool NV>
 __device__ __forceinline__ unsigned int chunk_codes_general(const Chunk<DT>& x, unsigned int amax, float g, unsigned int& byte) {
-    const FP4Block b = NV ? nvfp4_block(__uint_as_float(amax), g) : mxfp4_block(amax);
+    FP4Block b;
+    if (NV) {
+        const unsigned int s = nvfp4_byte(__uint_as_float(amax), g);
+        b = nvfp4_block(s, nvfp4_scale(s, g));
+    } else {
+        b = mxfp4_block(amax);
+    }
     byte = b.byte;
     return chunk_codes<DT, NV>(x, b);
 }
@@ -714,8 +740,12 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
         if (blockIdx.x == 0 && threadIdx.x == 0) *global_out = g;
     }
     __shared__ NVEntry table[NV && DT != IN_F32 ? 128 : 1];
+    __shared__ NVScale f32_scales[NV && DT == IN_F32 ? 128 : 1];
     if constexpr (NV && DT != IN_F32) {
         nvfp4_table<DT>(table, g);
+    } else if constexpr (NV) {
+        if (threadIdx.x < 128u) f32_scales[threadIdx.x] = nvfp4_scale(threadIdx.x, g);  // bytes 0 and 127: never a block's
+        __syncthreads();
     }
     const unsigned int n = (unsigned int)chunks;  // < 2^31 (checkFP4Job): no index below wraps
     if constexpr (DT != IN_F32) {
@@ -745,7 +775,12 @@ __device__ __forceinline__ void fp4_kernel(const void* w, u64 chunks, const unsi
                 continue;
             }
             unsigned int byte;
-            fp4_chunks<DT, NV, 1>(&x[i], amax[i], g, table, byte, &codes[c[i]]);
+            if constexpr (NV) {  // the general path, its f and r from the table
+                byte = nvfp4_byte(__uint_as_float(amax[i]), g);
+                codes[c[i]] = chunk_codes<DT, NV>(x[i], nvfp4_block(byte, f32_scales[byte]));
+            } else {
+                fp4_chunks<DT, NV, 1>(&x[i], amax[i], g, table, byte, &codes[c[i]]);
+            }
             if ((lane & (lanes_per_block - 1)) == 0) scales[c[i] / lanes_per_block] = (unsigned char)byte;
         }
     }
