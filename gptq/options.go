@@ -78,8 +78,7 @@ type Stats struct {
 	// Factor is the time spent on damping and the inverse factor, Total the whole call.
 	Factor, Total time.Duration
 	// GPU only: Setup is the time spent checking the weights and putting W and H on the
-	// device, BaselineTime waiting for the baseline loss after the columns (it is computed
-	// while the factorisation and the columns run).
+	// device, Baseline computing the baseline loss.
 	Setup, BaselineTime time.Duration
 }
 

@@ -44,8 +44,6 @@ type GPUSolver struct {
 	blas   *cuda.BLAS
 	solver *cuda.Solver
 	stream cuda.Stream
-	side   cuda.Stream  // the baseline loss, computed while the factorisation and the columns run
-	sideBL *cuda.BLAS   // cuBLAS on side
 	stager *cuda.Stager // uploads W and H through pinned memory
 	bufs   [numGPUSlots]gpuBuffer
 
@@ -57,7 +55,6 @@ type GPUSolver struct {
 	poison  bool        // tests: fill outputs and scratch with garbage before each run
 	profile *gpuProfile // when set, each phase is timed with events
 	into    *rowsOf     // during QuantizeGramRows: where run puts its results
-	queued  bool        // startBaseline's work is on the side stream, for finishBaseline
 }
 
 // rowsOf is rows [row, row+n) of a tensor that QuantizeGramRows fills.
@@ -164,15 +161,6 @@ func newGPUSolver(dev *cuda.Device, ptx []byte) (g *GPUSolver, err error) {
 	if err = g.blas.SetStream(g.stream); err != nil {
 		return nil, err
 	}
-	if g.side, err = dev.NewStream(); err != nil {
-		return nil, err
-	}
-	if g.sideBL, err = dev.NewBLAS(); err != nil {
-		return nil, err
-	}
-	if err = g.sideBL.SetStream(g.side); err != nil {
-		return nil, err
-	}
 	if g.solver, err = dev.NewSolver(); err != nil {
 		return nil, fmt.Errorf("gptq: the GPU path needs cuSOLVER: %w", err)
 	}
@@ -203,15 +191,9 @@ func (g *GPUSolver) Close() error {
 		errs = append(errs, g.blas.Close())
 		g.blas = nil
 	}
-	if g.sideBL != nil {
-		errs = append(errs, g.sideBL.Close())
-		g.sideBL = nil
-	}
-	for _, s := range []*cuda.Stream{&g.stream, &g.side} {
-		if *s != 0 {
-			errs = append(errs, g.dev.DestroyStream(*s))
-			*s = 0
-		}
+	if g.stream != 0 {
+		errs = append(errs, g.dev.DestroyStream(g.stream))
+		g.stream = 0
 	}
 	if g.module != nil {
 		errs = append(errs, g.module.Unload())
@@ -398,71 +380,57 @@ func (g *GPUSolver) quantizeLoaded(w []float32, n, k int, diag []float64, s quan
 	}
 	st.Setup = time.Since(start)
 	t, err := g.run(p, &st)
-	if g.queued {
-		// Started by run on the side stream; waited for even after an error, as the next
-		// call may reuse its buffers.
-		baselineStart := time.Now()
-		baseline, berr := g.finishBaseline(p)
-		if err == nil {
-			err = berr
-		}
-		st.Baseline, st.BaselineTime = baseline, time.Since(baselineStart)
-		if err == nil {
-			st.RelativeLoss = st.Loss / st.Baseline
-		}
-	}
 	if err != nil {
 		return nil, st, err
+	}
+	if p.opt.BaselineLoss {
+		baselineStart := time.Now()
+		if st.Baseline, err = g.baseline(p); err != nil {
+			return nil, st, err
+		}
+		st.RelativeLoss = st.Loss / st.Baseline
+		st.BaselineTime = time.Since(baselineStart)
 	}
 	st.Total = time.Since(start)
 	return t, st, nil
 }
 
-// startBaseline queues on the side stream the baseline loss tr(W H Wᵀ) (quadraticForm: dead
-// columns of W as zero) from the weights and Hessian already on the device: W in float64, one
-// DGEMM W·H, a row-wise dot with W; finishBaseline sums the rows on the host. It reads only W as
-// given, H and the dead columns, which the factorisation and the columns leave alone, so it runs
-// while they do (it had been a tenth of a 7B's solving time after them). On the CPU this N·K²
-// product took longer than the quantization.
-func (g *GPUSolver) startBaseline(p gpuPlan) error {
+// baseline computes tr(W H Wᵀ) (quadraticForm: dead columns of W as zero) from the weights and
+// Hessian already on the device: W in float64, one DGEMM W·H, a row-wise dot with W, the rows
+// summed on the host. On the CPU this N·K² product took longer than the quantization.
+func (g *GPUSolver) baseline(p gpuPlan) (float64, error) {
 	n, k := p.n, p.k
 	w, err := g.buffer(slotBaseW, 8*n*k)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	wh, err := g.buffer(slotBaseWH, 8*n*k)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	rows, err := g.buffer(slotBaseRows, 8*n)
 	if err != nil {
-		return err
-	}
-	if err := g.dev.SynchronizeStream(g.stream); err != nil { // W, H and the dead columns are in place
-		return err
-	}
-	g.queued = true
-	total := n * k
-	err = g.fn.widenLive.Launch(cuda.Dim3{X: (total + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.side,
-		g.bufs[slotOrig].ptr, g.bufs[slotDead].ptr, w, uint64(total), int32(k))
-	if err != nil {
-		return err
-	}
-	// Row-major W·H is the column-major H·Wᵀ (H is symmetric).
-	if err := g.sideBL.Dgemm(cuda.NoTrans, cuda.NoTrans, k, n, k, 1, g.bufs[slotH].ptr, k, w, k, 0, wh, k); err != nil {
-		return err
-	}
-	return g.fn.rowDot.Launch(cuda.Dim3{X: (n + 7) / 8, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.side, wh, w, int32(n), int32(k), rows)
-}
-
-// finishBaseline waits for startBaseline's work and sums its rows.
-func (g *GPUSolver) finishBaseline(p gpuPlan) (float64, error) {
-	g.queued = false
-	if err := g.dev.SynchronizeStream(g.side); err != nil {
 		return 0, err
 	}
-	sums := make([]float64, p.n)
-	if err := g.dev.CopyFromDevice(cuda.Bytes(sums), g.bufs[slotBaseRows].ptr); err != nil {
+	total := n * k
+	err = g.fn.widenLive.Launch(cuda.Dim3{X: (total + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
+		g.bufs[slotOrig].ptr, g.bufs[slotDead].ptr, w, uint64(total), int32(k))
+	if err != nil {
+		return 0, err
+	}
+	// Row-major W·H is the column-major H·Wᵀ (H is symmetric).
+	if err := g.blas.Dgemm(cuda.NoTrans, cuda.NoTrans, k, n, k, 1, g.bufs[slotH].ptr, k, w, k, 0, wh, k); err != nil {
+		return 0, err
+	}
+	err = g.fn.rowDot.Launch(cuda.Dim3{X: (n + 7) / 8, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream, wh, w, int32(n), int32(k), rows)
+	if err != nil {
+		return 0, err
+	}
+	sums := make([]float64, n)
+	if err := g.dev.SynchronizeStream(g.stream); err != nil {
+		return 0, err
+	}
+	if err := g.dev.CopyFromDevice(cuda.Bytes(sums), rows); err != nil {
 		return 0, err
 	}
 	var sum float64
@@ -571,11 +539,6 @@ func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
 	}
 	if err := g.uploadPlan(p, ptr); err != nil {
 		return nil, err
-	}
-	if p.opt.BaselineLoss {
-		if err := g.startBaseline(p); err != nil {
-			return nil, err
-		}
 	}
 	factorStart := time.Now()
 	if err := g.factor(p, ptr, st); err != nil {
