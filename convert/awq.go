@@ -210,7 +210,7 @@ func (s *awqScaler) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, rows,
 		s.r.experts.start(block, g)
 	}
 	s.r.experts.add(block, g, rows)
-	return in.in.Add(s.r.gpu.e, s.gpu, x, rows)
+	return in.in.Add(s.r.gpu.first(), s.gpu, x, rows)
 }
 
 // deviceInputs returns group g's device inputs, emptied for a new block.
@@ -237,7 +237,7 @@ func (s *awqScaler) Update(b *model.Block, groups []model.Group) error {
 		return s.r.Update(b, groups)
 	}
 	if s.gpu != nil {
-		if err := s.r.gpu.e.Synchronize(); err != nil { // the inputs are gathered
+		if err := s.r.gpu.first().Synchronize(); err != nil { // the inputs are gathered
 			return err
 		}
 		// The next block's pass overwrites the inputs: the searches must be done with them.
@@ -335,7 +335,7 @@ func (s *awqScaler) onGPU(block []*model.Linear, ls []awq.Linear) {
 		return
 	}
 	for i, l := range block { // ls was made from block, in its order
-		ls[i].OnGPU, _ = s.r.gpu.e.LinearWeights(l)
+		ls[i].OnGPU, _ = s.r.gpu.first().LinearWeights(l)
 	}
 }
 

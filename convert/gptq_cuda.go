@@ -21,7 +21,6 @@ import (
 // Gram matrix Σ xᵀx accumulates there in float32, one partial sum per GPU, summed where the
 // solvers read it (gpuSolveFunc).
 type gpuCapture struct {
-	e      *model.GPU        // the first GPU's engine (AWQ's scaler works with it alone)
 	shards []*gpuShard       // one per GPU calibrating
 	peer   cuda.DeviceBuffer // on the first GPU: another GPU's partial Gram matrix (sumShards)
 	sums   time.Duration     // spent in sumShards
@@ -63,11 +62,10 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 		}
 		r.gpu.shards = append(r.gpu.shards, &gpuShard{e: e, grams: map[string]*deviceGram{}})
 	}
-	r.gpu.e = r.gpu.shards[0].e
 	start := time.Now()
 	var err error
 	if len(devs) == 1 {
-		err = r.gpu.e.Calibrate(m, seqs, cal, opt)
+		err = r.gpu.first().Calibrate(m, seqs, cal, opt)
 	} else {
 		err = model.CalibrateSharded(r.gpu.engines(), m, seqs, r, opt)
 	}
@@ -79,7 +77,7 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 	if r.awq != nil && !r.awq.gptq {
 		return nil // AWQ's own line tells where the time went
 	}
-	ct := r.gpu.e.CalibrationTimes()
+	ct := r.gpu.first().CalibrationTimes()
 	sums := fmt.Sprintf(" (solving and replacing weights %.1f s", r.solving.Seconds())
 	if len(devs) > 1 {
 		sums += fmt.Sprintf(", Hessians summed across GPUs %.2f s", r.gpu.sums.Seconds())
@@ -114,6 +112,9 @@ func gpuNames(devs []*cuda.Device) string {
 	}
 	return fmt.Sprintf("%d × %s", len(devs), devs[0].Info().Name)
 }
+
+// first is the first GPU's engine (AWQ's scaler works with it alone).
+func (c *gpuCapture) first() *model.GPU { return c.shards[0].e }
 
 func (c *gpuCapture) engines() []*model.GPU {
 	var es []*model.GPU
@@ -301,7 +302,7 @@ func (c *gpuCapture) sumShards(grams []*deviceGram) error {
 func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, grams []*deviceGram, set solverSet) (*quant.Tensor, gptq.Stats, error) {
 	n, k := l.Out, l.In
 	parts := min(len(grams), n)
-	at := model.ShareSequences(n, parts)
+	at := model.EvenShares(n, parts)
 	t := gptq.NewRowsTensor(s, n, k)
 	rows := make([]*quant.Tensor, parts)
 	sts := make([]gptq.Stats, parts)

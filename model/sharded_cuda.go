@@ -34,7 +34,7 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 	if len(seqs) < len(engines) {
 		return fmt.Errorf("model: calibration: %d sequences cannot be shared by %d GPUs", len(seqs), len(engines))
 	}
-	shares := ShareSequences(len(seqs), len(engines))
+	shares := EvenShares(len(seqs), len(engines))
 	xs := make([]*DeviceBatch, len(engines))
 	defer func() {
 		for _, x := range xs {
@@ -69,8 +69,9 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 	return nil
 }
 
-// ShareSequences splits n sequences into parts contiguous shares: share i is [at[i], at[i+1]).
-func ShareSequences(n, parts int) (at []int) {
+// EvenShares splits n things (sequences, rows) into parts contiguous shares whose sizes differ
+// by at most one: share i is [at[i], at[i+1]).
+func EvenShares(n, parts int) (at []int) {
 	at = make([]int, parts+1)
 	for i := range parts {
 		at[i+1] = at[i] + n/parts
