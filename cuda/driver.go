@@ -37,6 +37,7 @@ type driver struct {
 	cuMemHostAlloc            func(ptr *unsafe.Pointer, bytes uint64, flags uint32) result
 	cuMemFreeHost             func(ptr unsafe.Pointer) result
 	cuMemsetD32               func(dst uintptr, value uint32, count uint64) result
+	cuMemsetD32Async          func(dst uintptr, value uint32, count uint64, stream uintptr) result
 	cuMemcpyHtoD              func(dst uintptr, src unsafe.Pointer, bytes uint64) result
 	cuMemcpyDtoH              func(dst unsafe.Pointer, src uintptr, bytes uint64) result
 	cuMemcpyDtoD              func(dst, src uintptr, bytes uint64) result
@@ -135,6 +136,7 @@ func (d *driver) bindAll() error {
 		{&d.cuMemHostAlloc, []string{"cuMemHostAlloc"}},
 		{&d.cuMemFreeHost, []string{"cuMemFreeHost"}},
 		{&d.cuMemsetD32, []string{"cuMemsetD32_v2"}},
+		{&d.cuMemsetD32Async, []string{"cuMemsetD32Async"}},
 		{&d.cuMemcpyHtoD, []string{"cuMemcpyHtoD_v2"}},
 		{&d.cuMemcpyDtoH, []string{"cuMemcpyDtoH_v2"}},
 		{&d.cuMemcpyDtoD, []string{"cuMemcpyDtoD_v2"}},

@@ -358,3 +358,50 @@ func TestStagerCopiesEveryPiece(t *testing.T) {
 		}
 	}
 }
+
+// TestStagerDownloadsInStreamOrder: downloads through the stager (several pieces through both
+// halves, smaller, exactly one half) see the work queued before them on their stream — an
+// upload, then an asynchronous fill of part of it — and nothing else, and interleave with
+// uploads through the same halves.
+func TestStagerDownloadsInStreamOrder(t *testing.T) {
+	d := openTestDevice(t)
+	st, err := d.NewStager(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyStream(s)
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	for _, n := range []int{4324, 500, 4, 1004, 2000} {
+		src := randomBytes(r, n)
+		want := bytes.Clone(src)
+		for i := 4 * (n / 16); i < 4*(n/8); i++ { // the fill: words [n/16, n/8)
+			want[i] = 0xab
+		}
+		p, err := d.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.CopyToDevice(p, src, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Fill32Async(p.Add(4*(n/16)), 0xabababab, n/8-n/16, s); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, n)
+		for i := range got {
+			got[i] = byte(i) // not what the device holds
+		}
+		if err := st.CopyFromDevice(got, p, s); err != nil {
+			t.Fatal(err)
+		}
+		d.Free(p)
+		if !bytes.Equal(got, want) {
+			t.Errorf("%d bytes: the download differs from the upload with its fill", n)
+		}
+	}
+}

@@ -62,6 +62,14 @@ func (d *Device) Fill32(p DevicePtr, value uint32, count int) error {
 	})
 }
 
+// Fill32Async queues setting count 32-bit words at p to value on stream s. Unlike Fill32, it
+// neither waits for nor holds up work on other streams.
+func (d *Device) Fill32Async(p DevicePtr, value uint32, count int, s Stream) error {
+	return d.do(func() error {
+		return d.drv.check("cuMemsetD32Async", d.drv.cuMemsetD32Async(uintptr(p), value, uint64(count), uintptr(s)))
+	})
+}
+
 // AllocHost allocates page-locked host memory that the GPU can copy to and from
 // asynchronously. The memory is outside the Go heap; release it with FreeHost.
 func (d *Device) AllocHost(bytes int) ([]byte, error) {
