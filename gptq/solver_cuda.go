@@ -40,7 +40,7 @@ const (
 type GPUSolver struct {
 	dev    *cuda.Device
 	module *cuda.Module
-	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, fitSearch, block, squaredError, widenLive, rowDot cuda.Function }
+	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, fitSearch, block, squaredError, widenLive, live, narrow, rowDot cuda.Function }
 	blas   *cuda.BLAS
 	solver *cuda.Solver
 	stream cuda.Stream
@@ -88,9 +88,8 @@ const (
 	slotRowSq           // N float64
 	slotRowDq           // N float64
 	slotFlags           // status (uint64), potrf info, trtri info, bad (int32 each)
-	slotBaseW           // N×K float64 live weights, for the baseline loss
-	slotBaseWH          // N×K float64 W·H
-	slotBaseRows        // N float64 row sums of W·H∘W
+	slotBaseWH          // N×K float32 W·H, for the baseline loss
+	slotBaseRows        // N float64 row sums of W·H∘W (and, before, diag H)
 	slotImpOrig         // K float32 diag H in the original order (Options.Imatrix)
 	slotImpPos          // K float32 diag H in quantization order (Options.Imatrix)
 	numGPUSlots
@@ -143,7 +142,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte) (g *GPUSolver, err error) {
 		{&g.fn.buildFactor, "gptq_build_factor"}, {&g.fn.setDiagonal, "gptq_set_diagonal"}, {&g.fn.unreverse, "gptq_unreverse"},
 		{&g.fn.loadWeights, "gptq_load_weights"}, {&g.fn.fitFixed, "gptq_fit_fixed"}, {&g.fn.fitSearch, "gptq_fit_search"},
 		{&g.fn.block, "gptq_block"}, {&g.fn.squaredError, "gptq_squared_error"},
-		{&g.fn.widenLive, "gptq_widen_live"}, {&g.fn.rowDot, "gptq_row_dot"},
+		{&g.fn.widenLive, "gptq_widen_live"}, {&g.fn.live, "gptq_live"}, {&g.fn.narrow, "gptq_narrow"}, {&g.fn.rowDot, "gptq_row_dot"},
 	} {
 		if *f.dst, err = g.module.Function(f.name); err != nil {
 			return nil, err
@@ -334,7 +333,7 @@ func (g *GPUSolver) loadGram(gram cuda.DevicePtr, k int, scale float64) ([]float
 	if err != nil {
 		return nil, err
 	}
-	if err := g.dev.Fill32(noDead, 0, (k+3)/4); err != nil {
+	if err := g.dev.Fill32Async(noDead, 0, (k+3)/4, g.stream); err != nil {
 		return nil, err
 	}
 	err = g.fn.widenLive.Launch(cuda.Dim3{X: (k*k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
@@ -352,11 +351,8 @@ func (g *GPUSolver) loadGram(gram cuda.DevicePtr, k int, scale float64) ([]float
 	if err := g.blas.Dcopy(k, h, k+1, d, 1); err != nil {
 		return nil, err
 	}
-	if err := g.dev.SynchronizeStream(g.stream); err != nil {
-		return nil, err
-	}
 	diag := make([]float64, k)
-	if err := g.dev.CopyFromDevice(cuda.Bytes(diag), d); err != nil {
+	if err := g.stager.CopyFromDevice(cuda.Bytes(diag), d, g.stream); err != nil {
 		return nil, err
 	}
 	for i, v := range diag {
@@ -396,15 +392,14 @@ func (g *GPUSolver) quantizeLoaded(w []float32, n, k int, diag []float64, s quan
 }
 
 // baseline computes tr(W H Wᵀ) (quadraticForm: dead columns of W as zero) from the weights and
-// Hessian already on the device: W in float64, one DGEMM W·H, a row-wise dot with W, the rows
-// summed on the host. On the CPU this N·K² product took longer than the quantization.
+// Hessian already on the device, in the buffers the columns are done with: H rounded to
+// float32, one TF32 GEMM W·H (the loss only reports how much GPTQ removed, and the CPU computes
+// it in float32: a float64 GEMM took a sixth of a 7B down_proj's solve), a row-wise dot with W
+// in float64, the rows summed on the host.
 func (g *GPUSolver) baseline(p gpuPlan) (float64, error) {
 	n, k := p.n, p.k
-	w, err := g.buffer(slotBaseW, 8*n*k)
-	if err != nil {
-		return 0, err
-	}
-	wh, err := g.buffer(slotBaseWH, 8*n*k)
+	w, h := g.bufs[slotW].ptr, g.bufs[slotU].ptr // N×K and K×K float32
+	wh, err := g.buffer(slotBaseWH, 4*n*k)
 	if err != nil {
 		return 0, err
 	}
@@ -412,25 +407,32 @@ func (g *GPUSolver) baseline(p gpuPlan) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	total := n * k
-	err = g.fn.widenLive.Launch(cuda.Dim3{X: (total + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
-		g.bufs[slotOrig].ptr, g.bufs[slotDead].ptr, w, uint64(total), int32(k))
+	threads := cuda.Dim3{X: 256, Y: 1, Z: 1}
+	err = g.fn.live.Launch(cuda.Dim3{X: (n*k + 255) / 256, Y: 1, Z: 1}, threads, 0, g.stream,
+		g.bufs[slotOrig].ptr, g.bufs[slotDead].ptr, w, uint64(n*k), int32(k))
+	if err == nil {
+		err = g.fn.narrow.Launch(cuda.Dim3{X: (k*k + 255) / 256, Y: 1, Z: 1}, threads, 0, g.stream, g.bufs[slotH].ptr, h, uint64(k*k))
+	}
+	if err == nil {
+		err = g.blas.SetTF32(true)
+	}
 	if err != nil {
 		return 0, err
 	}
 	// Row-major W·H is the column-major H·Wᵀ (H is symmetric).
-	if err := g.blas.Dgemm(cuda.NoTrans, cuda.NoTrans, k, n, k, 1, g.bufs[slotH].ptr, k, w, k, 0, wh, k); err != nil {
+	err = g.blas.Sgemm(cuda.NoTrans, cuda.NoTrans, k, n, k, 1, h, k, w, k, 0, wh, k)
+	if e := g.blas.SetTF32(false); err == nil {
+		err = e
+	}
+	if err != nil {
 		return 0, err
 	}
-	err = g.fn.rowDot.Launch(cuda.Dim3{X: (n + 7) / 8, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream, wh, w, int32(n), int32(k), rows)
+	err = g.fn.rowDot.Launch(cuda.Dim3{X: (n + 7) / 8, Y: 1, Z: 1}, threads, 0, g.stream, wh, w, int32(n), int32(k), rows)
 	if err != nil {
 		return 0, err
 	}
 	sums := make([]float64, n)
-	if err := g.dev.SynchronizeStream(g.stream); err != nil {
-		return 0, err
-	}
-	if err := g.dev.CopyFromDevice(cuda.Bytes(sums), rows); err != nil {
+	if err := g.stager.CopyFromDevice(cuda.Bytes(sums), rows, g.stream); err != nil {
 		return 0, err
 	}
 	var sum float64
@@ -558,7 +560,7 @@ func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
 		{t.Codes, ptr[slotCodes]}, {cuda.Bytes(t.Scales), ptr[slotScales]}, {t.Zeros, ptr[slotZeros]},
 		{cuda.Bytes(rowSq), ptr[slotRowSq]}, {cuda.Bytes(rowDq), ptr[slotRowDq]}, {status, ptr[slotFlags]},
 	} {
-		if err := g.dev.CopyFromDevice(c.dst, c.src); err != nil {
+		if err := g.stager.CopyFromDevice(c.dst, c.src, g.stream); err != nil {
 			return nil, fmt.Errorf("gptq: %w", err)
 		}
 	}
@@ -595,7 +597,7 @@ func (g *GPUSolver) allocate(p gpuPlan) ([numGPUSlots]cuda.DevicePtr, error) {
 			return ptr, err
 		}
 		if g.poison && slot != slotH && slot != slotOrig {
-			if err := g.dev.Fill32(ptr[slot], 0x7fc0dead, g.bufs[slot].size/4); err != nil {
+			if err := g.dev.Fill32Async(ptr[slot], 0x7fc0dead, g.bufs[slot].size/4, g.stream); err != nil {
 				return ptr, err
 			}
 		}
@@ -624,14 +626,14 @@ func (g *GPUSolver) uploadPlan(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error
 		{slotPosGroup, cuda.Bytes(int32s(posGroup))}, {slotColGroup, cuda.Bytes(int32s(colGroup))}, {slotDead, dead},
 		{slotImpOrig, cuda.Bytes(p.impOrig)}, {slotImpPos, cuda.Bytes(p.impPos)}, // empty unless Imatrix
 	} {
-		if err := g.dev.CopyToDevice(ptr[u.slot], u.data); err != nil {
+		if err := g.stager.CopyToDevice(ptr[u.slot], u.data, g.stream); err != nil {
 			return fmt.Errorf("gptq: %w", err)
 		}
 	}
-	if err := g.dev.Fill32(ptr[slotRowSq], 0, 2*p.n); err != nil {
+	if err := g.dev.Fill32Async(ptr[slotRowSq], 0, 2*p.n, g.stream); err != nil {
 		return err
 	}
-	return g.dev.Fill32(ptr[slotFlags], math.MaxUint32, 2) // status: no overflowing scale yet
+	return g.dev.Fill32Async(ptr[slotFlags], math.MaxUint32, 2, g.stream) // status: no overflowing scale yet
 }
 
 // factor computes U into slotU, retrying with tenfold damping like inverseFactor.
@@ -644,7 +646,7 @@ func (g *GPUSolver) factor(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr, st *Stats
 	for damp := p.opt.Damp; ; damp *= 10 {
 		lambda := damp * p.meanDiag
 		end := g.span(phaseCholesky)
-		err := g.dev.Fill32(info, 0, 3)
+		err := g.dev.Fill32Async(info, 0, 3, g.stream)
 		if err == nil {
 			err = g.fn.buildFactor.Launch(tiles, block, 0, g.stream, ptr[slotH], ptr[slotRev], ptr[slotDead], k, lambda, ptr[slotFactor])
 		}
@@ -657,15 +659,12 @@ func (g *GPUSolver) factor(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr, st *Stats
 			err = g.invert(p.k, ptr, trtriInfo)
 		}
 		end()
-		if err == nil {
-			err = g.dev.SynchronizeStream(g.stream)
-		}
 		if err != nil {
 			return fmt.Errorf("gptq: inverse factor: %w", err)
 		}
 		var got [3]int32
-		if err := g.dev.CopyFromDevice(cuda.Bytes(got[:]), info); err != nil {
-			return fmt.Errorf("gptq: %w", err)
+		if err := g.stager.CopyFromDevice(cuda.Bytes(got[:]), info, g.stream); err != nil {
+			return fmt.Errorf("gptq: inverse factor: %w", err)
 		}
 		if got == [3]int32{} {
 			st.Damp, st.Lambda = damp, lambda
@@ -687,10 +686,7 @@ func (g *GPUSolver) invert(k int, ptr [numGPUSlots]cuda.DevicePtr, info cuda.Dev
 	linv := ptr[slotFactor]
 	if !g.inverseByTRTRI {
 		linv = ptr[slotInverse]
-		if err := g.dev.SynchronizeStream(g.stream); err != nil { // Fill32 runs on the default stream
-			return err
-		}
-		if err := g.dev.Fill32(linv, 0, 2*k*k); err != nil {
+		if err := g.dev.Fill32Async(linv, 0, 2*k*k, g.stream); err != nil {
 			return err
 		}
 		if err := g.fn.setDiagonal.Launch(cuda.Dim3{X: (k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream, linv, int32(k), 1.0); err != nil {

@@ -237,8 +237,9 @@ func TestGPURefusesWhatItCannotDo(t *testing.T) {
 	}
 }
 
-// TestGPUBaselineLoss: tr(W H Wᵀ) computed on the device equals quadraticForm's, dead columns
-// included, on fresh random inputs of awkward sizes.
+// TestGPUBaselineLoss: tr(W H Wᵀ) computed on the device equals quadraticForm's within TF32's
+// rounding (its product's operands), dead columns included, on fresh random inputs of awkward
+// sizes.
 func TestGPUBaselineLoss(t *testing.T) {
 	_, g := openGPUSolver(t)
 	seed := uint64(time.Now().UnixNano())
@@ -254,7 +255,7 @@ func TestGPUBaselineLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 		dead, _ := deadColumns(diagonal(h, k))
-		if want := quadraticForm(w, n, k, h, dead); relDiff(st.Baseline, want) > 1e-9 {
+		if want := quadraticForm(w, n, k, h, dead); relDiff(st.Baseline, want) > 2e-3 {
 			t.Errorf("%d×%d: baseline %.12g on the GPU, %.12g on the CPU", n, k, st.Baseline, want)
 		}
 	}

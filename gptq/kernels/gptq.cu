@@ -561,13 +561,26 @@ extern "C" __global__ void gptq_widen_live(const float* orig, const unsigned cha
     if (i < total) out[i] = dead[i % k] ? 0.0 : (double)orig[i];
 }
 
-// gptq_row_dot sets out[r] = Σ_c a[r, c]·b[r, c] in float64, one warp per row.
-extern "C" __global__ void gptq_row_dot(const double* a, const double* b, int n, int k, double* out) {
+// gptq_live sets out[r, c] = W[r, c], 0 for dead columns: the weights of the baseline loss
+// tr(W H Wᵀ). One thread per element.
+extern "C" __global__ void gptq_live(const float* orig, const unsigned char* dead, float* out, u64 total, int k) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) out[i] = dead[i % k] ? 0.0f : orig[i];
+}
+
+// gptq_narrow sets out[i] = in[i] rounded to float32 (H for the baseline loss's product).
+extern "C" __global__ void gptq_narrow(const double* in, float* out, u64 total) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) out[i] = (float)in[i];
+}
+
+// gptq_row_dot sets out[r] = Σ_c a[r, c]·b[r, c], summed in float64, one warp per row.
+extern "C" __global__ void gptq_row_dot(const float* a, const float* b, int n, int k, double* out) {
     int r = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
     if (r >= n) return;
     double sum = 0.0;
-    for (int c = lane; c < k; c += 32) sum += a[(u64)r * k + c] * b[(u64)r * k + c];
+    for (int c = lane; c < k; c += 32) sum += (double)a[(u64)r * k + c] * b[(u64)r * k + c];
     sum = warp_sum(sum);
     if (lane == 0) out[r] = sum;
 }
