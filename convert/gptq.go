@@ -229,11 +229,10 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 func (r *blockRunner) dropHessian(block int, g model.Group) {
 	key := hessianKey(block, g)
 	if r.gpu != nil {
-		for _, sh := range r.gpu.shards {
+		for i, sh := range r.gpu.shards {
 			if gr := sh.grams[key]; gr != nil {
-				sh.e.Synchronize()
-				sh.e.Device().Free(gr.sum)
 				delete(sh.grams, key)
+				r.gpu.keep(i, gr)
 			}
 		}
 		return

@@ -32,6 +32,17 @@ type gpuCapture struct {
 type gpuShard struct {
 	e     *model.GPU
 	grams map[string]*deviceGram
+	spare map[int][]cuda.DevicePtr // k×k Gram buffers whose groups were solved, by k, for the next ones
+}
+
+// newGram returns a k×k float32 buffer for a Gram matrix: a spare one, or a new one. Reusing
+// them keeps cuMemFree, which waits for all the device's work, out of every step (under c.mu).
+func (sh *gpuShard) newGram(k int) (cuda.DevicePtr, error) {
+	if free := sh.spare[k]; len(free) > 0 {
+		sh.spare[k] = free[:len(free)-1]
+		return free[len(free)-1], nil
+	}
+	return sh.e.Device().Alloc(4 * k * k)
 }
 
 type deviceGram struct {
@@ -60,7 +71,7 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 		if r.solver != nil {
 			e.Reserve(solverReserve(m.Config, len(devs)))
 		}
-		r.gpu.shards = append(r.gpu.shards, &gpuShard{e: e, grams: map[string]*deviceGram{}})
+		r.gpu.shards = append(r.gpu.shards, &gpuShard{e: e, grams: map[string]*deviceGram{}, spare: map[int][]cuda.DevicePtr{}})
 	}
 	start := time.Now()
 	var err error
@@ -95,13 +106,13 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 
 // solverReserve estimates the GPU memory that GPTQ takes on each GPU at its largest, for the
 // engine to leave free (model.GPU.Reserve): the solver of the widest input (28·k² bytes for H,
-// its factor and inverses; about 25·n·k for a row share's weights, codes and the baseline's
-// products), two more solving a narrower group at once, and the widest Gram matrix. A
-// Llama-2-70B-shaped model needs 48 GB of it on one GPU, 35 GB on each of four.
+// its factor and inverses; about 13·n·k for a row share's weights, codes and the baseline's
+// product), two more solving a narrower group at once, and the widest Gram matrix. A
+// Llama-2-70B-shaped model needs 39 GB of it on one GPU, 32 GB on each of four.
 func solverReserve(cfg *model.Config, shards int) uint64 {
 	widest := uint64(max(cfg.Hidden, cfg.Intermediate, cfg.MoE.Intermediate, cfg.MoE.SharedIntermediate))
 	largest := uint64(cfg.Hidden) * widest / uint64(shards) // n·k of a row share of the largest linear
-	solver := func(k uint64) uint64 { return 28*k*k + 25*largest }
+	solver := func(k uint64) uint64 { return 28*k*k + 13*largest }
 	return solver(widest) + 2*solver(uint64(cfg.Hidden)) + 4*widest*widest
 }
 
@@ -141,7 +152,25 @@ func (c *gpuCapture) free() {
 		for _, g := range s.grams {
 			s.e.Device().Free(g.sum)
 		}
+		for _, ptrs := range s.spare {
+			s.e.Device().FreeAll(ptrs)
+		}
 	}
+}
+
+// keep makes shard i's Gram buffer gr spare once its group is solved (work queued later on the
+// engine's stream, its zeroing when reused, runs after every read of it), or frees it where two
+// of its size are spare already (the experts' many Hessians).
+func (c *gpuCapture) keep(i int, gr *deviceGram) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sh := c.shards[i]
+	if len(sh.spare[gr.k]) >= 2 {
+		sh.e.Synchronize()
+		sh.e.Device().Free(gr.sum)
+		return
+	}
+	sh.spare[gr.k] = append(sh.spare[gr.k], gr.sum)
 }
 
 // ObserveGPU adds x's Gram matrix to its group's sum (one GPU: AWQ's scaler hands GPTQ's inputs here).
@@ -173,14 +202,13 @@ func (c *gpuCapture) gram(sh *gpuShard, block int, g model.Group, rows, cols int
 	key := hessianKey(block, g)
 	gr := sh.grams[key]
 	if gr == nil {
-		dev := sh.e.Device()
-		p, err := dev.Alloc(4 * cols * cols)
+		p, err := sh.newGram(cols)
 		if err != nil {
 			return nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
 		}
 		gr = &deviceGram{sum: p, k: cols}
 		sh.grams[key] = gr
-		if err := dev.Fill32(p, 0, cols*cols); err != nil {
+		if err := sh.e.Device().Fill32Async(p, 0, cols*cols, sh.e.Stream()); err != nil {
 			return nil, err
 		}
 		experts.start(block, g) // (a model with experts has one shard)
@@ -201,7 +229,7 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 	}
 	release := func() {
 		for i, gr := range grams {
-			r.gpu.shards[i].e.Device().Free(gr.sum)
+			r.gpu.keep(i, gr)
 		}
 	}
 	if err := r.gpu.sumShards(grams); err != nil {
@@ -238,7 +266,7 @@ func (c *gpuCapture) take(key string) ([]*deviceGram, error) {
 		if grams[i] == nil || grams[i].n == 0 {
 			for j, gr := range grams[:i+1] {
 				if gr != nil {
-					c.shards[j].e.Device().Free(gr.sum)
+					c.keep(j, gr)
 				}
 			}
 			return nil, errors.New("no calibration inputs reached it")
