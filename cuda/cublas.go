@@ -27,7 +27,11 @@ type BLAS struct {
 	mathMode  func(h uintptr, mode int32) int32
 	gemmEx    func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, at, lda int32, b uintptr, bt, ldb int32, beta *float32, c uintptr, ct, ldc, compute, algo int32) int32
 	dscal     func(h uintptr, n int32, alpha *float64, x uintptr, incx int32) int32
-	dcopy     func(h uintptr, n int32, x uintptr, incx int32, y uintptr, incy int32) int32
+	// cublasGemmEx again, with alpha and beta as device addresses (GemmF16), and the pointer mode
+	// that makes cuBLAS read them there.
+	gemmExDev   func(h uintptr, ta, tb, m, n, k int32, alpha uintptr, a uintptr, at, lda int32, b uintptr, bt, ldb int32, beta uintptr, c uintptr, ct, ldc, compute, algo int32) int32
+	pointerMode func(h uintptr, mode int32) int32
+	dcopy       func(h uintptr, n int32, x uintptr, incx int32, y uintptr, incy int32) int32
 }
 
 // Side says on which side of B a triangular matrix stands (cublasSideMode_t).
@@ -52,6 +56,9 @@ func (d *Device) NewBLAS() (*BLAS, error) {
 		"cublasGemmEx":   &b.gemmEx,
 		"cublasDscal_v2": &b.dscal, "cublasDcopy_v2": &b.dcopy,
 	}); err != nil {
+		return nil, err
+	}
+	if err := bindFunctions(lib, map[string]any{"cublasGemmEx": &b.gemmExDev, "cublasSetPointerMode_v2": &b.pointerMode}); err != nil {
 		return nil, err
 	}
 	if err := d.do(func() error { return blasCheck("cublasCreate", b.create(&b.h)) }); err != nil {
@@ -152,6 +159,35 @@ func (b *BLAS) GemmBF16(ta, tb Transpose, m, n, k int, alpha float32, a DevicePt
 		return blasCheck("cublasGemmEx", b.gemmEx(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
 			&alpha, uintptr(a), dataR16BF, int32(lda), uintptr(bm), dataR16BF, int32(ldb), &beta, uintptr(c), dataR32F,
 			int32(ldc), compute32F, gemmDefaultAlgo))
+	})
+}
+
+// CUDA_R_16F and cublasPointerMode_t's values.
+const (
+	dataR16F          = 2
+	pointerModeHost   = 0
+	pointerModeDevice = 1
+)
+
+// GemmF16 enqueues C = alpha·op(A)·op(B) + beta·C with A and B in FP16 and C in float32,
+// products accumulated in float32 at the tensor cores' FP16 rate (BF16's). alpha and beta are
+// float32s in device memory, read when the GEMM runs: a kernel queued before it on the stream
+// may compute them (the scales of operands scaled by powers of two to fit FP16's range).
+func (b *BLAS) GemmF16(ta, tb Transpose, m, n, k int, alpha, a DevicePtr, lda int, bm DevicePtr, ldb int, beta, c DevicePtr, ldc int) error {
+	if err := gemmArgs(m, n, k, lda, ldb, ldc); err != nil {
+		return err
+	}
+	return b.d.do(func() error {
+		if err := blasCheck("cublasSetPointerMode", b.pointerMode(b.h, pointerModeDevice)); err != nil {
+			return err
+		}
+		err := blasCheck("cublasGemmEx", b.gemmExDev(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
+			uintptr(alpha), uintptr(a), dataR16F, int32(lda), uintptr(bm), dataR16F, int32(ldb), uintptr(beta), uintptr(c), dataR32F,
+			int32(ldc), compute32F, gemmDefaultAlgo))
+		if e := blasCheck("cublasSetPointerMode", b.pointerMode(b.h, pointerModeHost)); err == nil {
+			err = e
+		}
+		return err
 	})
 }
 

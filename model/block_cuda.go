@@ -30,14 +30,15 @@ type gpuLinear struct {
 	name    string
 	out, in int
 	w, bias cuda.DevicePtr // bias is 0 when the module has none
-	wb      cuda.DevicePtr // w rounded to bfloat16 for GPUOptions.BF16's GEMMs; 0 otherwise
+	wb      cuda.DevicePtr // w in 16 bits for GPUOptions.BF16's or F16's GEMMs; 0 otherwise
+	shift   cuda.DevicePtr // with F16: the int32 power of two wb was scaled by
 }
 
 // gpuBlock is a decoder block's weights on the GPU, in one allocation.
 type gpuBlock struct {
 	b                          *Block
 	mem                        cuda.DevicePtr
-	memBF16                    cuda.DevicePtr // the linears' wb (GPUOptions.BF16), 0 otherwise
+	memHalf                    cuda.DevicePtr // the linears' wb and shifts (GPUOptions.BF16, F16), 0 otherwise
 	inNorm, postNorm           cuda.DevicePtr
 	qNorm, kNorm               cuda.DevicePtr         // qwen3 only
 	q, k, v, o, gate, up, down *gpuLinear             // gate, up, down are nil in a mixture-of-experts block
@@ -111,22 +112,22 @@ func (e *GPU) placeBlock(b *Block) (*gpuBlock, error) {
 	return g, nil
 }
 
-// finishBlock rounds the linears of g, whose weights are in place, to bfloat16 when the GEMMs
+// finishBlock rounds the linears of g, whose weights are in place, to 16 bits when the GEMMs
 // read them so; on failure g is freed.
 func (e *GPU) finishBlock(g *gpuBlock) error {
-	if !e.bf16 {
+	if e.linears == noHalf {
 		return nil
 	}
-	if err := e.roundBlockToBF16(g); err != nil {
+	if err := e.roundBlockToHalf(g); err != nil {
 		e.freeBlock(g)
 		return fmt.Errorf("model: block %d weights on the GPU: %w", g.b.Index, err)
 	}
 	return nil
 }
 
-// roundBlockToBF16 gives every linear of g but a router (whose choices BF16 would move) its
-// weights in bfloat16, in one allocation.
-func (e *GPU) roundBlockToBF16(g *gpuBlock) error {
+// roundBlockToHalf gives every linear of g but a router (whose choices 16 bits would move) its
+// weights in 16 bits (and with F16 their shifts), in one allocation.
+func (e *GPU) roundBlockToHalf(g *gpuBlock) error {
 	const align = 256
 	var lins []*gpuLinear
 	total := 0
@@ -137,19 +138,32 @@ func (e *GPU) roundBlockToBF16(g *gpuBlock) error {
 		lins = append(lins, d)
 		total += (2*d.out*d.in + align - 1) / align * align
 	}
+	shifts := total
+	total += 4 * len(lins)
 	var err error
-	if g.memBF16, err = e.dev.Alloc(max(total, align)); err != nil {
+	if g.memHalf, err = e.dev.Alloc(max(total, align)); err != nil {
 		return err
 	}
 	at := 0
-	for _, d := range lins {
-		d.wb = g.memBF16.Add(at)
+	for i, d := range lins {
+		d.wb = g.memHalf.Add(at)
 		at += (2*d.out*d.in + align - 1) / align * align
-		if err := e.toBF16(d.wb, d.w, d.out*d.in); err != nil {
+		if e.linears == halfF16 {
+			d.shift = g.memHalf.Add(shifts + 4*i)
+		}
+		if err := e.roundLinear(d); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// roundLinear queues d's weights in 16 bits into d.wb.
+func (e *GPU) roundLinear(d *gpuLinear) error {
+	if e.linears == halfF16 {
+		return e.toF16Scaled(d.wb, d.w, d.out*d.in, 0, d.shift, 0)
+	}
+	return e.toBF16(d.wb, d.w, d.out*d.in)
 }
 
 // refreshWeights uploads again what an Update may have changed (changeable).
@@ -195,12 +209,12 @@ func (g *gpuBlock) changeable(groups []Group, f func(dst cuda.DevicePtr, v []flo
 	return nil
 }
 
-// roundChanged rounds the groups' new weights to bfloat16 where the GEMMs read them so.
+// roundChanged rounds the groups' new weights to 16 bits where the GEMMs read them so.
 func (e *GPU) roundChanged(g *gpuBlock, groups []Group) error {
 	for _, gr := range groups {
 		for _, l := range g.b.Linears(gr) {
 			if d := g.lin[l]; d.wb != 0 {
-				if err := e.toBF16(d.wb, d.w, d.out*d.in); err != nil {
+				if err := e.roundLinear(d); err != nil {
 					return err
 				}
 			}
@@ -213,8 +227,8 @@ func (e *GPU) freeBlock(g *gpuBlock) error {
 	if err := e.Synchronize(); err != nil {
 		return err
 	}
-	if g.memBF16 != 0 {
-		if err := e.dev.Free(g.memBF16); err != nil {
+	if g.memHalf != 0 {
+		if err := e.dev.Free(g.memHalf); err != nil {
 			return err
 		}
 	}
@@ -278,11 +292,12 @@ func (e *GPU) forwardChunk(g *gpuBlock, x cuda.DevicePtr, S, T int, hook GPUHook
 }
 
 // attention is Block.Attention on S sequences: projections, rotary into a head-major layout,
-// then per sequence and key/value head one batched GEMM for the scores of its query heads, the
-// causal softmax, and one batched GEMM for their outputs.
+// then per band of query positions (queryBand) and query head one batched GEMM for the scores
+// of every sequence and key/value head, the causal softmax, and one batched GEMM for their
+// outputs.
 func (e *GPU) attention(out, h cuda.DevicePtr, g *gpuBlock, S, T int, hook GPUHook) error {
 	c, rows := e.cfg, S*T
-	D, group := c.HeadDim, c.Heads/c.KVHeads
+	D := c.HeadDim
 	if err := callGPUHook(hook, GroupQKV, h, rows, c.Hidden); err != nil {
 		return err
 	}
@@ -331,19 +346,15 @@ func (e *GPU) attention(out, h cuda.DevicePtr, g *gpuBlock, S, T int, hook GPUHo
 	if err != nil {
 		return err
 	}
-	// Batch b = s·KVHeads + kv: queries qh[b] [group·T, D], keys kh[b] [T, D], scores [group·T, T].
-	batch, qRows := S*c.KVHeads, group*T
-	scale := float32(1 / math.Sqrt(float64(D)))
-	if err := e.blas.SgemmStridedBatched(cuda.Trans, cuda.NoTrans, T, qRows, D, scale, kh, D, T*D, qh, D, qRows*D,
-		0, scores, T, qRows*T, batch); err != nil {
+	band := e.queryBand(T)
+	if err := e.attentionProducts(scores, qh, kh, S, T, band, false); err != nil {
 		return err
 	}
-	if err := e.rowwise(e.fn.causalSoftmax, S*c.Heads*T, scores, int32(T), int32(c.SlidingWindow[g.b.Index])); err != nil {
+	if err := e.rowwise(e.fn.causalSoftmax, S*c.Heads*T, scores, int32(T), int32(c.SlidingWindow[g.b.Index]), int32(band)); err != nil {
 		return err
 	}
-	// The head outputs reuse qh: o[b] [group·T, D] = P[b]·vh[b].
-	if err := e.blas.SgemmStridedBatched(cuda.NoTrans, cuda.NoTrans, D, qRows, T, 1, vh, D, T*D, scores, T, qRows*T,
-		0, qh, D, qRows*D, batch); err != nil {
+	// The head outputs reuse qh.
+	if err := e.attentionProducts(scores, qh, vh, S, T, band, true); err != nil {
 		return err
 	}
 	a := q // q is free again: the merged attention output [rows, Heads·D]
@@ -355,6 +366,47 @@ func (e *GPU) attention(out, h cuda.DevicePtr, g *gpuBlock, S, T int, hook GPUHo
 		return err
 	}
 	return e.linear(out, a, g.o, rows)
+}
+
+// queryBand is how many query positions share one pass of attention's products. Queries [j·B,
+// (j+1)·B) of a sequence attend to keys [0, (j+1)·B) only, so bands of B skip the products, and
+// the score traffic, above the diagonal's band: with 8 bands, 56% of a whole T×T's.
+func (e *GPU) queryBand(T int) int {
+	if e.band > 0 {
+		return min(e.band, T)
+	}
+	return min(T, max(128, (T+7)/8))
+}
+
+// attentionProducts runs, for each band of queries and each query head of a key/value group,
+// one GEMM batched over b = s·KVHeads + kv: queries qh[b] [group·T, D] (head-major within the
+// group), keys or values kv[b] [T, D], scores [group·T, T] (row stride T). The scores of band j
+// are queries × keys [0, L) with L = (j+1)·B; with outputs, o = P·V over those L keys goes into
+// qh.
+func (e *GPU) attentionProducts(scores, qh, kv cuda.DevicePtr, S, T, band int, outputs bool) error {
+	c := e.cfg
+	D, group := c.HeadDim, c.Heads/c.KVHeads
+	batch, qRows := S*c.KVHeads, group*T
+	scale := float32(1 / math.Sqrt(float64(D)))
+	for j0 := 0; j0 < T; j0 += band {
+		n, L := min(band, T-j0), min(T, j0+band)
+		for head := range group {
+			row := head*T + j0 // the band's first query row within its group
+			p, o := scores.Add(4*row*T), qh.Add(4*row*D)
+			var err error
+			if outputs {
+				err = e.blas.SgemmStridedBatched(cuda.NoTrans, cuda.NoTrans, D, n, L, 1, kv, D, T*D, p, T, qRows*T,
+					0, o, D, qRows*D, batch)
+			} else {
+				err = e.blas.SgemmStridedBatched(cuda.Trans, cuda.NoTrans, L, n, D, scale, kv, D, T*D, o, D, qRows*D,
+					0, p, T, qRows*T, batch)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // mlp is Block.MLP: down(silu(gate(h))·up(h)), or the mixture of experts.

@@ -3,6 +3,7 @@ package model
 import (
 	_ "embed"
 	"fmt"
+	"math"
 	"reflect"
 
 	"github.com/qpack-dev/qpack/cuda"
@@ -30,7 +31,25 @@ type GPUOptions struct {
 	// BF16 rate, about twice TF32's, accumulating in float32; relative errors near 3e-3. The
 	// attention's products keep TF32 or float32 as TF32 says.
 	BF16 bool
+	// GramBF16 gives only the Gram matrices bfloat16 operands; the linears keep TF32 or float32.
+	// A Gram matrix sums its rounding errors over every token with both signs alike, while the
+	// forward pass carries each block's into the next.
+	GramBF16 bool
+	// F16 gives the linears' GEMMs (routers excepted) and the Gram matrices FP16 operands, each
+	// weight tensor and each GEMM's activations scaled by a power of two that puts its largest
+	// magnitude in FP16's top binade (to_f16_scaled; the GEMM's alpha undoes it exactly): TF32's
+	// 11-bit significand over the whole range, at the BF16 rate. It takes precedence over BF16.
+	F16 bool
 }
+
+// halfFormat is the 16-bit operand format of a kind of GEMM (GPUOptions).
+type halfFormat int
+
+const (
+	noHalf   halfFormat = iota // float32 operands, rounded to TF32 where GPUOptions.TF32 says
+	halfBF16                   // bfloat16, rounded to nearest even (to_bf16)
+	halfF16                    // FP16 scaled by a power of two (to_f16_scaled)
+)
 
 // GPU runs the forward pass of models of one architecture on one GPU: cuBLAS float32 GEMMs for
 // the linears and the attention products, kernels/model.cu for the rest. It works block by
@@ -47,7 +66,7 @@ type GPU struct {
 	module *cuda.Module
 	fn     struct {
 		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare cuda.Function
-		channelStatsPartial, channelStatsFinish, toBF16, mirrorUpper                                        cuda.Function
+		channelStatsPartial, channelStatsFinish, toBF16, mirrorUpper, amaxAbs, toF16Scaled                  cuda.Function
 	}
 	scratch map[string]gpuBuffer // named work buffers, grown on demand
 	ropeT   int                  // positions covered by the uploaded rotary tables
@@ -55,10 +74,13 @@ type GPU struct {
 
 	peakUsed  uint64    // the most device memory seen in use (all processes), sampled per block
 	chunkRows int       // tokens per pass of a block (see chunkSequences)
+	band      int       // tests: query positions per band of attention (queryBand), 0 for the default
 	current   *gpuBlock // the block calibrateBlock is working on
 	poison    bool      // tests: fill work buffers with NaN whenever they are handed out
 	noStaging bool      // tests: calibrate dense blocks by recomputing passes (stagedState)
-	bf16      bool      // GPUOptions.BF16
+	linears   halfFormat     // the linears' operands (GPUOptions)
+	grams     halfFormat     // the Gram matrices' operands
+	scalars   cuda.DevicePtr // with halfF16: the amax, shift and alpha of the last to_f16_scaled, and 0 and 1 (f16Scalar)
 	reserve   uint64    // bytes the calibrator will need besides the engine's (Reserve)
 	times     CalibrationTimes
 }
@@ -96,7 +118,7 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, 
 		{&e.fn.siluMul, "silu_mul"}, {&e.fn.ropeHeads, "rope_heads"}, {&e.fn.mergeHeads, "merge_heads"},
 		{&e.fn.causalSoftmax, "causal_softmax"}, {&e.fn.tokenNLL, "token_nll"}, {&e.fn.tokenCompare, "token_compare"},
 		{&e.fn.channelStatsPartial, "channel_stats_partial"}, {&e.fn.channelStatsFinish, "channel_stats_finish"},
-		{&e.fn.toBF16, "to_bf16"}, {&e.fn.mirrorUpper, "mirror_upper"},
+		{&e.fn.toBF16, "to_bf16"}, {&e.fn.mirrorUpper, "mirror_upper"}, {&e.fn.amaxAbs, "amax_abs"}, {&e.fn.toF16Scaled, "to_f16_scaled"},
 	} {
 		if *f.dst, err = e.module.Function(f.name); err != nil {
 			return nil, err
@@ -117,14 +139,45 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, 
 	if err = e.blas.SetTF32(opt.TF32); err != nil {
 		return nil, err
 	}
-	e.bf16 = opt.BF16
+	switch {
+	case opt.F16:
+		e.linears, e.grams = halfF16, halfF16
+	case opt.BF16:
+		e.linears, e.grams = halfBF16, halfBF16
+	case opt.GramBF16:
+		e.grams = halfBF16
+	}
+	if e.linears == halfF16 {
+		if e.scalars, err = dev.Alloc(4 * numF16Scalars); err != nil {
+			return nil, err
+		}
+		one := math.Float32bits(1)
+		if err = dev.CopyToDevice(e.scalars, cuda.Bytes([]uint32{0, 0, 0, 0, one})); err != nil {
+			return nil, err
+		}
+	}
 	return e, nil
 }
+
+// The float32 words at GPU.scalars (halfF16).
+const (
+	f16Amax  = iota // the largest magnitude to_f16_scaled's input, as float bits
+	f16Shift        // the power of two of its activations
+	f16Alpha        // the alpha of the GEMM that reads them
+	f16Zero         // 0 and 1: the GEMMs' betas
+	f16One
+	numF16Scalars
+)
+
+func (e *GPU) scalar(i int) cuda.DevicePtr { return e.scalars.Add(4 * i) }
 
 // Close releases the GPU resources.
 func (e *GPU) Close() error {
 	for _, b := range e.scratch {
 		e.dev.Free(b.ptr)
+	}
+	if e.scalars != 0 {
+		e.dev.Free(e.scalars)
 	}
 	e.scratch = nil
 	if e.stager != nil {
@@ -255,10 +308,7 @@ func (e *GPU) rmsNorm(out, x, weight cuda.DevicePtr, rows, dim int) error {
 func (e *GPU) linear(y, x cuda.DevicePtr, l *gpuLinear, rows int) error {
 	var err error
 	if l.wb != 0 {
-		var xb cuda.DevicePtr
-		if xb, err = e.roundedToBF16("linear.x", x, rows*l.in); err == nil {
-			err = e.blas.GemmBF16(cuda.Trans, cuda.NoTrans, l.out, rows, l.in, 1, l.wb, l.in, xb, l.in, 0, y, l.out)
-		}
+		err = e.halfLinear(y, x, l, rows)
 	} else {
 		err = e.blas.Sgemm(cuda.Trans, cuda.NoTrans, l.out, rows, l.in, 1, l.w, l.in, x, l.in, 0, y, l.out)
 	}
@@ -271,18 +321,35 @@ func (e *GPU) linear(y, x cuda.DevicePtr, l *gpuLinear, rows int) error {
 	return e.elementwise(e.fn.addBias, rows*l.out, y, l.bias, int64(rows*l.out), int32(l.out))
 }
 
+// halfLinear is linear's GEMM with 16-bit operands (GPUOptions.BF16 or F16).
+func (e *GPU) halfLinear(y, x cuda.DevicePtr, l *gpuLinear, rows int) error {
+	xb, err := e.half(e.linears, "linear.x", x, rows*l.in, l.shift)
+	if err != nil {
+		return err
+	}
+	if e.linears == halfF16 {
+		return e.blas.GemmF16(cuda.Trans, cuda.NoTrans, l.out, rows, l.in, e.scalar(f16Alpha), l.wb, l.in, xb, l.in, e.scalar(f16Zero), y, l.out)
+	}
+	return e.blas.GemmBF16(cuda.Trans, cuda.NoTrans, l.out, rows, l.in, 1, l.wb, l.in, xb, l.in, 0, y, l.out)
+}
+
 // AddGram queues sum += xᵀx for x [rows, cols] (row-major) and sum [cols, cols] on the
 // engine's stream: the Gram matrix of a linear's inputs, from which GPTQ's Hessian is made. As the
 // matrix is symmetric, only the tiles on and above the diagonal are computed (gramTiles); call
 // FinishGram once the sum is complete, before reading it.
 func (e *GPU) AddGram(sum, x cuda.DevicePtr, rows, cols int) error {
 	src, size, gemm := x, 4, e.blas.Sgemm
-	if e.bf16 {
-		xb, err := e.roundedToBF16("gram.x", x, rows*cols)
+	if e.grams != noHalf {
+		xb, err := e.half(e.grams, "gram.x", x, rows*cols, 0)
 		if err != nil {
 			return err
 		}
 		src, size, gemm = xb, 2, e.blas.GemmBF16
+		if e.grams == halfF16 {
+			gemm = func(ta, tb cuda.Transpose, m, n, k int, _ float32, a cuda.DevicePtr, lda int, b cuda.DevicePtr, ldb int, _ float32, c cuda.DevicePtr, ldc int) error {
+				return e.blas.GemmF16(ta, tb, m, n, k, e.scalar(f16Alpha), a, lda, b, ldb, e.scalar(f16One), c, ldc)
+			}
+		}
 	}
 	at := gramTileBounds(cols)
 	for i := range len(at) - 1 {
@@ -323,13 +390,35 @@ func (e *GPU) FinishGram(sum cuda.DevicePtr, cols int) error {
 	return e.fn.mirrorUpper.Launch(cuda.Dim3{X: t, Y: t, Z: 1}, cuda.Dim3{X: 32, Y: 8, Z: 1}, 0, e.stream, sum, int32(cols))
 }
 
-// roundedToBF16 returns the named work buffer holding x's n values rounded to bfloat16.
-func (e *GPU) roundedToBF16(name string, x cuda.DevicePtr, n int) (cuda.DevicePtr, error) {
+// half returns the named work buffer holding x's n values in format f, the activations of a GEMM
+// whose other operand (with halfF16) was scaled by the power of two at other (0: x itself, a
+// Gram matrix's); with halfF16 the GEMM's alpha is then at scalar(f16Alpha).
+func (e *GPU) half(f halfFormat, name string, x cuda.DevicePtr, n int, other cuda.DevicePtr) (cuda.DevicePtr, error) {
 	xb, err := e.work(name, 2*n)
 	if err != nil {
 		return 0, err
 	}
+	if f == halfF16 {
+		return xb, e.toF16Scaled(xb, x, n, other, e.scalar(f16Shift), e.scalar(f16Alpha))
+	}
 	return xb, e.toBF16(xb, x, n)
+}
+
+// toF16Scaled queues dst[:n] = src[:n]·2^s in FP16, s chosen on the GPU from src's largest
+// magnitude (kernels/model.cu amax_abs, to_f16_scaled), and writes s to shift and the alpha of
+// the GEMM of dst with an operand scaled by 2^*other (other 0: by 2^s) to alpha; shift or alpha
+// may be 0.
+func (e *GPU) toF16Scaled(dst, src cuda.DevicePtr, n int, other, shift, alpha cuda.DevicePtr) error {
+	amax := e.scalar(f16Amax)
+	if err := e.dev.Fill32Async(amax, 0, 1, e.stream); err != nil {
+		return err
+	}
+	const threads, maxBlocks = 256, 1024
+	blocks := max(1, min(maxBlocks, (n+threads-1)/threads))
+	if err := e.fn.amaxAbs.Launch(cuda.Dim3{X: blocks, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, e.stream, src, int64(n), amax); err != nil {
+		return err
+	}
+	return e.elementwise(e.fn.toF16Scaled, n, src, dst, int64(n), amax, other, shift, alpha)
 }
 
 // toBF16 queues dst[:n] = src[:n] rounded to bfloat16 (kernels/model.cu to_bf16).

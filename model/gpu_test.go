@@ -103,49 +103,57 @@ func randomIDs(r *rand.Rand, n, vocab int) []int {
 }
 
 // TestGPUForwardMatchesCPU: logits, perplexity and a comparison of two models on the GPU equal
-// the CPU forward pass's on fresh random models and tokens of awkward lengths.
+// the CPU forward pass's on fresh random models and tokens of awkward lengths, with attention's
+// products in one band and in bands of 5 queries (the last one shorter).
 func TestGPUForwardMatchesCPU(t *testing.T) {
 	for _, tc := range gpuTestConfigs {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := mustConfig(t, tc.json)
-			e := openGPU(t, cfg, GPUOptions{}, 40) // 40 tokens: several chunks of sequences
-			r := freshRand(t)
-			m, other := randomModel(t, cfg, tc.bias, r), randomModel(t, cfg, tc.bias, r)
-			ids := randomIDs(r, 37, cfg.Vocab)
-			want, err := m.Logits(ids)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := e.Logits(m, ids)
-			if err != nil {
-				t.Fatal(err)
-			}
-			assertClose(t, "logits", got, want, 1e-4)
-
-			ids = randomIDs(r, 5*13+3, cfg.Vocab)
-			wantP, err := Perplexity(m, ids, 13, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gotP, err := e.Perplexity(m, ids, 13, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if gotP.Tokens != wantP.Tokens || math.Abs(gotP.MeanNLL-wantP.MeanNLL) > 1e-5*wantP.MeanNLL {
-				t.Errorf("perplexity: GPU %+v, CPU %+v", gotP, wantP)
-			}
-
-			wantC, err := Compare(m, other, ids, 13, 4)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gotC, err := e.Compare(m, other, ids, 13, 4)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkComparison(t, gotC, wantC)
-		})
+		for _, band := range []int{0, 5} {
+			t.Run(fmt.Sprintf("%s/band%d", tc.name, band), func(t *testing.T) {
+				testGPUForwardMatchesCPU(t, tc.json, tc.bias, band)
+			})
+		}
 	}
+}
+
+func testGPUForwardMatchesCPU(t *testing.T, config string, bias bool, band int) {
+	cfg := mustConfig(t, config)
+	e := openGPU(t, cfg, GPUOptions{}, 40) // 40 tokens: several chunks of sequences
+	e.band = band
+	r := freshRand(t)
+	m, other := randomModel(t, cfg, bias, r), randomModel(t, cfg, bias, r)
+	ids := randomIDs(r, 37, cfg.Vocab)
+	want, err := m.Logits(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.Logits(m, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertClose(t, "logits", got, want, 1e-4)
+
+	ids = randomIDs(r, 5*13+3, cfg.Vocab)
+	wantP, err := Perplexity(m, ids, 13, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotP, err := e.Perplexity(m, ids, 13, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotP.Tokens != wantP.Tokens || math.Abs(gotP.MeanNLL-wantP.MeanNLL) > 1e-5*wantP.MeanNLL {
+		t.Errorf("perplexity: GPU %+v, CPU %+v", gotP, wantP)
+	}
+
+	wantC, err := Compare(m, other, ids, 13, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotC, err := e.Compare(m, other, ids, 13, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkComparison(t, gotC, wantC)
 }
 
 // TestGPUReducedPrecisionForward: with TF32 or BF16 GEMMs the GPU's logits stay within those
@@ -174,9 +182,13 @@ func TestGPUReducedPrecisionForward(t *testing.T) {
 		return math.Sqrt(num / den)
 	}
 	tf32, bf16 := relErr(GPUOptions{TF32: true}), relErr(GPUOptions{TF32: true, BF16: true})
-	t.Logf("logits' relative error: TF32 %.2e, BF16 %.2e", tf32, bf16)
+	f16 := relErr(GPUOptions{TF32: true, F16: true})
+	t.Logf("logits' relative error: TF32 %.2e, BF16 %.2e, scaled FP16 %.2e", tf32, bf16, f16)
 	if !(tf32 < 3e-3) || !(bf16 < 5e-2) || !(bf16 > 1.5*tf32) {
 		t.Errorf("relative errors TF32 %.2e, BF16 %.2e: want TF32 < 3e-3, BF16 < 5e-2 and above 1.5 × TF32's", tf32, bf16)
+	}
+	if !(f16 < 2*tf32) || !(bf16 > 3*f16) {
+		t.Errorf("relative errors TF32 %.2e, BF16 %.2e, FP16 %.2e: want FP16 within 2 × TF32's and BF16 over 3 × FP16's", tf32, bf16, f16)
 	}
 }
 
@@ -222,27 +234,42 @@ func TestGPUToBF16(t *testing.T) {
 }
 
 // TestGPUAddGram: AddGram's tiles of the upper triangle, made whole by FinishGram, give the
-// Gram matrix of x (with BF16, of x rounded to bfloat16) summed in float32 — within 1e-5 of the
-// float64 sum — over two accumulations, at a width of one tile and at one of four uneven tiles.
+// Gram matrix of x (with BF16 or GramBF16, of x rounded to bfloat16; with F16, of x scaled,
+// rounded to FP16 and scaled back) summed in float32 — within 1e-5 of the float64 sum — over two
+// accumulations, at a width of one tile and at one of four uneven tiles; with F16 also at
+// magnitudes beyond FP16's range and far below its normal numbers.
 func TestGPUAddGram(t *testing.T) {
-	for _, bf16 := range []bool{false, true} {
+	for _, opt := range []GPUOptions{{}, {BF16: true}, {TF32: true, GramBF16: true}, {F16: true}} {
 		for _, cols := range []int{72, 1100} {
-			t.Run(fmt.Sprintf("bf16=%v/cols=%d", bf16, cols), func(t *testing.T) { testAddGram(t, bf16, cols) })
+			for _, mag := range []float64{1, 3e6, 1e-9} {
+				if mag != 1 && !opt.F16 {
+					continue
+				}
+				t.Run(fmt.Sprintf("%+v/cols=%d/mag=%g", opt, cols, mag), func(t *testing.T) { testAddGram(t, opt, cols, mag) })
+			}
 		}
 	}
 }
 
-func testAddGram(t *testing.T, bf16 bool, cols int) {
-	e := openGPU(t, mustConfig(t, gpuTestConfigs[0].json), GPUOptions{BF16: bf16}, 0)
+func testAddGram(t *testing.T, opt GPUOptions, cols int, mag float64) {
+	e := openGPU(t, mustConfig(t, gpuTestConfigs[0].json), opt, 0)
 	r := freshRand(t)
 	const rows = 300
 	x := make([]float32, rows*cols)
-	rounded := make([]float64, len(x))
 	for i := range x {
-		x[i] = float32(r.NormFloat64())
-		rounded[i] = float64(x[i])
-		if bf16 {
-			rounded[i] = float64(fp.BF16ToF32(fp.F32ToBF16(x[i])))
+		x[i] = float32(mag * r.NormFloat64())
+	}
+	rounded := make([]float64, len(x))
+	switch {
+	case opt.F16:
+		copy(rounded, scaledF16(x))
+	case opt.BF16 || opt.GramBF16:
+		for i, v := range x {
+			rounded[i] = float64(fp.BF16ToF32(fp.F32ToBF16(v)))
+		}
+	default:
+		for i, v := range x {
+			rounded[i] = float64(v)
 		}
 	}
 	want := make([]float64, cols*cols)
@@ -312,6 +339,94 @@ func testAddGram(t *testing.T, bf16 bool, cols int) {
 		for j := range i {
 			if got32[i*cols+j] != got32[j*cols+i] {
 				t.Fatalf("Gram matrix not symmetric at (%d, %d): %g and %g", i, j, got32[i*cols+j], got32[j*cols+i])
+			}
+		}
+	}
+}
+
+// scaledF16 is what to_f16_scaled makes of x, scaled back: each value times 2^s rounded to FP16
+// and divided by 2^s, s putting the largest magnitude in [2^14, 2^15).
+func scaledF16(x []float32) []float64 {
+	var amax float64
+	for _, v := range x {
+		amax = max(amax, math.Abs(float64(v)))
+	}
+	s := 0
+	if amax > 0 && !math.IsInf(amax, 0) {
+		_, e := math.Frexp(amax)
+		s = max(-60, min(60, 15-e))
+	}
+	out := make([]float64, len(x))
+	for i, v := range x {
+		h := fp.F32ToF16(float32(math.Ldexp(float64(v), s)))
+		out[i] = math.Ldexp(float64(fp.F16ToF32(h)), -s)
+	}
+	return out
+}
+
+// TestGPUToF16Scaled: the scaling kernel gives scaledF16's values (fp.F32ToF16 after the shift) on
+// random values of one magnitude, several, with ties, zeros and a NaN, and reports the shift and
+// alpha = 2^−(s+t) for another operand's shift t.
+func TestGPUToF16Scaled(t *testing.T) {
+	e := openGPU(t, mustConfig(t, gpuTestConfigs[0].json), GPUOptions{F16: true}, 0)
+	r := freshRand(t)
+	for _, mag := range []float64{1, 7e4, 3e-7, 1e-30} {
+		x := make([]float32, 50003)
+		for i := range x {
+			x[i] = float32(mag * r.NormFloat64() * math.Exp(4*r.NormFloat64()))
+		}
+		x[7], x[8] = 0, float32(math.Copysign(0, -1))
+		x[9] = float32(math.Ldexp(1+1.0/2048, -3)) // an FP16 tie once scaled (if 2^−3 is within range)
+		want := scaledF16(x)
+		x[11] = float32(math.NaN()) // left out of the amax, kept NaN
+		src, err := e.dev.Alloc(4 * len(x))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst, err := e.work("test.f16", 2*len(x))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.dev.CopyToDevice(src, cuda.Bytes(x)); err != nil {
+			t.Fatal(err)
+		}
+		other, err := e.dev.Alloc(4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.dev.CopyToDevice(other, cuda.Bytes([]int32{-5})); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.toF16Scaled(dst, src, len(x), other, e.scalar(f16Shift), e.scalar(f16Alpha)); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]uint16, len(x))
+		if err := e.dev.CopyFromDevice(cuda.Bytes(got), dst); err != nil {
+			t.Fatal(err)
+		}
+		var sc [3]uint32
+		if err := e.dev.CopyFromDevice(cuda.Bytes(sc[:]), e.scalars); err != nil {
+			t.Fatal(err)
+		}
+		e.dev.Free(src)
+		e.dev.Free(other)
+		shift := int(int32(sc[f16Shift]))
+		if alpha := math.Float32frombits(sc[f16Alpha]); float64(alpha) != math.Ldexp(1, -(shift-5)) {
+			t.Errorf("magnitude %g: alpha %g with shift %d and the other's −5, want 2^%d", mag, alpha, shift, -(shift - 5))
+		}
+		for i, h := range got {
+			v := math.Ldexp(float64(fp.F16ToF32(h)), -shift)
+			if i == 11 {
+				if !math.IsNaN(v) {
+					t.Errorf("magnitude %g: NaN became %g", mag, v)
+				}
+				continue
+			}
+			if v != want[i] && !(v == 0 && want[i] == 0) {
+				t.Fatalf("magnitude %g, x[%d] = %g: GPU %g (FP16 %#04x, shift %d), want %g", mag, i, x[i], v, h, shift, want[i])
 			}
 		}
 	}
@@ -539,11 +654,16 @@ func compareGPUCalibration(t *testing.T, cfg *Config, bias bool, cpuOpt, gpuOpt 
 	}
 }
 
+// relativeDiff is ‖got − want‖ / ‖want‖, or ‖got‖ where want is zero (an expert no token was
+// routed to).
 func relativeDiff(got, want []float64) float64 {
 	var num, den float64
 	for i := range want {
 		num += (got[i] - want[i]) * (got[i] - want[i])
 		den += want[i] * want[i]
+	}
+	if den == 0 {
+		return math.Sqrt(num)
 	}
 	return math.Sqrt(num / den)
 }
