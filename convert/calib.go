@@ -203,7 +203,12 @@ func firstNonFinite64(v []float64) int {
 // measureImportance runs the model over the calibration sequences — on the GPU when device
 // allows, each block once (observing only) — and returns each decoder linear's input-channel
 // energy (mean x²) and mean |x|, logging a line per block.
-func measureImportance(ctx context.Context, src string, c *Calibration, device string, experts ExpertOptions, logf func(format string, args ...any)) (energy, meanAbs map[string][]float32, err error) {
+// The GPU's GEMMs round as calibMath says (Options.CalibMath).
+func measureImportance(ctx context.Context, src string, c *Calibration, device, calibMath string, experts ExpertOptions, logf func(format string, args ...any)) (energy, meanAbs map[string][]float32, err error) {
+	engine, err := calibEngineOptions(calibMath)
+	if err != nil {
+		return nil, nil, err
+	}
 	m, err := model.Open(src)
 	if err != nil {
 		return nil, nil, err
@@ -224,7 +229,7 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device s
 	} else {
 		defer dev.Close()
 		where = dev.Info().Name
-		err = e.calibrateOnGPU(dev, m, c.seqs, opt)
+		err = e.calibrateOnGPU(dev, m, c.seqs, opt, engine)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -235,33 +240,40 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device s
 
 // GPU calibration math (Options.CalibMath).
 const (
-	CalibTF32 = "tf32" // inputs rounded to TF32 (10-bit mantissa) on the tensor cores
-	CalibBF16 = "bf16" // linears and Gram matrices from BF16-rounded operands (8-bit significand): about twice TF32's rate
-	CalibFP32 = "fp32" // true float32: several times slower
+	CalibTF32     = "tf32"      // inputs rounded to TF32 (10-bit mantissa) on the tensor cores
+	CalibBF16     = "bf16"      // linears and Gram matrices from BF16-rounded operands (8-bit significand): about twice TF32's rate
+	CalibGramBF16 = "bf16-gram" // Gram matrices from BF16-rounded operands, linears in TF32
+	CalibF16      = "fp16"      // linears and Gram matrices from FP16 operands scaled by powers of two: TF32's significand at BF16's rate
+	CalibFP32     = "fp32"      // true float32: several times slower
 )
 
-// calibEngineOptions are the GPU engine's options for calibration math name ("" is the default).
+// calibEngineOptions are the GPU engine's options for calibration math name ("" is the
+// default, scaled FP16: the operands keep TF32's significand, at twice its rate).
 func calibEngineOptions(name string) (model.GPUOptions, error) {
+	r := calibrationRounds
 	switch name {
-	case "", CalibTF32:
-		return model.GPUOptions{TF32: calibrationTF32}, nil
+	case "", CalibF16:
+		return model.GPUOptions{TF32: r, F16: r}, nil
+	case CalibTF32:
+		return model.GPUOptions{TF32: r}, nil
 	case CalibBF16:
-		return model.GPUOptions{TF32: calibrationTF32, BF16: true}, nil
+		return model.GPUOptions{TF32: r, BF16: true}, nil
+	case CalibGramBF16:
+		return model.GPUOptions{TF32: r, GramBF16: true}, nil
 	case CalibFP32:
 		return model.GPUOptions{}, nil
 	}
-	return model.GPUOptions{}, fmt.Errorf("calibration math %q: want %s, %s or %s", name, CalibTF32, CalibBF16, CalibFP32)
+	return model.GPUOptions{}, fmt.Errorf("calibration math %q: want %s, %s, %s, %s or %s", name, CalibTF32, CalibF16, CalibBF16, CalibGramBF16, CalibFP32)
 }
 
-// calibrationTF32 lets the GPU's calibration passes round GEMM inputs to TF32 (several times
-// faster; the statistics only weigh errors). Tests that compare the GPU's choices with the CPU's
-// on mixtures of experts turn it off, so that each token's top-k experts are the same on both.
-var calibrationTF32 = true
+// calibrationRounds lets the GPU's calibration passes round GEMM operands (to TF32, or scaled
+// to FP16: several times faster than float32). Tests that compare the GPU's choices with the
+// CPU's on mixtures of experts turn it off, so that each token's top-k experts are the same on both.
+var calibrationRounds = true
 
-// calibrateOnGPU runs the observing passes on the GPU with TF32 GEMMs (the statistics only
-// weigh errors; the GPTQ rows in the README measured no loss from TF32 capture).
-func (e *channelEnergy) calibrateOnGPU(dev *cuda.Device, m *model.Model, seqs [][]int, opt model.CalibrateOptions) error {
-	eng, err := model.NewGPU(dev, m.Config, model.GPUOptions{TF32: calibrationTF32})
+// calibrateOnGPU runs the observing passes on the GPU with the GEMMs of engine.
+func (e *channelEnergy) calibrateOnGPU(dev *cuda.Device, m *model.Model, seqs [][]int, opt model.CalibrateOptions, engine model.GPUOptions) error {
+	eng, err := model.NewGPU(dev, m.Config, engine)
 	if err != nil {
 		return err
 	}

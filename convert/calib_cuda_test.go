@@ -19,11 +19,11 @@ func TestGPUPlanStatisticsMatchCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	quiet := func(string, ...any) {}
-	cpuE, cpuA, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, ExpertOptions{}, quiet)
+	cpuE, cpuA, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, "", ExpertOptions{}, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gpuE, gpuA, err := measureImportance(context.Background(), tiny, calib, DeviceCUDA, ExpertOptions{}, quiet)
+	gpuE, gpuA, err := measureImportance(context.Background(), tiny, calib, DeviceCUDA, "", ExpertOptions{}, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}

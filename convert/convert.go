@@ -91,7 +91,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	}
 	if opt.Imatrix && !opt.Method.Calibrates() && opt.importance == nil {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-		if opt.importance, _, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, opt.Experts, logf); err != nil {
+		if opt.importance, _, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, opt.CalibMath, opt.Experts, logf); err != nil {
 			return nil, err
 		}
 	}

@@ -174,9 +174,9 @@ func TestGPTQResultStopsWaiting(t *testing.T) {
 
 // TestCalibMathRefusesUnknown: an unknown --calib-math is an error naming it and the choices.
 func TestCalibMathRefusesUnknown(t *testing.T) {
-	_, err := newBlockRunner(Options{Method: GPTQ, CalibMath: "fp16"}, nil, t.Logf)
-	if err == nil || !strings.Contains(err.Error(), `"fp16"`) || !strings.Contains(err.Error(), CalibBF16) {
-		t.Fatalf("got %v, want an error naming fp16 and the choices", err)
+	_, err := newBlockRunner(Options{Method: GPTQ, CalibMath: "fp8"}, nil, t.Logf)
+	if err == nil || !strings.Contains(err.Error(), `"fp8"`) || !strings.Contains(err.Error(), CalibBF16) {
+		t.Fatalf("got %v, want an error naming fp8 and the choices", err)
 	}
 }
 
@@ -187,9 +187,25 @@ func TestSolverReserve(t *testing.T) {
 	for _, c := range []struct {
 		shards int
 		gb     float64
-	}{{1, 48}, {4, 35}} {
+	}{{1, 39}, {4, 32}} {
 		if got := float64(solverReserve(cfg, c.shards)) / 1e9; math.Abs(got-c.gb) > 1 {
 			t.Errorf("%d GPUs: %.1f GB, want about %.0f", c.shards, got, c.gb)
+		}
+	}
+}
+
+// TestCalibMathChoices: each --calib-math name gives the engine the rounding its comment says.
+func TestCalibMathChoices(t *testing.T) {
+	for name, want := range map[string]model.GPUOptions{
+		"":            {TF32: true, F16: true},
+		CalibF16:      {TF32: true, F16: true},
+		CalibTF32:     {TF32: true},
+		CalibBF16:     {TF32: true, BF16: true},
+		CalibGramBF16: {TF32: true, GramBF16: true},
+		CalibFP32:     {},
+	} {
+		if got, err := calibEngineOptions(name); err != nil || got != want {
+			t.Errorf("%q: %+v, %v; want %+v", name, got, err, want)
 		}
 	}
 }

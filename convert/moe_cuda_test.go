@@ -26,8 +26,8 @@ import (
 // this small model (1,024 calibration tokens) that alone moved errors by up to 20% either way.
 func TestGPUExperts(t *testing.T) {
 	gputest.Open(t) // skips without a GPU
-	calibrationTF32 = false
-	t.Cleanup(func() { calibrationTF32 = true })
+	calibrationRounds = false
+	t.Cleanup(func() { calibrationRounds = true })
 	tiny := testenv.Testdata(t, "models/tiny")
 	src := moetest.FromDense(t, tiny, "qwen2_moe", nil)
 	for _, c := range []struct {
@@ -72,7 +72,7 @@ func compareWeightedErrors(t *testing.T, src string, opt Options, gpuDir, cpuDir
 	if err != nil {
 		t.Fatal(err)
 	}
-	imp, _, err := measureImportance(context.Background(), src, calib, DeviceCPU, opt.Experts, func(string, ...any) {})
+	imp, _, err := measureImportance(context.Background(), src, calib, DeviceCPU, "", opt.Experts, func(string, ...any) {})
 	if err != nil {
 		t.Fatal(err)
 	}

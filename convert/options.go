@@ -61,8 +61,9 @@ type Options struct {
 	// on all of them (data-parallel), everything else runs on the first; nil means every GPU the
 	// driver sees.
 	Devices []int
-	// CalibMath is how the GPU rounds the inputs of GPTQ's and AWQ's calibration GEMMs (forward
-	// passes and Gram matrices): CalibTF32 (default), CalibBF16 or CalibFP32.
+	// CalibMath is how the GPU rounds the operands of the calibration's GEMMs (GPTQ's and AWQ's
+	// forward passes and Gram matrices, the plan's statistics and output probe): CalibF16
+	// (default, also ""), CalibTF32, CalibBF16, CalibGramBF16 or CalibFP32.
 	CalibMath string
 	// GPUSlots is how many tensors are on the GPU at once (read, quantized, written back);
 	// 0 means DefaultGPUSlots.

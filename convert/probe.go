@@ -43,7 +43,11 @@ const probeMemory = 8 << 30
 // model, and min-max groups cost a 7B's probe seconds where the weighted search would cost
 // minutes on the CPU.
 func outputCoefficients(ctx context.Context, src string, c *Calibration, importance map[string][]float32,
-	device string, logf func(format string, args ...any)) (map[string]float64, error) {
+	device, calibMath string, logf func(format string, args ...any)) (map[string]float64, error) {
+	engine, err := calibEngineOptions(calibMath)
+	if err != nil {
+		return nil, err
+	}
 	m, err := model.Open(src)
 	if err != nil {
 		return nil, err
@@ -87,7 +91,7 @@ func outputCoefficients(ctx context.Context, src string, c *Calibration, importa
 		defer dev.Close()
 		where = dev.Info().Name
 		var eng *model.GPU
-		if eng, err = model.NewGPU(dev, m.Config, model.GPUOptions{TF32: calibrationTF32}); err != nil {
+		if eng, err = model.NewGPU(dev, m.Config, engine); err != nil {
 			return nil, err
 		}
 		defer eng.Close()

@@ -1,5 +1,5 @@
 #!/bin/bash
-# One round of GPU checks (bin/t.tar.xz carried: the blockwise, gptq, model and convert test
+# One round of GPU checks (bin/t.tar.xz carried: the cuda, blockwise, gptq, model and convert test
 # binaries and qpack, built with CGO_ENABLED=0 go test -c): the GPU tests of those packages
 # (patterns below), the blockwise benchmark lines for QPACK_BENCH, then scripts/gpu-scale.sh's
 # conversions (bin/q.tar.xz carried too) with what time is left of QPACK_BUDGET (540 s).
@@ -12,8 +12,9 @@ declare -A pattern=(
 	[blockwise]=${QPACK_BLOCKWISE_TESTS:-'GPU|PTX'}
 	[gptq]='GPU|PTX'
 	[model]='GPU'
-	[convert]=${QPACK_CONVERT_TESTS:-'SeveralGPUs|GPUCPUSolved|GPUFP4|GPUAWQ|GPUExperts|GPUPlan'})
-for p in blockwise gptq model convert; do
+	[convert]=${QPACK_CONVERT_TESTS:-'SeveralGPUs|GPUCPUSolved|GPUFP4|GPUAWQ|GPUExperts|GPUPlan'}
+	[cuda]='.')
+for p in ${QPACK_TEST_PACKAGES:-cuda blockwise gptq model convert}; do
 	(cd "$root/$p" && timeout 200 "$root/bin/t/$p.test" -test.run "${pattern[$p]}" -test.v -test.count=1 >"$OUT/test-$p.log" 2>&1)
 	echo "test $p: rc $?, $(grep -c '^\s*--- PASS' "$OUT/test-$p.log") passed, $(grep -c '^\s*--- FAIL' "$OUT/test-$p.log") failed, $(grep -c '^\s*--- SKIP' "$OUT/test-$p.log") skipped"
 	grep -E '^\s*--- FAIL|^panic|_test.go:[0-9]+: ' "$OUT/test-$p.log" | grep -v -e '--- PASS' -e 'seed [0-9]*$' | head -8 | cut -c1-300

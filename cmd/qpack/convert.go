@@ -23,6 +23,7 @@ func planFlags() []cli.Flag {
 		&cli.StringFlag{Name: "method", Value: "rtn", Usage: "quantization method: rtn (round-to-nearest, no data), gptq, awq (activation-aware scales) or awq+gptq (AWQ scales, then GPTQ); all but rtn need --calib"},
 		&cli.IntFlag{Name: "awq-search-tokens", Value: convert.DefaultAWQSearchTokens, Usage: "awq: calibration tokens (evenly spaced) the α search measures its loss on; mean|x| uses all"},
 		&cli.BoolFlag{Name: "awq-no-clip", Usage: "awq: skip the clipping search"},
+		&cli.StringFlag{Name: "calib-math", Value: convert.CalibF16, Usage: "GPU: how the calibration's GEMMs (GPTQ's and AWQ's passes, the plan's statistics and output probe) round their operands: fp16 (scaled by powers of two: TF32's precision at twice its rate), tf32, bf16 (twice TF32's rate, 8-bit significand), bf16-gram (the Gram matrices only) or fp32"},
 		&cli.BoolFlag{Name: "awq-duo", Usage: "awq: AutoAWQ's duo-scaling candidates, mean|x|^α / (mean|w|/absmax)^(1−α)"},
 		&cli.BoolFlag{Name: "act-order", Usage: "gptq: quantize columns by decreasing activation energy (desc_act, writes a non-trivial g_idx)"},
 		&cli.BoolFlag{Name: "static-groups", Usage: "gptq: fit group parameters before any update (trivial g_idx even with --act-order)"},
@@ -73,7 +74,6 @@ func convertCommand() *cli.Command {
 			&cli.StringFlag{Name: "device", Value: "auto", Usage: "where to quantize: auto (GPU when present), cpu, or cuda (fail without a GPU, or for a tensor the GPU cannot do)"},
 			&cli.BoolFlag{Name: "measure-error", Usage: "compute each weight's relative error ‖W−Ŵ‖/‖W‖ for the log and the report (costs a CPU dequantization per tensor)"},
 			&cli.StringFlag{Name: "devices", Value: "all", Usage: "GPUs to use, e.g. 0,1 (ordinals as the driver counts them, after CUDA_VISIBLE_DEVICES): GPTQ calibrates on all of them, everything else runs on the first"},
-			&cli.StringFlag{Name: "calib-math", Value: convert.CalibTF32, Usage: "GPU: how GPTQ's and AWQ's calibration GEMMs round their inputs: tf32, bf16 (about twice as fast) or fp32"},
 			&cli.IntFlag{Name: "gpu-slots", Value: convert.DefaultGPUSlots, Usage: "tensors on the GPU at once (each holds pinned and GPU memory the size of the largest tensor)"},
 			&cli.StringFlag{Name: "input-hash", Value: convert.HashBLAKE3, Usage: "digest of each input file recorded in the provenance: blake3 (uses every core; b3sum prints it), sha256 (sha256sum and the Hub's LFS oid; one core per file) or none"},
 			&cli.BoolFlag{Name: "sync", Usage: "flush the output to disk before renaming it into place, so that it survives a power loss right after (runs at about the disk's write speed); without it a killed or failed run still leaves nothing that looks complete"},
@@ -125,7 +125,6 @@ func convertCommandOptions(c *cli.Context) (convert.Options, error) {
 	if opt.Devices, err = parseDevices(c.String("devices")); err != nil {
 		return opt, err
 	}
-	opt.CalibMath = c.String("calib-math")
 	opt.MeasureError = c.Bool("measure-error")
 	opt.InputHash = c.String("input-hash")
 	opt.GPUSlots = c.Int("gpu-slots")
@@ -144,6 +143,7 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	}
 	opt := method.DefaultOptions()
 	opt.Version = version
+	opt.CalibMath = c.String("calib-math")
 	opt.Format = c.String("format")
 	opt.Clip = c.Bool("clip")
 	if c.IsSet("imatrix") {
