@@ -23,7 +23,8 @@ mkdir -p $work
 synth=$!
 if [[ -f out/mid.tar.xz ]]; then
 	mkdir -p /tmp/models && tar -xJf out/mid.tar.xz -C /tmp/models
-	runs="$(for m in ${QPACK_MID_MATH:-tf32}; do echo 0:$m; done) 0,1:tf32 $all:tf32"
+	runs="$(for m in ${QPACK_MID_MATH:-tf32}; do echo 0:$m; done)"
+	[[ $gpus -gt 1 ]] && runs="$runs 0,1:tf32 $all:tf32"
 	for e in $(echo $runs | tr ' ' '\n' | awk '!seen[$0]++'); do
 		d=${e%%:*} m=${e#*:}
 		"$Q" convert /tmp/models/mid-llama -o /tmp/ml-$d --device cuda --devices $d --calib-math $m --method gptq --calib out/calib.txt --overwrite >"$OUT/ml-$d.log" 2>&1
@@ -50,7 +51,7 @@ for e in ${QPACK_7B_OTHER:-}; do # awqgptq:MATH (128 × 512) or budget:MATH (pla
 	m=${e#*:}
 	case ${e%%:*} in
 	awqgptq) conv 7b-awqgptq-$m 80 s7 "" --devices 0 --calib-math $m --method awq+gptq --calib-seqlen 512 ;;
-	budget) conv 7b-budget-$m 100 s7 "" --devices 0 --calib-math $m --calib-seqlen 512 --format qpack --strategy budget --target-bpw 3.5 \
+	budget) conv 7b-budget-$m 100 s7 "--cpuprofile $OUT/7b-budget-$m.prof" --devices 0 --calib-math $m --calib-seqlen 512 --format qpack --strategy budget --target-bpw 3.5 \
 		--ladder int2-g64-asym,int3-g128-asym,int4-g128-asym,int8-g128-asym ;;
 	esac
 done
