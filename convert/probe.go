@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/qpack-dev/qpack/blockwise"
@@ -54,7 +55,8 @@ func outputCoefficients(ctx context.Context, src string, c *Calibration, importa
 	}
 	defer m.Close()
 	seqs := c.seqs[:min(len(c.seqs), max(1, (probeTokens+c.SeqLen-1)/c.SeqLen))]
-	errEnergy := map[string]float64{} // written by the probe's one preparing goroutine
+	errEnergy := map[string]float64{} // written by the probe's preparing goroutines, under mu
+	var mu sync.Mutex
 	probed := probedBlocks(m.Config.Layers)
 	replace := func(l *model.Linear) ([]float32, error) {
 		if err := ctx.Err(); err != nil {
@@ -68,10 +70,14 @@ func outputCoefficients(ctx context.Context, src string, c *Calibration, importa
 			return nil, fmt.Errorf("output probe of %s: %w", l.Name, err)
 		}
 		wq := q.Dequantize(nil)
-		e := quant.RelativeError(l.W, wq)
+		var e float64
 		if imp := importance[l.Name]; imp != nil {
 			e = quant.WeightedRelativeError(l.W, wq, l.Out, l.In, imp)
+		} else {
+			e = quant.RelativeError(l.W, wq)
 		}
+		mu.Lock()
+		defer mu.Unlock()
 		errEnergy[l.Name] = e * e
 		return wq, nil
 	}

@@ -1,12 +1,15 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"sync"
 )
 
 // Replacement gives the weight [Out, In] that stands in for l while l is probed (for example
-// l's weight quantized and dequantized), or nil to leave l out.
+// l's weight quantized and dequantized), or nil to leave l out. It is called for the linears of
+// a block at once, from several goroutines.
 type Replacement func(l *Linear) ([]float32, error)
 
 // LinearKL measures, for each decoder linear that replace gives a weight for, the mean
@@ -158,17 +161,24 @@ func prepareBlock(m *Model, j int, replace Replacement) <-chan prepared {
 			ch <- prepared{err: err}
 			return
 		}
-		p := prepared{block: b, linears: []*Linear{}}
-		for _, l := range b.AllLinears() {
-			w, err := replace(l)
-			if err == nil && w != nil && len(w) != l.Out*l.In {
-				err = fmt.Errorf("model: probe: %s: replacement has %d values, want %d×%d", l.Name, len(w), l.Out, l.In)
-			}
-			if err != nil {
-				ch <- prepared{err: err}
-				return
-			}
-			p.linears, p.weights = append(p.linears, l), append(p.weights, w)
+		// The linears at once: each replacement (a quantization, its error) takes one core.
+		p := prepared{block: b, linears: b.AllLinears()}
+		p.weights = make([][]float32, len(p.linears))
+		errs := make([]error, len(p.linears))
+		var wg sync.WaitGroup
+		for i, l := range p.linears {
+			wg.Go(func() {
+				w, err := replace(l)
+				if err == nil && w != nil && len(w) != l.Out*l.In {
+					err = fmt.Errorf("model: probe: %s: replacement has %d values, want %d×%d", l.Name, len(w), l.Out, l.In)
+				}
+				p.weights[i], errs[i] = w, err
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			ch <- prepared{err: err}
+			return
 		}
 		ch <- p
 	}()
