@@ -42,7 +42,7 @@ conv() { # name, seconds, model, qpack's own flags, convert's flags...
 	grep -E '^(gptq|awq|awq\+gptq) on|^plan:.*(statistics|probe).* s$|wall|^qpack: |panic' "$OUT/$name.log" | cut -c1-420
 }
 for e in ${QPACK_7B:-0 0,1 $all}; do # GPU lists for the 7B, then for the 70B-shaped model
-	d=${e%%:*} m=tf32
+	d=${e%%:*} m=fp16 # the default
 	[[ $e == *:* ]] && m=${e#*:}
 	n=$(echo $d | tr , '\n' | wc -l)
 	conv 7b-$n-$m 80 s7 "--cpuprofile $OUT/7b-$n-$m.prof" --devices $d --calib-math $m || break
