@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -64,13 +65,23 @@ func llama7BBlock(b *testing.B) (*Config, *Model) {
 	return cfg, m
 }
 
-// BenchmarkGPUForward7B: one Llama-2-7B-shaped block over 4 sequences of 2048 tokens (one
-// chunk, 8192 rows) with TF32 GEMMs, against cuBLAS's TF32 rate on the block's largest GEMM
-// (8192×11008×4096) measured in the same run. FLOPs count the seven linears and both attention
-// products over the full T×T square (what is computed; causal masking wastes half).
+// BenchmarkGPUForward7B times a Llama-2-7B block's forward pass over 4 × 2048 tokens on the GPU
+// with TF32 GEMMs and with scaled FP16 (GPUOptions.F16: the conversions of the activations
+// included), in TFLOP/s of the block's linears and attention products, against cuBLAS's rate
+// on the block's largest GEMM shape in the same math, same run (the FP16 one on operands
+// already converted).
 func BenchmarkGPUForward7B(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		opt  GPUOptions
+	}{{"tf32", GPUOptions{TF32: true}}, {"fp16", GPUOptions{TF32: true, F16: true}}} {
+		b.Run(c.name, func(b *testing.B) { benchmarkForward7B(b, c.name, c.opt) })
+	}
+}
+
+func benchmarkForward7B(b *testing.B, name string, opt GPUOptions) {
 	cfg, m := llama7BBlock(b)
-	e := openGPU(b, cfg, GPUOptions{TF32: true}, 0)
+	e := openGPU(b, cfg, opt, 0)
 	e.poison = false
 	const S, T = 4, 2048
 	seqs := make([][]int, S)
@@ -114,12 +125,91 @@ func BenchmarkGPUForward7B(b *testing.B) {
 	b.ReportMetric(gemm/1e12, "cuBLAS-TFLOP/s")
 	b.ReportMetric(rate/gemm, "ratio")
 	free, total, _ := e.dev.MemoryInfo()
-	b.Logf("7B block forward, %d×%d tokens, TF32: %.1f TFLOP/s, cuBLAS TF32 GEMM %d×%d×%d: %.1f TFLOP/s, ratio %.2f; device memory in use %.2f GB",
-		S, T, rate/1e12, rows, in, h, gemm/1e12, rate/gemm, float64(total-free)/1e9)
+	b.Logf("7B block forward, %d×%d tokens, %s: %.1f TFLOP/s, cuBLAS GEMM %d×%d×%d: %.1f TFLOP/s, ratio %.2f; device memory in use %.2f GB",
+		S, T, name, rate/1e12, rows, in, h, gemm/1e12, rate/gemm, float64(total-free)/1e9)
 }
 
-// gemmRate times the engine's cuBLAS (its math mode) on y[m, n] = x[m, k]·Wᵀ, median of 20,
-// in FLOP/s.
+// BenchmarkGPUGram7B times AddGram (the upper tiles, then FinishGram's mirror once per 8 chunks)
+// on 8192-row chunks of a 7B's two Gram widths, TF32 and scaled FP16 (the conversion included),
+// counting the whole product's 2·rows·cols² FLOPs, against cuBLAS's whole xᵀx in the same math,
+// same run (FP16 on operands already converted): a ratio above 1 is the half that is skipped.
+func BenchmarkGPUGram7B(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		opt  GPUOptions
+	}{{"tf32", GPUOptions{TF32: true}}, {"fp16", GPUOptions{TF32: true, F16: true}}} {
+		for _, cols := range []int{4096, 11008} {
+			b.Run(fmt.Sprintf("%s/%d", c.name, cols), func(b *testing.B) { benchmarkGram(b, c.name, c.opt, cols) })
+		}
+	}
+}
+
+func benchmarkGram(b *testing.B, name string, opt GPUOptions, cols int) {
+	e := openGPU(b, mustConfig(b, gpuTestConfigs[0].json), opt, 0)
+	e.poison = false
+	const rows, chunks = 8192, 8
+	x, err := e.floats("bench.x", rows*cols)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sum, err := e.floats("bench.sum", cols*cols)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := e.dev.Fill32(x, 0x3c23d70a, rows*cols); err != nil { // 0.01: not zeros
+		b.Fatal(err)
+	}
+	run := func() {
+		for range chunks {
+			if err := e.AddGram(sum, x, rows, cols); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := e.FinishGram(sum, cols); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.Synchronize(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run()
+	b.ResetTimer()
+	for range b.N {
+		run()
+	}
+	flops := 2 * float64(rows) * float64(cols) * float64(cols) * chunks
+	rate := flops * float64(b.N) / b.Elapsed().Seconds()
+	whole := gramRate(b, e, x, sum, rows, cols)
+	b.ReportMetric(rate/1e12, "TFLOP/s")
+	b.ReportMetric(whole/1e12, "cuBLAS-TFLOP/s")
+	b.ReportMetric(rate/whole, "ratio")
+	b.Logf("Gram %d×%d, %s: %.1f TFLOP/s of the whole product, cuBLAS's whole xᵀx %.1f TFLOP/s, ratio %.2f", rows, cols, name, rate/1e12, whole/1e12, rate/whole)
+}
+
+// gramRate times one cuBLAS GEMM sum += xᵀx over the whole [cols, cols] in the engine's math
+// (scaled FP16 on x converted beforehand), median of 10, in FLOP/s.
+func gramRate(b *testing.B, e *GPU, x, sum cuda.DevicePtr, rows, cols int) float64 {
+	op := func() error {
+		return e.blas.Sgemm(cuda.NoTrans, cuda.Trans, cols, cols, rows, 1, x, cols, x, cols, 1, sum, cols)
+	}
+	if e.grams == halfF16 {
+		xh, err := e.half(e.grams, "bench.xh", x, rows*cols, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		op = func() error {
+			return e.blas.GemmF16(cuda.NoTrans, cuda.Trans, cols, cols, rows, e.scalar(f16Alpha), xh, cols, xh, cols, e.scalar(f16One), sum, cols)
+		}
+	}
+	tm, err := e.dev.TimeOnStream(e.stream, 2, 10, 0, op)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return 2 * float64(rows) * float64(cols) * float64(cols) / tm.Median.Seconds()
+}
+
+// gemmRate times the engine's cuBLAS (its math mode; scaled FP16 on operands converted
+// beforehand) on y[m, n] = x[m, k]·Wᵀ, median of 20, in FLOP/s.
 func gemmRate(b *testing.B, e *GPU, m, n, k int) float64 {
 	bufs := make([]cuda.DevicePtr, 3)
 	for i, size := range []int{m * k, n * k, m * n} {
@@ -132,7 +222,21 @@ func gemmRate(b *testing.B, e *GPU, m, n, k int) float64 {
 		}
 	}
 	l := &gpuLinear{name: "bench", out: n, in: k, w: bufs[1]}
-	tm, err := e.dev.TimeOnStream(e.stream, 3, 20, 0, func() error { return e.linear(bufs[2], bufs[0], l, m) })
+	op := func() error { return e.linear(bufs[2], bufs[0], l, m) }
+	if e.linears == halfF16 { // cuBLAS alone: both operands converted beforehand
+		wh, err := e.half(e.linears, "bench.wh", bufs[1], n*k, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		xh, err := e.half(e.linears, "bench.xh", bufs[0], m*k, e.scalar(f16Shift))
+		if err != nil {
+			b.Fatal(err)
+		}
+		op = func() error {
+			return e.blas.GemmF16(cuda.Trans, cuda.NoTrans, n, m, k, e.scalar(f16Alpha), wh, k, xh, k, e.scalar(f16Zero), bufs[2], n)
+		}
+	}
+	tm, err := e.dev.TimeOnStream(e.stream, 3, 20, 0, op)
 	if err != nil {
 		b.Fatal(err)
 	}

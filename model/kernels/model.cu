@@ -125,8 +125,9 @@ extern "C" __global__ void to_f16_scaled(const float* x, unsigned short* y, long
     int s = f16_shift(*amax);
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i == 0) {
+        int t = other ? *other : s; // read before shift is written: they may be one word
         if (shift) *shift = s;
-        if (alpha) *alpha = ldexpf(1.0f, -(s + (other ? *other : s)));
+        if (alpha) *alpha = ldexpf(1.0f, -(s + t));
     }
     if (i < n) {
         unsigned short h;
