@@ -14,6 +14,8 @@ import (
 var (
 	//go:embed kernels/awq.ptx
 	awqPTX []byte
+	//go:embed kernels/awq.sm_90.cubin
+	awqCubinSM90 []byte // the PTX assembled for the H100/H200: no JIT there
 	//go:embed kernels/awq.cu
 	awqSource []byte
 )
@@ -47,9 +49,12 @@ type scratchBuffer struct {
 }
 
 // NewGPUSearch loads the kernels and cuBLAS on dev.
-func NewGPUSearch(dev *cuda.Device) (*GPUSearch, error) { return newGPUSearch(dev, awqPTX) }
+func NewGPUSearch(dev *cuda.Device) (*GPUSearch, error) {
+	return newGPUSearch(dev, awqPTX, awqCubinSM90)
+}
 
-func newGPUSearch(dev *cuda.Device, ptx []byte) (g *GPUSearch, err error) {
+// newGPUSearch is NewGPUSearch with kernels ptx, or the one of cubins built for dev's architecture.
+func newGPUSearch(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSearch, err error) {
 	g = &GPUSearch{dev: dev, scratch: map[string]scratchBuffer{}, TF32: true}
 	defer func() {
 		if err != nil {
@@ -57,7 +62,7 @@ func newGPUSearch(dev *cuda.Device, ptx []byte) (g *GPUSearch, err error) {
 			g = nil
 		}
 	}()
-	if g.mod, err = dev.LoadModule(ptx); err != nil {
+	if g.mod, err = dev.LoadModuleFor(ptx, cubins...); err != nil {
 		return nil, fmt.Errorf("awq: loading kernels/awq.ptx: %w", err)
 	}
 	for _, f := range []struct {

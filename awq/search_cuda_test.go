@@ -15,17 +15,21 @@ import (
 
 var gpuPTX = flag.String("awq.ptx", "", "load this PTX instead of the embedded kernels/awq.ptx")
 
-// The embedded PTX was generated from the committed kernels/awq.cu (a CPU test).
+// The embedded PTX was generated from the committed kernels/awq.cu, and the cubin assembled
+// from it (a CPU test).
 func TestPTXIsFresh(t *testing.T) {
 	if err := cuda.CheckPTX(awqPTX, awqSource); err != nil {
 		t.Fatal(err)
+	}
+	if err := cuda.CheckCubin(awqCubinSM90, awqPTX); err != nil {
+		t.Fatalf("kernels/awq.sm_90.cubin: %v", err)
 	}
 }
 
 func openSearch(t *testing.T) (*cuda.Device, *GPUSearch) {
 	t.Helper()
 	dev := gputest.Open(t)
-	g, err := newGPUSearch(dev, gputest.PTX(t, awqPTX, *gpuPTX))
+	g, err := newGPUSearch(dev, gputest.PTX(t, awqPTX, *gpuPTX), gputest.Cubins(*gpuPTX, awqCubinSM90)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,8 @@ import (
 var (
 	//go:embed kernels/gptq.ptx
 	gptqPTX []byte
+	//go:embed kernels/gptq.sm_90.cubin
+	gptqCubinSM90 []byte // the PTX assembled for the H100/H200: no JIT there
 	//go:embed kernels/gptq.cu
 	gptqSource []byte
 )
@@ -121,10 +123,11 @@ type pendingSpan struct {
 
 // NewGPUSolver loads the kernels, cuBLAS and cuSOLVER on dev.
 func NewGPUSolver(dev *cuda.Device) (*GPUSolver, error) {
-	return newGPUSolver(dev, gptqPTX)
+	return newGPUSolver(dev, gptqPTX, gptqCubinSM90)
 }
 
-func newGPUSolver(dev *cuda.Device, ptx []byte) (g *GPUSolver, err error) {
+// newGPUSolver is NewGPUSolver with kernels ptx, or the one of cubins built for dev's architecture.
+func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver, err error) {
 	g = &GPUSolver{dev: dev}
 	defer func() {
 		if err != nil {
@@ -132,7 +135,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte) (g *GPUSolver, err error) {
 			g = nil
 		}
 	}()
-	if g.module, err = dev.LoadModule(ptx); err != nil {
+	if g.module, err = dev.LoadModuleFor(ptx, cubins...); err != nil {
 		return nil, fmt.Errorf("gptq: loading kernels/gptq.ptx: %w", err)
 	}
 	for _, f := range []struct {

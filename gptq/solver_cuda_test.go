@@ -23,13 +23,16 @@ func TestGPUPTXIsFresh(t *testing.T) {
 	if err := cuda.CheckPTX(gptqPTX, gptqSource); err != nil {
 		t.Fatalf("kernels/gptq.ptx: %v", err)
 	}
+	if err := cuda.CheckCubin(gptqCubinSM90, gptqPTX); err != nil {
+		t.Fatalf("kernels/gptq.sm_90.cubin: %v", err)
+	}
 }
 
 // openGPUSolver opens GPU 0 and a solver that poisons its buffers, skipping without a GPU.
 func openGPUSolver(tb testing.TB) (*cuda.Device, *GPUSolver) {
 	tb.Helper()
 	dev := gputest.Open(tb)
-	g, err := newGPUSolver(dev, gputest.PTX(tb, gptqPTX, *gpuPTX))
+	g, err := newGPUSolver(dev, gputest.PTX(tb, gptqPTX, *gpuPTX), gputest.Cubins(*gpuPTX, gptqCubinSM90)...)
 	if err != nil {
 		tb.Fatal(err)
 	}

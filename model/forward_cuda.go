@@ -14,6 +14,8 @@ import (
 var (
 	//go:embed kernels/model.ptx
 	modelPTX []byte
+	//go:embed kernels/model.sm_90.cubin
+	modelCubinSM90 []byte // the PTX assembled for the H100/H200: no JIT there
 	//go:embed kernels/model.cu
 	modelSource []byte
 )
@@ -72,16 +74,16 @@ type GPU struct {
 	ropeT   int                  // positions covered by the uploaded rotary tables
 	rope    *ropeTable
 
-	peakUsed  uint64    // the most device memory seen in use (all processes), sampled per block
-	chunkRows int       // tokens per pass of a block (see chunkSequences)
-	band      int       // tests: query positions per band of attention (queryBand), 0 for the default
-	current   *gpuBlock // the block calibrateBlock is working on
-	poison    bool      // tests: fill work buffers with NaN whenever they are handed out
-	noStaging bool      // tests: calibrate dense blocks by recomputing passes (stagedState)
+	peakUsed  uint64         // the most device memory seen in use (all processes), sampled per block
+	chunkRows int            // tokens per pass of a block (see chunkSequences)
+	band      int            // tests: query positions per band of attention (queryBand), 0 for the default
+	current   *gpuBlock      // the block calibrateBlock is working on
+	poison    bool           // tests: fill work buffers with NaN whenever they are handed out
+	noStaging bool           // tests: calibrate dense blocks by recomputing passes (stagedState)
 	linears   halfFormat     // the linears' operands (GPUOptions)
 	grams     halfFormat     // the Gram matrices' operands
 	scalars   cuda.DevicePtr // with halfF16: the amax, shift and alpha of the last to_f16_scaled, and 0 and 1 (f16Scalar)
-	reserve   uint64    // bytes the calibrator will need besides the engine's (Reserve)
+	reserve   uint64         // bytes the calibrator will need besides the engine's (Reserve)
 	times     CalibrationTimes
 }
 
@@ -92,10 +94,11 @@ type gpuBuffer struct {
 
 // NewGPU prepares dev to run models of architecture cfg.
 func NewGPU(dev *cuda.Device, cfg *Config, opt GPUOptions) (*GPU, error) {
-	return newGPU(dev, cfg, opt, modelPTX)
+	return newGPU(dev, cfg, opt, modelPTX, modelCubinSM90)
 }
 
-func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, err error) {
+// newGPU is NewGPU with kernels ptx, or the one of cubins built for dev's architecture.
+func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte, cubins ...[]byte) (e *GPU, err error) {
 	if cfg.HeadDim%2 != 0 || cfg.HeadDim > 1024 || cfg.Heads%cfg.KVHeads != 0 {
 		return nil, fmt.Errorf("model: GPU forward needs an even head_dim ≤ 1024 and heads divisible by kv heads (have %d, %d, %d)",
 			cfg.HeadDim, cfg.Heads, cfg.KVHeads)
@@ -107,7 +110,7 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte) (e *GPU, 
 			e = nil
 		}
 	}()
-	if e.module, err = dev.LoadModule(ptx); err != nil {
+	if e.module, err = dev.LoadModuleFor(ptx, cubins...); err != nil {
 		return nil, fmt.Errorf("model: loading kernels/model.ptx: %w", err)
 	}
 	for _, f := range []struct {

@@ -23,6 +23,9 @@ func TestGPUPTXIsFresh(t *testing.T) {
 	if err := cuda.CheckPTX(modelPTX, modelSource); err != nil {
 		t.Fatalf("kernels/model.ptx: %v", err)
 	}
+	if err := cuda.CheckCubin(modelCubinSM90, modelPTX); err != nil {
+		t.Fatalf("kernels/model.sm_90.cubin: %v", err)
+	}
 }
 
 // openGPU opens GPU 0 and an engine for cfg that poisons its work buffers and runs blocks in
@@ -30,7 +33,7 @@ func TestGPUPTXIsFresh(t *testing.T) {
 func openGPU(tb testing.TB, cfg *Config, opt GPUOptions, chunkRows int) *GPU {
 	tb.Helper()
 	dev := gputest.Open(tb)
-	e, err := newGPU(dev, cfg, opt, gputest.PTX(tb, modelPTX, *gpuPTX))
+	e, err := newGPU(dev, cfg, opt, gputest.PTX(tb, modelPTX, *gpuPTX), gputest.Cubins(*gpuPTX, modelCubinSM90)...)
 	if err != nil {
 		tb.Fatal(err)
 	}

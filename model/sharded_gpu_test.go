@@ -56,7 +56,7 @@ func TestGPUShardedCalibrationMatchesCPU(t *testing.T) {
 			t.Run(fmt.Sprintf("engines=%d/true-sequential=%v/observe-only=%v", engines, opt.TrueSequential, opt.ObserveOnly), func(t *testing.T) {
 				var es []*GPU
 				for _, dev := range gputest.OpenMany(t, engines) {
-					e, err := newGPU(dev, cfg, GPUOptions{}, gputest.PTX(t, modelPTX, *gpuPTX))
+					e, err := newGPU(dev, cfg, GPUOptions{}, gputest.PTX(t, modelPTX, *gpuPTX), gputest.Cubins(*gpuPTX, modelCubinSM90)...)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -6,6 +6,8 @@
 // in double precision in a fixed order. Every product, sum and quotient that the reference
 // rounds in float32 is a rounded intrinsic (__fmul_rn, __fdiv_rn, ...) so that nvcc cannot fuse
 // it into an FMA, which rounds differently from Go.
+// Machine code for the H100 and H200 ships beside the PTX, so that they skip the JIT:
+// qpack-cubin: sm_90
 
 #include <cuda_fp16.h>
 #include <stdint.h>

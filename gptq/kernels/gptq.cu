@@ -5,6 +5,8 @@
 //
 // Matrices: W and U row-major; the factor F of cuSOLVER column-major (F(a, b) at a + b·K).
 // Positions i are columns in quantization order (perm[i] is the original column).
+// Machine code for the H100 and H200 ships beside the PTX, so that they skip the JIT:
+// qpack-cubin: sm_90
 
 typedef unsigned long long u64;
 

@@ -48,6 +48,15 @@ func PTX(tb testing.TB, embedded []byte, override string) []byte {
 	return ptx
 }
 
+// Cubins returns the machine code a test loads beside the kernels: none where a PTX override
+// is given (that PTX alone is tried), else cubins.
+func Cubins(override string, cubins ...[]byte) [][]byte {
+	if override != "" {
+		return nil
+	}
+	return cubins
+}
+
 // OpenMany opens n handles on the GPUs round-robin — GPU i mod the number of GPUs — closed when
 // the test ends, so that code for several GPUs runs on one too (each handle then shares GPU 0's
 // context, and copies between them are copies within it); without a GPU the test is skipped.
