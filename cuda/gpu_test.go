@@ -319,20 +319,27 @@ func TestClosedDeviceRefusesCalls(t *testing.T) {
 	}
 }
 
-// TestStagerCopiesEveryPiece: copies larger than the pinned buffer (several pieces through
-// both halves), smaller, and back to back, all arrive intact.
-func TestStagerCopiesEveryPiece(t *testing.T) {
+// openTestStager opens the GPU, a stager of 1000 bytes (halves of 500) and a stream, all
+// released when the test ends.
+func openTestStager(t *testing.T) (*Device, *Stager, Stream) {
 	d := openTestDevice(t)
 	st, err := d.NewStager(1000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(func() { st.Close() })
 	s, err := d.NewStream()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.DestroyStream(s)
+	t.Cleanup(func() { d.DestroyStream(s) })
+	return d, st, s
+}
+
+// TestStagerCopiesEveryPiece: copies larger than the pinned buffer (several pieces through
+// both halves), smaller, and back to back, all arrive intact.
+func TestStagerCopiesEveryPiece(t *testing.T) {
+	d, st, s := openTestStager(t)
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	for _, n := range []int{4321, 499, 500, 1, 1001} {
 		src := randomBytes(r, n)
@@ -364,17 +371,7 @@ func TestStagerCopiesEveryPiece(t *testing.T) {
 // upload, then an asynchronous fill of part of it — and nothing else, and interleave with
 // uploads through the same halves.
 func TestStagerDownloadsInStreamOrder(t *testing.T) {
-	d := openTestDevice(t)
-	st, err := d.NewStager(1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	s, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.DestroyStream(s)
+	d, st, s := openTestStager(t)
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
 	for _, n := range []int{4324, 500, 4, 1004, 2000} {
 		src := randomBytes(r, n)

@@ -107,23 +107,7 @@ func benchmarkForward7B(b *testing.B, name string, opt GPUOptions) {
 	flops := 2*float64(rows)*float64(4*h*h+3*h*in) + 2*2*float64(S*cfg.Heads)*T*T*float64(cfg.HeadDim)
 
 	gemm := gemmRate(b, e, rows, in, h)
-	run := func() {
-		if err := e.forwardBlock(g, x, nil); err != nil {
-			b.Fatal(err)
-		}
-		if err := e.Synchronize(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	run()
-	b.ResetTimer()
-	for range b.N {
-		run()
-	}
-	rate := flops * float64(b.N) / b.Elapsed().Seconds()
-	b.ReportMetric(rate/1e12, "TFLOP/s")
-	b.ReportMetric(gemm/1e12, "cuBLAS-TFLOP/s")
-	b.ReportMetric(rate/gemm, "ratio")
+	rate := timedRate(b, e, flops, func() error { return e.forwardBlock(g, x, nil) }, gemm)
 	free, total, _ := e.dev.MemoryInfo()
 	b.Logf("7B block forward, %d×%d tokens, %s: %.1f TFLOP/s, cuBLAS GEMM %d×%d×%d: %.1f TFLOP/s, ratio %.2f; device memory in use %.2f GB",
 		S, T, name, rate/1e12, rows, in, h, gemm/1e12, rate/gemm, float64(total-free)/1e9)
@@ -159,13 +143,24 @@ func benchmarkGram(b *testing.B, name string, opt GPUOptions, cols int) {
 	if err := e.dev.Fill32(x, 0x3c23d70a, rows*cols); err != nil { // 0.01: not zeros
 		b.Fatal(err)
 	}
-	run := func() {
+	run := func() error {
 		for range chunks {
 			if err := e.AddGram(sum, x, rows, cols); err != nil {
-				b.Fatal(err)
+				return err
 			}
 		}
-		if err := e.FinishGram(sum, cols); err != nil {
+		return e.FinishGram(sum, cols)
+	}
+	whole := gramRate(b, e, x, sum, rows, cols)
+	rate := timedRate(b, e, 2*float64(rows)*float64(cols)*float64(cols)*chunks, run, whole)
+	b.Logf("Gram %d×%d, %s: %.1f TFLOP/s of the whole product, cuBLAS's whole xᵀx %.1f TFLOP/s, ratio %.2f", rows, cols, name, rate/1e12, whole/1e12, rate/whole)
+}
+
+// timedRate runs op once to warm up, then b.N times, each waited for, and reports its rate of
+// flops a run against cuBLAS's rate gemm (FLOP/s); it returns the rate.
+func timedRate(b *testing.B, e *GPU, flops float64, op func() error, gemm float64) float64 {
+	run := func() {
+		if err := op(); err != nil {
 			b.Fatal(err)
 		}
 		if err := e.Synchronize(); err != nil {
@@ -177,13 +172,11 @@ func benchmarkGram(b *testing.B, name string, opt GPUOptions, cols int) {
 	for range b.N {
 		run()
 	}
-	flops := 2 * float64(rows) * float64(cols) * float64(cols) * chunks
 	rate := flops * float64(b.N) / b.Elapsed().Seconds()
-	whole := gramRate(b, e, x, sum, rows, cols)
 	b.ReportMetric(rate/1e12, "TFLOP/s")
-	b.ReportMetric(whole/1e12, "cuBLAS-TFLOP/s")
-	b.ReportMetric(rate/whole, "ratio")
-	b.Logf("Gram %d×%d, %s: %.1f TFLOP/s of the whole product, cuBLAS's whole xᵀx %.1f TFLOP/s, ratio %.2f", rows, cols, name, rate/1e12, whole/1e12, rate/whole)
+	b.ReportMetric(gemm/1e12, "cuBLAS-TFLOP/s")
+	b.ReportMetric(rate/gemm, "ratio")
+	return rate
 }
 
 // gramRate times one cuBLAS GEMM sum += xᵀx over the whole [cols, cols] in the engine's math
