@@ -91,7 +91,7 @@ const (
 	slotRowDq           // N float64
 	slotFlags           // status (uint64), potrf info, trtri info, bad (int32 each)
 	slotBaseWH          // N×K float32 W·H, for the baseline loss
-	slotBaseRows        // N float64 row sums of W·H∘W (and, before, diag H)
+	slotBaseRows        // N float64 row sums of W·H∘W; loadGram borrows it for diag H
 	slotImpOrig         // K float32 diag H in the original order (Options.Imatrix)
 	slotImpPos          // K float32 diag H in quantization order (Options.Imatrix)
 	numGPUSlots
