@@ -5,21 +5,25 @@
 # Llama-2-7B through GPTQ 128 × 2048 on 1, 2 and all GPUs (a CPU profile of the last); a
 # Llama-2-70B-shaped model of QPACK_70B_LAYERS layers (4; 0: none) on all GPUs and on one (QPACK_7B and
 # QPACK_70B list other --devices, each optionally :MATH for --calib-math; QPACK_MID_MATH lists the
-# --calib-math of mid-llama's one-GPU runs). Models live in /dev/shm. QPACK_BUDGET: seconds this may take (540).
+# --calib-math of mid-llama's one-GPU runs, QPACK_MID_METHOD their --method, gptq by default). Models live
+# in /dev/shm. QPACK_BUDGET: seconds this may take (540).
 set -u
 OUT=${OUT:-/tmp/qpack-gpu-out}
 mkdir -p "$OUT" bin/q
 root=$PWD start=$(date +%s) work=/dev/shm/qpack
 left() { echo $((${QPACK_BUDGET:-540} - ($(date +%s) - start))); }
 tar -xJf bin/q.tar.xz -C bin/q
-Q=$root/bin/q/qpack
+Q=$root/bin/q/qpack Q0=$Q
+if [[ -f bin/q0.tar.xz ]]; then # a baseline build: entries ending in :base run it, in the same call
+	mkdir -p bin/q0 && tar -xJf bin/q0.tar.xz -C bin/q0 && Q0=$root/bin/q0/qpack
+fi
 gpus=$(nvidia-smi -L | wc -l)
 all=$(seq -s, 0 $((gpus - 1)))
 mkdir -p $work
 (/usr/bin/time -f "synth 7B: %e s" "$Q" synth $work/s7 --vocab 2048 --calib-ids 262144 >/dev/null &&
 	cp testdata/models/tiny/tokenizer.json $work/s7/ &&
-	[[ ${QPACK_70B_LAYERS:-4} == 0 ]] || /usr/bin/time -f "synth 70B-shaped: %e s" "$Q" synth $work/w70 --layers ${QPACK_70B_LAYERS:-4} --hidden 8192 --intermediate 28672 --heads 64 --kv-heads 8 --vocab 32000 --calib-ids 262144 >/dev/null &&
-	cp testdata/models/tiny/tokenizer.json $work/w70/) >"$OUT/synth.log" 2>&1 &
+	{ [[ ${QPACK_70B_LAYERS:-4} == 0 ]] || { /usr/bin/time -f "synth 70B-shaped: %e s" "$Q" synth $work/w70 --layers ${QPACK_70B_LAYERS:-4} --hidden 8192 --intermediate 28672 --heads 64 --kv-heads 8 --vocab 32000 --calib-ids 262144 >/dev/null &&
+		cp testdata/models/tiny/tokenizer.json $work/w70/; }; }) >"$OUT/synth.log" 2>&1 &
 synth=$!
 if [[ -f out/mid.tar.xz ]]; then
 	mkdir -p /tmp/models && tar -xJf out/mid.tar.xz -C /tmp/models
@@ -27,31 +31,35 @@ if [[ -f out/mid.tar.xz ]]; then
 	[[ $gpus -gt 1 ]] && runs="$runs 0,1:tf32 $all:tf32"
 	for e in $(echo $runs | tr ' ' '\n' | awk '!seen[$0]++'); do
 		d=${e%%:*} m=${e#*:}
-		"$Q" convert /tmp/models/mid-llama -o /tmp/ml-$d --device cuda --devices $d --calib-math $m --method gptq --calib out/calib.txt --overwrite >"$OUT/ml-$d.log" 2>&1
-		echo "mid-llama gptq --devices $d --calib-math $m rc $?: $(grep -E '^gptq on' "$OUT/ml-$d.log" | cut -c1-60) $("$Q" eval /tmp/ml-$d --data /tmp/models/mid-llama/heldout_ids.npy --device cuda -q 2>&1 | tail -1)"
+		"$Q" convert /tmp/models/mid-llama -o /tmp/ml-$d --device cuda --devices $d --calib-math $m --method ${QPACK_MID_METHOD:-gptq} --calib out/calib.txt --overwrite >"$OUT/ml-$d-$m.log" 2>&1
+		echo "mid-llama ${QPACK_MID_METHOD:-gptq} --devices $d --calib-math $m rc $?: $(grep -E '^(gptq|awq) on' "$OUT/ml-$d-$m.log" | cut -c1-60 | tr '\n' ' ') $("$Q" eval /tmp/ml-$d --data /tmp/models/mid-llama/heldout_ids.npy --device cuda -q 2>&1 | tail -1)"
 	done
 fi
 wait $synth
 cat "$OUT/synth.log"
-conv() { # name, seconds, model, qpack's own flags, convert's flags...
-	local name=$1 t=$2 m=$3 app=$4
+conv() { # name, seconds, model, qpack's own flags, convert's flags... (the baseline's qpack for a name ending in -base)
+	local name=$1 t=$2 m=$3 app=$4 q=$Q
 	shift 4
+	[[ $name == *-base ]] && q=$Q0
 	[[ $(left) -gt $((t + 10)) ]] || { echo "$name: skipped, $(left) s left"; return 1; }
-	/usr/bin/time -f "$name: %e s wall, %M KB max resident" timeout "$t" "$Q" $app convert $work/$m --device cuda --overwrite -o $work/out-$name --method gptq \
+	/usr/bin/time -f "$name: %e s wall, %M KB max resident" timeout "$t" "$q" $app convert $work/$m --device cuda --overwrite -o $work/out-$name --method gptq \
 		--calib $work/$m/calib_ids.npy --calib-samples 128 --calib-seqlen 2048 ${QPACK_ARGS:-} "$@" >"$OUT/$name.log" 2>&1
 	grep -E '^(gptq|awq|awq\+gptq) on|^plan:.*(statistics|probe).* s$|wall|^qpack: |panic' "$OUT/$name.log" | cut -c1-420
 }
-for e in ${QPACK_7B:-0 0,1 $all}; do # GPU lists for the 7B, then for the 70B-shaped model
-	d=${e%%:*} m=fp16 # the default
+for e in ${QPACK_7B:-0 0,1 $all}; do # GPU lists for the 7B (DEVICES[:MATH[:base]]), then for the 70B-shaped model
+	d=${e%%:*} m=fp16 b= # the default
+	[[ $e == *:base ]] && b=-base e=${e%:base}
 	[[ $e == *:* ]] && m=${e#*:}
 	n=$(echo $d | tr , '\n' | wc -l)
-	conv 7b-$n-$m 80 s7 "--cpuprofile $OUT/7b-$n-$m.prof" --devices $d --calib-math $m || break
+	conv 7b-$n-$m$b 80 s7 "--cpuprofile $OUT/7b-$n-$m$b.prof" --devices $d --calib-math $m || break
 done
-for e in ${QPACK_7B_OTHER:-}; do # awqgptq:MATH (128 × 512) or budget:MATH (plan 3.5 bpw + GPTQ, 128 × 512) on the first GPU
+for e in ${QPACK_7B_OTHER:-}; do # awqgptq:MATH[:base] (128 × 512) or budget:MATH[:base] (plan 3.5 bpw + GPTQ, 128 × 512) on the first GPU
+	b=
+	[[ $e == *:base ]] && b=-base e=${e%:base}
 	m=${e#*:}
 	case ${e%%:*} in
-	awqgptq) conv 7b-awqgptq-$m 80 s7 "" --devices 0 --calib-math $m --method awq+gptq --calib-seqlen 512 ;;
-	budget) conv 7b-budget-$m 100 s7 "--cpuprofile $OUT/7b-budget-$m.prof" --devices 0 --calib-math $m --calib-seqlen 512 --format qpack --strategy budget --target-bpw 3.5 \
+	awqgptq) conv 7b-awqgptq-$m$b 80 s7 "--cpuprofile $OUT/7b-awqgptq-$m$b.prof" --devices 0 --calib-math $m --method awq+gptq --calib-seqlen 512 ;;
+	budget) conv 7b-budget-$m$b 100 s7 "--cpuprofile $OUT/7b-budget-$m$b.prof" --devices 0 --calib-math $m --calib-seqlen 512 --format qpack --strategy budget --target-bpw 3.5 \
 		--ladder int2-g64-asym,int3-g128-asym,int4-g128-asym,int8-g128-asym ;;
 	esac
 done
