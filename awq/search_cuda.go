@@ -4,6 +4,8 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"slices"
+	"sync"
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/quant"
@@ -27,9 +29,9 @@ const sumBlocks = 1024
 // is fake-quantized there with the CPU's arithmetic, bit for bit, and its output error is one
 // cuBLAS GEMM of the weight difference with the sampled inputs — ‖X·(Q(W·s)/s − W)ᵀ‖², the
 // same quantity as the reference's ‖X·(Q(W·s)/s)ᵀ − X·Wᵀ‖² without the cancellation. The α
-// search's GEMMs use TF32 (20 candidates over thousands of tokens; the error measured is
-// quantization's, three orders above TF32's rounding), the clipping search's true float32.
-// The inputs live on the device (DeviceInputs). Not safe for concurrent use.
+// search's GEMMs round their operands (Math: 20 candidates over thousands of tokens, and the
+// error measured is quantization's, three orders above the rounding), the clipping search's
+// are true float32. The inputs live on the device (DeviceInputs). Not safe for concurrent use.
 type GPUSearch struct {
 	dev     *cuda.Device
 	blas    *cuda.BLAS
@@ -38,10 +40,32 @@ type GPUSearch struct {
 	mod     *cuda.Module
 	scratch map[string]scratchBuffer
 	fn      struct{ fakeQuantDiff, sumSquares, groupErrors, gatherRows, divideColumns cuda.Function }
-	// TF32 lets the α search's GEMMs use TF32 (the default from NewGPUSearch); tests turn it
-	// off to compare losses with the CPU's closely.
-	TF32 bool
+	scalars cuda.DevicePtr // the words of scaled FP16 (f16Amax …)
+	// Math is the α search's GEMM arithmetic (SearchF16 from NewGPUSearch); tests choose
+	// SearchF32 to compare losses with the CPU's closely.
+	Math SearchMath
 }
+
+// SearchMath is the arithmetic of the α search's GEMMs.
+type SearchMath int
+
+const (
+	// SearchF16 scales the sampled inputs (once per search) and each candidate's weight
+	// differences by powers of two into FP16 (cuda.Device.ToF16Scaled): TF32's 11-bit
+	// significands at the tensor cores' FP16 rate, twice TF32's.
+	SearchF16  SearchMath = iota
+	SearchTF32            // operands rounded to TF32 by cuBLAS
+	SearchF32             // true float32
+)
+
+// The float32 words at GPUSearch.scalars.
+const (
+	f16Amax   = iota // ToF16Scaled's scratch
+	f16ShiftX        // the power of two of the sampled inputs in FP16
+	f16Alpha         // the GEMM's alpha, undoing both operands' scales
+	f16Zero          // its beta
+	numF16Scalars
+)
 
 type scratchBuffer struct {
 	ptr  cuda.DevicePtr
@@ -55,7 +79,7 @@ func NewGPUSearch(dev *cuda.Device) (*GPUSearch, error) {
 
 // newGPUSearch is NewGPUSearch with kernels ptx, or the one of cubins built for dev's architecture.
 func newGPUSearch(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSearch, err error) {
-	g = &GPUSearch{dev: dev, scratch: map[string]scratchBuffer{}, TF32: true}
+	g = &GPUSearch{dev: dev, scratch: map[string]scratchBuffer{}}
 	defer func() {
 		if err != nil {
 			g.Close()
@@ -83,8 +107,16 @@ func newGPUSearch(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSearch,
 	if g.blas, err = dev.NewBLAS(); err != nil {
 		return nil, err
 	}
+	if g.scalars, err = g.buffer("f16.scalars", 4*numF16Scalars); err != nil {
+		return nil, err
+	}
+	if err = dev.Fill32Async(g.scalars, 0, numF16Scalars, g.stream); err != nil {
+		return nil, err
+	}
 	return g, g.blas.SetStream(g.stream)
 }
+
+func (g *GPUSearch) scalar(i int) cuda.DevicePtr { return g.scalars.Add(4 * i) }
 
 // Close releases the GPU resources.
 func (g *GPUSearch) Close() error {
@@ -210,7 +242,7 @@ func (g *GPUSearch) SearchScale(x cuda.DevicePtr, rows int, xMean []float32, ls 
 	if err != nil {
 		return ScaleResult{}, err
 	}
-	if err := g.blas.SetTF32(g.TF32); err != nil {
+	if err := g.blas.SetTF32(g.Math == SearchTF32); err != nil {
 		return ScaleResult{}, err
 	}
 	src, err := g.weightsOnGPU(planned, k)
@@ -223,11 +255,12 @@ func (g *GPUSearch) SearchScale(x cuda.DevicePtr, rows int, xMean []float32, ls 
 	}
 	steps := opt.grid()
 	cands := make([][]float32, steps)
-	all := make([]float32, 0, steps*k)
+	var wg sync.WaitGroup // a power per channel and candidate: 20·k of them, while the GPU waits
 	for step := range steps {
-		cands[step] = DuoCandidate(xMean, wMean, float64(step)/float64(steps))
-		all = append(all, cands[step]...)
+		wg.Go(func() { cands[step] = DuoCandidate(xMean, wMean, float64(step)/float64(steps)) })
 	}
+	wg.Wait()
+	all := slices.Concat(cands...)
 	sd, err := g.upload("scale.s", all)
 	if err != nil {
 		return ScaleResult{}, err
@@ -244,6 +277,10 @@ func (g *GPUSearch) SearchScale(x cuda.DevicePtr, rows int, xMean []float32, ls 
 	if err != nil {
 		return ScaleResult{}, err
 	}
+	outputErrors, err := g.outputErrors(x, rows, k, out)
+	if err != nil {
+		return ScaleResult{}, err
+	}
 	for step := range steps {
 		s := sd.Add(4 * step * k)
 		for i, l := range planned {
@@ -252,8 +289,7 @@ func (g *GPUSearch) SearchScale(x cuda.DevicePtr, rows int, xMean []float32, ls 
 				return ScaleResult{}, err
 			}
 		}
-		// e [out, rows] column-major = D [out, k] · Xᵀ: the row-major [rows, out] output errors.
-		if err := g.blas.Sgemm(cuda.Trans, cuda.NoTrans, out, rows, k, 1, d, k, x, k, 0, e, out); err != nil {
+		if err := outputErrors(e, d); err != nil {
 			return ScaleResult{}, err
 		}
 		if err := g.sumSquares(e, out*rows, partials, step); err != nil {
@@ -283,6 +319,35 @@ func (g *GPUSearch) SearchScale(x cuda.DevicePtr, rows int, xMean []float32, ls 
 		return best, fmt.Errorf("awq: no α gave a finite loss (%s)", ls[0].Name)
 	}
 	return best, nil
+}
+
+// outputErrors returns the function that sets e [out, rows] (column-major) = D [out, k] · Xᵀ,
+// the row-major [rows, out] output errors of the weight differences D, in the search's Math;
+// with SearchF16 it converts x to FP16 first, once for every candidate.
+func (g *GPUSearch) outputErrors(x cuda.DevicePtr, rows, k, out int) (func(e, d cuda.DevicePtr) error, error) {
+	if g.Math != SearchF16 {
+		return func(e, d cuda.DevicePtr) error {
+			return g.blas.Sgemm(cuda.Trans, cuda.NoTrans, out, rows, k, 1, d, k, x, k, 0, e, out)
+		}, nil
+	}
+	x16, err := g.buffer("scale.x16", 2*rows*k)
+	if err != nil {
+		return nil, err
+	}
+	d16, err := g.buffer("scale.d16", 2*out*k)
+	if err != nil {
+		return nil, err
+	}
+	amax, shiftX, alpha := g.scalar(f16Amax), g.scalar(f16ShiftX), g.scalar(f16Alpha)
+	if err := g.dev.ToF16Scaled(x16, x, rows*k, amax, 0, shiftX, 0, g.stream); err != nil {
+		return nil, err
+	}
+	return func(e, d cuda.DevicePtr) error {
+		if err := g.dev.ToF16Scaled(d16, d, out*k, amax, shiftX, 0, alpha, g.stream); err != nil {
+			return err
+		}
+		return g.blas.GemmF16(cuda.Trans, cuda.NoTrans, out, rows, k, alpha, d16, k, x16, k, g.scalar(f16Zero), e, out)
+	}, nil
 }
 
 // weightsOnGPU returns where each linear's W is on the GPU: its OnGPU copy, or else uploaded

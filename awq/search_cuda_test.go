@@ -37,19 +37,6 @@ func openSearch(t *testing.T) (*cuda.Device, *GPUSearch) {
 	return dev, g
 }
 
-func toDevice(t *testing.T, dev *cuda.Device, v []float32) cuda.DevicePtr {
-	t.Helper()
-	p, err := dev.Alloc(4 * max(len(v), 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { dev.Free(p) })
-	if err := dev.CopyToDevice(p, cuda.Bytes(v)); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // searchSchemes have awkward shapes: a short last group, per-channel, symmetric and 2- to 8-bit.
 var searchSchemes = []quant.Scheme{
 	{Bits: 4, GroupSize: 64}, {Bits: 3, GroupSize: 128, Sym: true}, {Bits: 8, GroupSize: quant.PerChannel},
@@ -89,9 +76,9 @@ func TestGPUFakeQuantDiff(t *testing.T) {
 		}
 		gs := groupSize(sc, k)
 		groups := (k + gs - 1) / gs
-		wd, sd := toDevice(t, dev, w), toDevice(t, dev, s)
-		d := toDevice(t, dev, make([]float32, n*k))
-		am := toDevice(t, dev, make([]float32, n*groups))
+		wd, sd := gputest.Floats(t, dev, w), gputest.Floats(t, dev, s)
+		d := gputest.Floats(t, dev, make([]float32, n*k))
+		am := gputest.Floats(t, dev, make([]float32, n*groups))
 		if err := g.fakeQuantDiff(wd, sd, d, 0, n, k, sc, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +135,7 @@ func salientInputs(r *rand.Rand, rows, k int) []float32 {
 }
 
 // SearchScale on the GPU (true float32 GEMMs) measures every candidate's loss as the CPU does,
-// within float32 rounding, and picks the same α; with TF32 within 1%.
+// within float32 rounding, and picks the same α; with TF32 and scaled FP16 within 1%.
 func TestGPUSearchScale(t *testing.T) {
 	dev, g := openSearch(t)
 	r := rand.New(rand.NewPCG(13, 14))
@@ -158,7 +145,7 @@ func TestGPUSearchScale(t *testing.T) {
 	if err := in.Add(x, rows, k); err != nil {
 		t.Fatal(err)
 	}
-	xd := toDevice(t, dev, x)
+	xd := gputest.Floats(t, dev, x)
 	s3, s4 := quant.Scheme{Bits: 3, GroupSize: 128}, quant.Scheme{Bits: 4, GroupSize: 64, Sym: true}
 	ls := []Linear{
 		{Name: "a", W: randomWeights(r, 96, k), Out: 96, In: k, Scheme: &s3},
@@ -171,23 +158,23 @@ func TestGPUSearchScale(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, tf32 := range []bool{false, true} {
-			g.TF32 = tf32
+		for _, m := range []SearchMath{SearchF32, SearchTF32, SearchF16} {
+			g.Math = m
 			got, err := g.SearchScale(xd, rows, in.MeanAbs(), ls, opt)
 			if err != nil {
 				t.Fatal(err)
 			}
-			tol := 1e-4
-			if tf32 {
-				tol = 1e-2
+			tol := 1e-2
+			if m == SearchF32 {
+				tol = 1e-4
 			}
 			for i, l := range want.Losses {
 				if math.Abs(got.Losses[i]-l) > tol*l {
-					t.Errorf("duo %v, tf32 %v: α %.2f: loss %.6g on the GPU, %.6g on the CPU", duo, tf32, float64(i)/20, got.Losses[i], l)
+					t.Errorf("duo %v, math %d: α %.2f: loss %.6g on the GPU, %.6g on the CPU", duo, m, float64(i)/20, got.Losses[i], l)
 				}
 			}
 			if got.Alpha != want.Alpha && !nearTie(want.Losses, 2*tol) {
-				t.Errorf("duo %v, tf32 %v: α %.2f on the GPU, %.2f on the CPU", duo, tf32, got.Alpha, want.Alpha)
+				t.Errorf("duo %v, math %d: α %.2f on the GPU, %.2f on the CPU", duo, m, got.Alpha, want.Alpha)
 			}
 		}
 	}
@@ -213,7 +200,7 @@ func TestGPUSearchClip(t *testing.T) {
 	r := rand.New(rand.NewPCG(15, 16))
 	const rows, k, n = 1100, 200, 45 // 1100 rows: every 2nd of them, 512 tokens
 	x := salientInputs(r, rows, k)
-	xd := toDevice(t, dev, x)
+	xd := gputest.Floats(t, dev, x)
 	for _, sc := range searchSchemes {
 		w := randomWeights(r, n, k)
 		cw, gw := append([]float32(nil), w...), append([]float32(nil), w...)
@@ -275,7 +262,7 @@ func TestGPUDeviceInputs(t *testing.T) {
 		if err := in.Add(x, rows, cols); err != nil {
 			t.Fatal(err)
 		}
-		if err := din.Add(e, g, toDevice(t, dev, x), rows); err != nil {
+		if err := din.Add(e, g, gputest.Floats(t, dev, x), rows); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -308,14 +295,14 @@ func TestGPUDeviceInputs(t *testing.T) {
 	}
 	bad := make([]float32, 2*cols)
 	bad[cols+41] = float32(math.NaN())
-	if err := din.Add(e, g, toDevice(t, dev, bad), 2); err != nil {
+	if err := din.Add(e, g, gputest.Floats(t, dev, bad), 2); err != nil {
 		t.Fatal(err)
 	}
 	e.Synchronize()
 	if _, err := din.MeanAbs(); err == nil || !strings.Contains(err.Error(), "channel 41") {
 		t.Errorf("NaN activation: %v", err)
 	}
-	if err := din.Add(e, g, toDevice(t, dev, make([]float32, 60*cols)), 60); err == nil {
+	if err := din.Add(e, g, gputest.Floats(t, dev, make([]float32, 60*cols)), 60); err == nil {
 		t.Error("more rows than the inputs were sized for: no error")
 	}
 }

@@ -46,7 +46,8 @@ func (t DType) Size() int {
 const convertBlock = 256
 
 type convertKernels struct {
-	scalar, vec8 map[DType]Function
+	scalar, vec8         map[DType]Function
+	amaxAbs, toF16Scaled Function
 }
 
 func (d *Device) convertKernels() (*convertKernels, error) {
@@ -65,6 +66,13 @@ func (d *Device) convertKernels() (*convertKernels, error) {
 				d.convertErr = err
 				return
 			}
+		}
+		if k.amaxAbs, err = m.Function("amax_abs"); err == nil {
+			k.toF16Scaled, err = m.Function("to_f16_scaled")
+		}
+		if err != nil {
+			d.convertErr = err
+			return
 		}
 		d.convert = k
 	})
@@ -94,4 +102,31 @@ func (d *Device) ConvertToF32(dst, src DevicePtr, t DType, n int, s Stream) erro
 	// Grid-stride loops: enough blocks to fill the GPU several times over, no more.
 	blocks := min((work+convertBlock-1)/convertBlock, 32*max(d.info.Multiprocessors, 1))
 	return fn.Launch(Dim3{blocks, 1, 1}, Dim3{convertBlock, 1, 1}, 0, s, src, dst, uint64(n))
+}
+
+// ToF16Scaled enqueues on stream s dst[:n] = src[:n]·2^sh rounded to FP16 (to nearest even), sh
+// the power of two that puts src's largest magnitude in [2^14, 2^15), FP16's top binades (±60 at
+// most; 0 when every value is zero), found on the GPU: FP16's 11-bit significand, TF32's, over
+// any range. NaNs are left out of the largest magnitude; infinities and NaNs stay what they are.
+// amax is a device word, the largest magnitude's scratch. The kernel writes sh to shift and, for a
+// GEMM of dst with an operand scaled by 2^t, the alpha 2^−(sh+t) that undoes both scales exactly
+// to alpha, t = *other, or sh when other is 0 (a Gram matrix dstᵀdst); shift and alpha may be 0,
+// and other may be shift. The host never waits for sh: a GEMM reads alpha from device memory.
+func (d *Device) ToF16Scaled(dst, src DevicePtr, n int, amax, other, shift, alpha DevicePtr, s Stream) error {
+	if n <= 0 {
+		return fmt.Errorf("cuda: ToF16Scaled of %d elements", n)
+	}
+	k, err := d.convertKernels()
+	if err != nil {
+		return err
+	}
+	if err := d.Fill32Async(amax, 0, 1, s); err != nil {
+		return err
+	}
+	const threads, maxBlocks = 256, 1024
+	blocks := max(1, min(maxBlocks, (n+threads-1)/threads))
+	if err := k.amaxAbs.Launch(Dim3{blocks, 1, 1}, Dim3{threads, 1, 1}, 0, s, src, int64(n), amax); err != nil {
+		return err
+	}
+	return k.toF16Scaled.Launch(Dim3{(n + threads - 1) / threads, 1, 1}, Dim3{threads, 1, 1}, 0, s, src, dst, int64(n), amax, other, shift, alpha)
 }

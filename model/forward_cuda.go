@@ -68,7 +68,7 @@ type GPU struct {
 	module *cuda.Module
 	fn     struct {
 		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare cuda.Function
-		channelStatsPartial, channelStatsFinish, toBF16, mirrorUpper, amaxAbs, toF16Scaled                  cuda.Function
+		channelStatsPartial, channelStatsFinish, toBF16, mirrorUpper, scaleColumns, divideRows              cuda.Function
 	}
 	scratch map[string]gpuBuffer // named work buffers, grown on demand
 	ropeT   int                  // positions covered by the uploaded rotary tables
@@ -121,7 +121,8 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte, cubins ..
 		{&e.fn.siluMul, "silu_mul"}, {&e.fn.ropeHeads, "rope_heads"}, {&e.fn.mergeHeads, "merge_heads"},
 		{&e.fn.causalSoftmax, "causal_softmax"}, {&e.fn.tokenNLL, "token_nll"}, {&e.fn.tokenCompare, "token_compare"},
 		{&e.fn.channelStatsPartial, "channel_stats_partial"}, {&e.fn.channelStatsFinish, "channel_stats_finish"},
-		{&e.fn.toBF16, "to_bf16"}, {&e.fn.mirrorUpper, "mirror_upper"}, {&e.fn.amaxAbs, "amax_abs"}, {&e.fn.toF16Scaled, "to_f16_scaled"},
+		{&e.fn.toBF16, "to_bf16"}, {&e.fn.mirrorUpper, "mirror_upper"},
+		{&e.fn.scaleColumns, "scale_columns"}, {&e.fn.divideRows, "divide_rows"},
 	} {
 		if *f.dst, err = e.module.Function(f.name); err != nil {
 			return nil, err
@@ -407,21 +408,11 @@ func (e *GPU) half(f halfFormat, name string, x cuda.DevicePtr, n int, other cud
 	return xb, e.toBF16(xb, x, n)
 }
 
-// toF16Scaled queues dst[:n] = src[:n]·2^s in FP16, s chosen on the GPU from src's largest
-// magnitude (kernels/model.cu amax_abs, to_f16_scaled), and writes s to shift and the alpha of
-// the GEMM of dst with an operand scaled by 2^*other (other 0: by 2^s) to alpha; shift or alpha
-// may be 0.
+// toF16Scaled queues dst[:n] = src[:n]·2^s in FP16 (cuda.Device.ToF16Scaled), writing s to
+// shift and the alpha of the GEMM of dst with an operand scaled by 2^*other (other 0: by 2^s) to
+// alpha; shift or alpha may be 0.
 func (e *GPU) toF16Scaled(dst, src cuda.DevicePtr, n int, other, shift, alpha cuda.DevicePtr) error {
-	amax := e.scalar(f16Amax)
-	if err := e.dev.Fill32Async(amax, 0, 1, e.stream); err != nil {
-		return err
-	}
-	const threads, maxBlocks = 256, 1024
-	blocks := max(1, min(maxBlocks, (n+threads-1)/threads))
-	if err := e.fn.amaxAbs.Launch(cuda.Dim3{X: blocks, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, e.stream, src, int64(n), amax); err != nil {
-		return err
-	}
-	return e.elementwise(e.fn.toF16Scaled, n, src, dst, int64(n), amax, other, shift, alpha)
+	return e.dev.ToF16Scaled(dst, src, n, e.scalar(f16Amax), other, shift, alpha, e.stream)
 }
 
 // toBF16 queues dst[:n] = src[:n] rounded to bfloat16 (kernels/model.cu to_bf16).

@@ -77,3 +77,17 @@ func OpenMany(tb testing.TB, n int) []*cuda.Device {
 	}
 	return devs
 }
+
+// Floats copies v to new memory on dev, freed when the test ends.
+func Floats(tb testing.TB, dev *cuda.Device, v []float32) cuda.DevicePtr {
+	tb.Helper()
+	p, err := dev.Alloc(4 * max(len(v), 1))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { dev.Free(p) })
+	if err := dev.CopyToDevice(p, cuda.Bytes(v)); err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
