@@ -62,3 +62,26 @@ func Fold(b *model.Block, p Pair, s []float32) {
 		}
 	}
 }
+
+// FoldOnGPU is Fold on the copy of the block that engine e is calibrating (from a calibrator's
+// Update), rounding every value as Fold does: Fold on the host and FoldOnGPU leave the two copies
+// equal, bit for bit, and the engine need not upload the folded weights (model.GPU.KeepDeviceWeights).
+func FoldOnGPU(e *model.GPU, b *model.Block, p Pair, s []float32) error {
+	var err error
+	if p.Norm != nil {
+		err = e.DivideRows(p.Norm, nil, s)
+	} else {
+		err = e.DivideRows(nil, p.Prev, s)
+	}
+	if err != nil {
+		return err
+	}
+	for _, g := range p.Groups() {
+		for _, l := range b.Linears(g) {
+			if err := e.ScaleColumns(l, s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -52,6 +52,7 @@ type awqScaler struct {
 
 	gpu      *awq.GPUSearch                    // nil: the searches run on the CPU
 	gpuInput map[model.Group]*awq.DeviceInputs // the GPU's inputs of each group, reused block after block
+	folding  map[int]chan struct{}             // awq+gptq on the GPU: closed when the host has folded the block's scales in
 
 	search, clip, quantize time.Duration
 }
@@ -60,7 +61,8 @@ type awqScaler struct {
 // and both searches; under awq+gptq also GPTQ's Hessians and solver), else on the CPU.
 func useAWQ(r *blockRunner, items []Item, opt Options, g *gpu) error {
 	s := &awqScaler{r: r, opt: awq.Options{Duo: opt.AWQ.Duo}, gptq: opt.Method.Solves(), noClip: opt.AWQ.NoClip, tokens: opt.AWQ.SearchTokens,
-		inputs: map[string]groupInputs{}, scaled: map[int]bool{}, kept: map[string]bool{}, gpuInput: map[model.Group]*awq.DeviceInputs{}}
+		inputs: map[string]groupInputs{}, scaled: map[int]bool{}, kept: map[string]bool{}, gpuInput: map[model.Group]*awq.DeviceInputs{},
+		folding: map[int]chan struct{}{}}
 	if s.tokens <= 0 {
 		s.tokens = DefaultAWQSearchTokens
 	}
@@ -88,8 +90,23 @@ func useAWQ(r *blockRunner, items []Item, opt Options, g *gpu) error {
 		}
 	}
 	var err error
-	s.gpu, err = awq.NewGPUSearch(g.dev)
+	if s.gpu, err = awq.NewGPUSearch(g.dev); err == nil {
+		s.gpu.Math = awqSearchMath(opt.CalibMath)
+	}
 	return err
+}
+
+// awqSearchMath is the α search's GEMM arithmetic for calibration math name (Options.CalibMath):
+// scaled FP16 by default, true float32 for fp32, and TF32 under the others (BF16's 8-bit
+// significand is not used for the search: it compares candidates whose losses differ by 0.1%).
+func awqSearchMath(name string) awq.SearchMath {
+	switch name {
+	case "", CalibF16:
+		return awq.SearchF16
+	case CalibFP32:
+		return awq.SearchF32
+	}
+	return awq.SearchTF32
 }
 
 // peakNote reports the GPU memory a GPU run peaked at.
@@ -234,6 +251,10 @@ func (s *awqScaler) deviceInputs(g model.Group, cols int) (deviceInputs, error) 
 // awq+gptq hands the later calls to GPTQ.
 func (s *awqScaler) Update(b *model.Block, groups []model.Group) error {
 	if s.gptq && s.scaled[b.Index] {
+		if done := s.folding[b.Index]; done != nil {
+			<-done // GPTQ reads and checks the host's weights
+			delete(s.folding, b.Index)
+		}
 		return s.r.Update(b, groups)
 	}
 	if s.gpu != nil {
@@ -248,7 +269,9 @@ func (s *awqScaler) Update(b *model.Block, groups []model.Group) error {
 		s.r.fail(err)
 		return err
 	}
-	s.deliverKept(b)
+	if s.folding[b.Index] == nil {
+		s.deliverKept(b)
+	}
 	if s.gptq {
 		s.scaled[b.Index] = true
 		s.dropInputs(b)
@@ -298,6 +321,9 @@ func (s *awqScaler) scaleBlock(b *model.Block) error {
 		s.r.logf("awq block %d %s: α %.2f, output error %.4g (α=0: %.4g, %.1f%% lower)\n",
 			b.Index, p.Group, res.Alpha, res.Loss, res.Loss0, 100*(1-res.Loss/math.Max(res.Loss0, 1e-30)))
 	}
+	if onGPU, err := s.foldOnGPU(b, pairs, scales); onGPU || err != nil {
+		return err
+	}
 	for i, p := range pairs {
 		sc := scales[i]
 		if sc == nil {
@@ -305,7 +331,7 @@ func (s *awqScaler) scaleBlock(b *model.Block) error {
 		}
 		awq.Fold(b, p, sc)
 		for _, g := range p.Groups() {
-			if in := s.inputs[hessianKey(b.Index, g)]; in != nil {
+			if in := s.inputs[hessianKey(b.Index, g)]; in != nil && !s.gptq { // the clipping search's
 				if err := in.divide(sc); err != nil {
 					return err
 				}
@@ -313,6 +339,43 @@ func (s *awqScaler) scaleBlock(b *model.Block) error {
 		}
 	}
 	return nil
+}
+
+// awqFoldOnGPU lets awq+gptq fold a dense block's scales into the GPU engine's copy of its
+// weights (tests turn it off to compare with the host's fold and upload).
+var awqFoldOnGPU = true
+
+// foldOnGPU folds the scales into the engine's copy of a dense block under awq+gptq, where the
+// host's weights are only needed again by GPTQ's step after the next observing pass: the host
+// folds its copy meanwhile (s.folding[b] closes when it is done, the block's kept tensors
+// delivered), and the folded weights are not uploaded again. It reports whether it did.
+func (s *awqScaler) foldOnGPU(b *model.Block, pairs []awq.Pair, scales [][]float32) (bool, error) {
+	if !awqFoldOnGPU || s.gpu == nil || !s.gptq || b.MoE != nil {
+		return false, nil
+	}
+	e := s.r.gpu.first()
+	for i, p := range pairs {
+		if scales[i] != nil {
+			if err := awq.FoldOnGPU(e, b, p, scales[i]); err != nil {
+				return false, fmt.Errorf("block %d: folding AWQ's scales on the GPU: %w", b.Index, err)
+			}
+		}
+	}
+	if err := e.KeepDeviceWeights(); err != nil {
+		return false, err
+	}
+	done := make(chan struct{})
+	s.folding[b.Index] = done
+	go func() {
+		defer close(done)
+		for i, p := range pairs {
+			if scales[i] != nil {
+				awq.Fold(b, p, scales[i])
+			}
+		}
+		s.deliverKept(b)
+	}()
+	return true, nil
 }
 
 // linears are the group's linears with their planned schemes (nil: not quantized).

@@ -2,6 +2,7 @@ package convert
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"path/filepath"
 	"strings"
@@ -46,4 +47,23 @@ func TestGPUAWQ(t *testing.T) {
 			t.Logf("%s: perplexity %.4f (GPU), %.4f (CPU)", method, pg, pc)
 		})
 	}
+}
+
+// TestGPUAWQFoldOnGPU: awq+gptq folding AWQ's scales into the GPU's copy of each block (the
+// host folding its own meanwhile, no upload) writes the same bytes as folding on the host and
+// uploading the folded weights: the two copies were equal bit for bit.
+func TestGPUAWQFoldOnGPU(t *testing.T) {
+	gputest.Open(t) // skips without a GPU
+	tiny := testenv.Testdata(t, "models/tiny")
+	dir := t.TempDir()
+	for _, onGPU := range []bool{true, false} {
+		awqFoldOnGPU = onGPU
+		opt := awqOptions(t, AWQGPTQ, quant.Scheme{Bits: 4, GroupSize: 64})
+		opt.Device = DeviceCUDA
+		if _, err := Convert(tiny, filepath.Join(dir, fmt.Sprint(onGPU)), opt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	awqFoldOnGPU = true
+	sameFiles(t, filepath.Join(dir, "true"), filepath.Join(dir, "false"))
 }

@@ -44,6 +44,7 @@ type gpuBlock struct {
 	q, k, v, o, gate, up, down *gpuLinear             // gate, up, down are nil in a mixture-of-experts block
 	lin                        map[*Linear]*gpuLinear // every linear of the block (the experts' too)
 	parts                      []blockPart            // where each of the block's tensors is (placeBlock)
+	deviceCurrent              bool                   // the Update in progress changed this copy as the host's (KeepDeviceWeights)
 }
 
 // uploadBlock copies b's current weights to the GPU.

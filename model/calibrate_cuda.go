@@ -15,7 +15,8 @@ type GPUCalibrator interface {
 	// queued on the engine's stream (GPU.Stream, GPU.AddGram) reads x before it is reused.
 	ObserveGPU(block int, g Group, x cuda.DevicePtr, rows, cols int) error
 	// Update is Calibrator.Update: it may replace the groups' weights through Linear.SetWeight;
-	// the engine uploads the block again afterwards.
+	// the engine uploads the block again afterwards, unless the Update changed the engine's
+	// copy itself (GPU.KeepDeviceWeights).
 	Update(b *Block, groups []Group) error
 }
 

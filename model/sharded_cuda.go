@@ -143,8 +143,19 @@ func uploadShards(engines []*GPU, b *Block) ([]*gpuBlock, error) {
 	return gs, err
 }
 
-// refreshShards is each engine's refreshWeights after an update of the groups (spread).
+// refreshShards is each engine's refreshWeights after an update of the groups (spread), or only
+// the 16-bit rounding where the update changed every engine's copy itself (KeepDeviceWeights).
 func refreshShards(engines []*GPU, gs []*gpuBlock, groups []Group) error {
+	current := true
+	for _, g := range gs {
+		current = current && g.deviceCurrent
+		g.deviceCurrent = false
+	}
+	if current {
+		return eachEngine(engines, func(i int, e *GPU) error {
+			return e.timed(&e.times.Refresh, func() error { return e.roundChanged(gs[i], groups) })
+		})
+	}
 	changed := func(g *gpuBlock) []blockPart {
 		var parts []blockPart
 		g.changeable(groups, func(dst cuda.DevicePtr, v []float32, _ string) error {
@@ -236,10 +247,16 @@ func (s shard) ObserveGPU(block int, g Group, x cuda.DevicePtr, rows, cols int) 
 
 func (s shard) Update(b *Block, groups []Group) error { return s.updates.arrive(b, groups) }
 
-// refresh uploads what the step's Update changed in g, unless the update did (refreshShards).
+// refresh uploads what the step's Update changed in g, unless the update did (refreshShards) or
+// changed g itself (KeepDeviceWeights).
 func (e *GPU) refresh(g *gpuBlock, step []Group, c GPUCalibrator) error {
+	current := g.deviceCurrent
+	g.deviceCurrent = false
 	if s, ok := c.(shard); ok && s.refreshed {
 		return nil
+	}
+	if current {
+		return e.timed(&e.times.Refresh, func() error { return e.roundChanged(g, step) })
 	}
 	return e.timed(&e.times.Refresh, func() error { return e.refreshWeights(g, step) })
 }

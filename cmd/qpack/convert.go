@@ -23,7 +23,7 @@ func planFlags() []cli.Flag {
 		&cli.StringFlag{Name: "method", Value: "rtn", Usage: "quantization method: rtn (round-to-nearest, no data), gptq, awq (activation-aware scales) or awq+gptq (AWQ scales, then GPTQ); all but rtn need --calib"},
 		&cli.IntFlag{Name: "awq-search-tokens", Value: convert.DefaultAWQSearchTokens, Usage: "awq: calibration tokens (evenly spaced) the α search measures its loss on; mean|x| uses all"},
 		&cli.BoolFlag{Name: "awq-no-clip", Usage: "awq: skip the clipping search"},
-		&cli.StringFlag{Name: "calib-math", Value: convert.CalibF16, Usage: "GPU: how the calibration's GEMMs (GPTQ's and AWQ's passes, the plan's statistics and output probe) round their operands: fp16 (scaled by powers of two: TF32's precision at twice its rate), tf32, bf16 (twice TF32's rate, 8-bit significand), bf16-gram (the Gram matrices only) or fp32"},
+		&cli.StringFlag{Name: "calib-math", Value: convert.CalibF16, Usage: "GPU: how the calibration's GEMMs (GPTQ's and AWQ's passes, AWQ's scale search, the plan's statistics and output probe) round their operands: fp16 (scaled by powers of two: TF32's precision at twice its rate), tf32, bf16 (twice TF32's rate, 8-bit significand), bf16-gram (the Gram matrices only) or fp32"},
 		&cli.BoolFlag{Name: "awq-duo", Usage: "awq: AutoAWQ's duo-scaling candidates, mean|x|^α / (mean|w|/absmax)^(1−α)"},
 		&cli.BoolFlag{Name: "act-order", Usage: "gptq: quantize columns by decreasing activation energy (desc_act, writes a non-trivial g_idx)"},
 		&cli.BoolFlag{Name: "static-groups", Usage: "gptq: fit group parameters before any update (trivial g_idx even with --act-order)"},

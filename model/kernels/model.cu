@@ -96,48 +96,6 @@ extern "C" __global__ void to_bf16(const float* x, unsigned short* y, long long 
     }
 }
 
-// amax_abs: *amax = max(*amax, |x[i]|) over x[0..n), as float bits (non-negative floats order
-// as unsigned integers); NaNs are left out. Grid-stride; *amax must start at 0.
-extern "C" __global__ void amax_abs(const float* x, long long n, unsigned int* amax) {
-    float m = 0;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) m = fmaxf(m, fabsf(x[i]));
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0 && m > 0) atomicMax(amax, __float_as_uint(m));
-}
-
-// f16_shift is the power of two s that puts a largest magnitude a in [2^14, 2^15) — FP16's top
-// binades, below its largest finite 65504 — clamped to ±60 so that 2^−(s+t) of two operands
-// stays a normal float; 0 for a zero or non-finite a (infinities and NaNs then stay so).
-__device__ int f16_shift(unsigned int amaxBits) {
-    float a = __uint_as_float(amaxBits);
-    if (!(a > 0) || isinf(a)) return 0;
-    int e;
-    frexpf(a, &e); // a < 2^e
-    return max(-60, min(60, 15 - e));
-}
-
-// to_f16_scaled: y = x·2^s rounded to FP16 (to nearest even), s = f16_shift(*amax): the operands
-// of the FP16 GEMMs keep FP16's 11-bit significand — TF32's — whatever their range. Thread 0
-// writes s to *shift (when given) and, for the GEMM that multiplies y by an operand scaled by
-// 2^t (t = *other, or s when other is null: a Gram matrix xᵀx), alpha = 2^−(s+t) to *alpha
-// (when given), which undoes both scales exactly.
-extern "C" __global__ void to_f16_scaled(const float* x, unsigned short* y, long long n, const unsigned int* amax,
-                                         const int* other, int* shift, float* alpha) {
-    int s = f16_shift(*amax);
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i == 0) {
-        int t = other ? *other : s; // read before shift is written: they may be one word
-        if (shift) *shift = s;
-        if (alpha) *alpha = ldexpf(1.0f, -(s + t));
-    }
-    if (i < n) {
-        unsigned short h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(ldexpf(x[i], s)));
-        y[i] = h;
-    }
-}
-
 // silu_mul: g = silu(g)·u elementwise (siluMul).
 extern "C" __global__ void silu_mul(float* g, const float* u, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -318,4 +276,18 @@ extern "C" __global__ void channel_stats_finish(const double* partial_sq, const 
     }
     sq[j] += s;
     if (abs) abs[j] += a;
+}
+
+// scale_columns: w[r, c] = w[r, c]·s[c] for w [rows, cols] (row-major), one rounded float32
+// product each, as the host's w·s (AWQ's folded scales, GPU.ScaleColumns).
+extern "C" __global__ void scale_columns(float* w, const float* s, long long n, int cols) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) w[i] = __fmul_rn(w[i], s[i % cols]);
+}
+
+// divide_rows: w[r, c] = w[r, c]/s[r] for w [rows, cols], one rounded float32 quotient each, as
+// the host's w/s (GPU.DivideRows).
+extern "C" __global__ void divide_rows(float* w, const float* s, long long n, int cols) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) w[i] = __fdiv_rn(w[i], s[i / cols]);
 }
