@@ -56,6 +56,7 @@ type blockRunner struct {
 	tokens  int              // calibration tokens, for the experts' log lines
 	math    model.GPUOptions // the GPU engine's GEMM math (Options.CalibMath)
 	solving time.Duration    // in updateGroup's solves and weight replacements (the rest of Update is Hessian handling)
+	onGPU   bool             // during an Update: the solved weights replace the engines' copies on the GPUs (replacesOnGPU)
 
 	mu      sync.Mutex
 	results map[string]chan gptqResult
@@ -193,6 +194,7 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 			r.experts.report(r.method.String(), b, r.tokens)
 		}
 	}
+	r.onGPU = r.replacesOnGPU(b, groups)
 	solves := map[model.Group]solveFunc{}
 	releases := map[model.Group]func(){}
 	defer func() {
@@ -221,6 +223,9 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 		if src := r.experts.source(b.Index, g); src != g {
 			r.dropHessian(b.Index, g)
 		}
+	}
+	if r.onGPU {
+		return r.gpu.keepDeviceWeights()
 	}
 	return nil
 }
@@ -297,7 +302,7 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 	// Each linear's dequantized weights replace its own (in place: W is no longer needed) as soon
 	// as it is solved, while the others' solves go on.
 	solveAndReplace := func(x *solved, set solverSet) {
-		if x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name], set); x.err == nil {
+		if x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name], set); x.err == nil && !r.onGPU {
 			x.err = x.l.SetWeight(x.t.Dequantize(x.l.W))
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/qpack-dev/qpack/gptq"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
+	"golang.org/x/sync/errgroup"
 )
 
 // gpuCapture is the GPU side of a GPTQ calibration: the forward passes run on the GPUs
@@ -322,11 +323,54 @@ func (c *gpuCapture) sumShards(grams []*deviceGram) error {
 	return nil
 }
 
+// gptqReplaceOnGPU lets GPTQ put its solved weights straight into the GPU engines' copies
+// (replacesOnGPU; tests turn it off to compare with the host's dequantization and upload).
+var gptqReplaceOnGPU = true
+
+// replacesOnGPU says whether an Update of the groups of dense block b replaces the engines'
+// copies of the solved weights on the GPUs (gptq.GPUSolver.DequantizeTo, then peer copies of the
+// row shares): when every planned linear of the groups is solved there from the engines' copies.
+// The host's copies of those linears then keep their old values: the block's calibration reads
+// the engines' copies only, and the block is released after it (model.CalibrateOptions.ReleaseBlocks).
+func (r *blockRunner) replacesOnGPU(b *model.Block, groups []model.Group) bool {
+	if !gptqReplaceOnGPU || r.gpu == nil || r.solver.first() == nil || b.MoE != nil {
+		return false
+	}
+	for _, g := range groups {
+		for _, l := range b.Linears(g) {
+			s, planned := r.schemes[l.Name]
+			if !planned {
+				continue
+			}
+			if !r.solver.first().Supports(s, r.opt) {
+				return false
+			}
+			for _, sh := range r.gpu.shards {
+				if _, ok := sh.e.LinearWeights(l); !ok {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+// keepDeviceWeights tells every engine that the Update put the changed weights into its copy.
+func (c *gpuCapture) keepDeviceWeights() error {
+	for _, sh := range c.shards {
+		if err := sh.e.KeepDeviceWeights(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // solveRows runs GPTQ on linear l with the group's summed Gram matrices, on one GPU, or on
 // several, each taking a share of l's rows with set's solver for its GPU and the engine's copy
-// of its rows, straight into one tensor (gptq.GPUSolver.QuantizeGramRows). GPTQ alone leaves the
-// engine's copy equal to l.W (AWQ folds its scales into l.W first): then it is copied on the
-// device instead of sent over the bus again.
+// of its rows, straight into one tensor (gptq.GPUSolver.QuantizeGramRows). The engine's copy
+// equals l.W (AWQ folds its scales into both first), so it is copied on the device instead of
+// sent over the bus again. With r.onGPU each share's dequantized rows then replace the engine's
+// copy there and are copied to the other engines (replaceRows).
 func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, grams []*deviceGram, set solverSet) (*quant.Tensor, gptq.Stats, error) {
 	n, k := l.Out, l.In
 	parts := min(len(grams), n)
@@ -340,18 +384,24 @@ func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, grams []*device
 		wg.Go(func() {
 			lo, hi := at[i], at[i+1]
 			src, ok := r.gpu.shards[i].e.LinearWeights(l)
-			if !ok || r.awq != nil {
-				src = 0
-			} else {
+			if ok {
 				src = src.Add(4 * lo * k)
 			}
 			gr := grams[i]
 			rows[i], sts[i], errs[i] = set[i].QuantizeGramRows(t, lo, l.W[lo*k:hi*k], src, hi-lo, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			if errs[i] == nil && r.onGPU {
+				errs[i] = set[i].DequantizeTo(src)
+			}
 		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return nil, gptq.Stats{}, err
+	}
+	if r.onGPU && len(r.gpu.shards) > 1 {
+		if err := r.gpu.replaceRows(l, at); err != nil {
+			return nil, gptq.Stats{}, fmt.Errorf("%s: %w", l.Name, err)
+		}
 	}
 	for _, p := range rows[1:] {
 		if !slices.Equal(p.GIdx, rows[0].GIdx) {
@@ -360,6 +410,30 @@ func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, grams []*device
 	}
 	t.GIdx = rows[0].GIdx
 	return t, joinStats(sts), nil
+}
+
+// replaceRows copies each engine's share of l's replaced rows (rows [at[i], at[i+1]) on engine i)
+// to every other engine, peer to peer, and waits for the copies.
+func (c *gpuCapture) replaceRows(l *model.Linear, at []int) error {
+	rowBytes := 4 * l.In
+	var copies errgroup.Group
+	for j, to := range c.shards {
+		copies.Go(func() error {
+			dst, _ := to.e.LinearWeights(l)
+			for i, from := range c.shards[:len(at)-1] {
+				if i == j {
+					continue
+				}
+				src, _ := from.e.LinearWeights(l)
+				off := at[i] * rowBytes
+				if err := to.e.Device().CopyFromPeerAsync(dst.Add(off), from.e.Device(), src.Add(off), (at[i+1]-at[i])*rowBytes, to.e.Stream()); err != nil {
+					return err
+				}
+			}
+			return to.e.Device().SynchronizeStream(to.e.Stream())
+		})
+	}
+	return copies.Wait()
 }
 
 // joinStats combines the stats of one linear's row shares: the losses add up; damping, dead

@@ -104,3 +104,36 @@ func TestGPUGPTQOnSeveralGPUs(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUGPTQReplacesOnGPU: GPTQ putting its solved weights straight into the engines' copies
+// (dequantized on the GPU, row shares copied between GPUs) writes the same bytes as dequantizing
+// them on the host and uploading them, on one GPU and on three, with and without act-order.
+func TestGPUGPTQReplacesOnGPU(t *testing.T) {
+	gputest.Open(t) // skips without a GPU
+	infos, err := cuda.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiny := testenv.Testdata(t, "models/tiny")
+	dir := t.TempDir()
+	defer func() { gptqReplaceOnGPU = true }()
+	for _, shards := range []int{1, 3} {
+		for _, actOrder := range []bool{false, true} {
+			opt := DefaultOptions()
+			opt.Method, opt.Alloc, opt.Format, opt.Device = GPTQ, Uniform(quant.Scheme{Bits: 4, GroupSize: 64}), "gptq", DeviceCUDA
+			opt.GPTQ.ActOrder = actOrder
+			opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
+			for i := range shards {
+				opt.Devices = append(opt.Devices, i%len(infos))
+			}
+			out := func(onGPU bool) string { return filepath.Join(dir, fmt.Sprintf("%d-%v-%v", shards, actOrder, onGPU)) }
+			for _, onGPU := range []bool{true, false} {
+				gptqReplaceOnGPU = onGPU
+				if _, err := Convert(tiny, out(onGPU), opt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sameFiles(t, out(true), out(false))
+		}
+	}
+}

@@ -22,6 +22,17 @@ func checkInputs(w []float32, n, k int, h []float64, s quant.Scheme, opt Options
 
 // checkWeights is checkInputs without the Hessian.
 func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
+	if err := checkWeightShape(w, n, k, s, opt); err != nil {
+		return err
+	}
+	if i := fp.FirstNonFinite(w); i >= 0 {
+		return fmt.Errorf("gptq: weight at row %d, column %d is %g", i/k, i%k, w[i])
+	}
+	return nil
+}
+
+// checkWeightShape is checkWeights without the scan for non-finite weights.
+func checkWeightShape(w []float32, n, k int, s quant.Scheme, opt Options) error {
 	if n <= 0 || k <= 0 {
 		return fmt.Errorf("gptq: weight shape %dx%d must be positive", n, k)
 	}
@@ -33,9 +44,6 @@ func checkWeights(w []float32, n, k int, s quant.Scheme, opt Options) error {
 	}
 	if opt.Damp < 0 || opt.MaxDamp < 0 || opt.BlockSize < 0 || math.IsNaN(opt.Damp) || math.IsNaN(opt.MaxDamp) {
 		return fmt.Errorf("gptq: damping %g, max damping %g and block size %d must not be negative", opt.Damp, opt.MaxDamp, opt.BlockSize)
-	}
-	if i := fp.FirstNonFinite(w); i >= 0 {
-		return fmt.Errorf("gptq: weight at row %d, column %d is %g", i/k, i%k, w[i])
 	}
 	return nil
 }

@@ -42,7 +42,7 @@ const (
 type GPUSolver struct {
 	dev    *cuda.Device
 	module *cuda.Module
-	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, fitSearch, block, squaredError, widenLive, live, narrow, rowDot cuda.Function }
+	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, fitSearch, block, squaredError, widenLive, live, narrow, rowDot, dequantize, firstNonFinite cuda.Function }
 	blas   *cuda.BLAS
 	solver *cuda.Solver
 	stream cuda.Stream
@@ -57,6 +57,10 @@ type GPUSolver struct {
 	poison  bool        // tests: fill outputs and scratch with garbage before each run
 	profile *gpuProfile // when set, each phase is timed with events
 	into    *rowsOf     // during QuantizeGramRows: where run puts its results
+	solved  gpuPlan     // the last run's problem (DequantizeTo)
+	// resident: the weights are checked on the device (QuantizeGramResident: the engine's copy,
+	// equal to w, which the host need not scan again before every solve)
+	resident bool
 }
 
 // rowsOf is rows [row, row+n) of a tensor that QuantizeGramRows fills.
@@ -89,13 +93,17 @@ const (
 	slotDead            // K uint8
 	slotRowSq           // N float64
 	slotRowDq           // N float64
-	slotFlags           // status (uint64), potrf info, trtri info, bad (int32 each)
+	slotFlags           // status (uint64), potrf info, trtri info, bad (int32 each), at flagNonFinite the first non-finite weight (uint64)
 	slotBaseWH          // N×K float32 W·H, for the baseline loss
 	slotBaseRows        // N float64 row sums of W·H∘W; loadGram borrows it for diag H
 	slotImpOrig         // K float32 diag H in the original order (Options.Imatrix)
 	slotImpPos          // K float32 diag H in quantization order (Options.Imatrix)
 	numGPUSlots
 )
+
+// flagNonFinite is the byte offset in slotFlags of the index of the first non-finite weight of
+// resident weights (gptq_first_non_finite), all ones when there is none.
+const flagNonFinite = 24
 
 // gpuProfile accumulates the device time of each phase, measured with CUDA events.
 type gpuProfile struct {
@@ -146,6 +154,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver,
 		{&g.fn.loadWeights, "gptq_load_weights"}, {&g.fn.fitFixed, "gptq_fit_fixed"}, {&g.fn.fitSearch, "gptq_fit_search"},
 		{&g.fn.block, "gptq_block"}, {&g.fn.squaredError, "gptq_squared_error"},
 		{&g.fn.widenLive, "gptq_widen_live"}, {&g.fn.live, "gptq_live"}, {&g.fn.narrow, "gptq_narrow"}, {&g.fn.rowDot, "gptq_row_dot"},
+		{&g.fn.dequantize, "gptq_dequantize"}, {&g.fn.firstNonFinite, "gptq_first_non_finite"},
 	} {
 		if *f.dst, err = g.module.Function(f.name); err != nil {
 			return nil, err
@@ -270,6 +279,8 @@ func (g *GPUSolver) QuantizeGram(w []float32, n, k int, gram cuda.DevicePtr, sca
 // are copied there instead of sent again over the bus. Work queued on other streams that writes
 // src must be finished.
 func (g *GPUSolver) QuantizeGramResident(w []float32, src cuda.DevicePtr, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	g.resident = true
+	defer func() { g.resident = false }()
 	return g.quantizeGram(w, n, k, gram, scale, s, opt, func() error {
 		dst, err := g.buffer(slotOrig, 4*len(w))
 		if err != nil {
@@ -313,7 +324,11 @@ func (g *GPUSolver) resultTensor(p gpuPlan) *quant.Tensor {
 // quantizeGram is QuantizeGram with load putting the weights into slotOrig.
 func (g *GPUSolver) quantizeGram(w []float32, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options, load func() error) (*quant.Tensor, Stats, error) {
 	start := time.Now()
-	if err := checkWeights(w, n, k, s, opt); err != nil {
+	check := checkWeights
+	if g.resident {
+		check = checkWeightShape // run checks the copy on the device
+	}
+	if err := check(w, n, k, s, opt); err != nil {
 		return nil, Stats{}, err
 	}
 	if err := g.supports(s, opt); err != nil {
@@ -545,6 +560,14 @@ func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
 	if err := g.uploadPlan(p, ptr); err != nil {
 		return nil, err
 	}
+	if g.resident {
+		total := p.n * p.k
+		err := g.fn.firstNonFinite.Launch(cuda.Dim3{X: (total + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
+			ptr[slotOrig], uint64(total), ptr[slotFlags].Add(flagNonFinite))
+		if err != nil {
+			return nil, err
+		}
+	}
 	factorStart := time.Now()
 	if err := g.factor(p, ptr, st); err != nil {
 		return nil, err
@@ -555,7 +578,7 @@ func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
 	}
 	t := g.resultTensor(p)
 	rowSq, rowDq := make([]float64, n), make([]float64, n)
-	status := make([]byte, 8)
+	status := make([]byte, 32)
 	for _, c := range []struct {
 		dst []byte
 		src cuda.DevicePtr
@@ -566,6 +589,13 @@ func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
 		if err := g.stager.CopyFromDevice(c.dst, c.src, g.stream); err != nil {
 			return nil, fmt.Errorf("gptq: %w", err)
 		}
+	}
+	if at := binary.LittleEndian.Uint64(status[flagNonFinite:]); at != math.MaxUint64 {
+		row := int(at) / p.k
+		if g.into != nil {
+			row += g.into.row
+		}
+		return nil, fmt.Errorf("gptq: weight at row %d, column %d is not finite", row, int(at)%p.k)
 	}
 	if at := binary.LittleEndian.Uint64(status); at != math.MaxUint64 {
 		r, gr := int(at)/groups, int(at)%groups
@@ -581,7 +611,27 @@ func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
 	}
 	t.GIdx = p.lay.gIdx()
 	st.Loss = max(0, errSq-st.Lambda*sqErr)
+	g.solved = p
 	return t, g.finishProfile()
+}
+
+// DequantizeTo writes the weights that the last solve quantized to, dequantized, as float32
+// [N, K] (row-major) to dst on the solver's device: the values the returned tensor's Dequantize
+// gives, bit for bit, without the trip through the host (a calibration engine's copy of the
+// weights, replaced on the device). It returns once they are written.
+func (g *GPUSolver) DequantizeTo(dst cuda.DevicePtr) error {
+	p := g.solved
+	if p.n == 0 {
+		return errors.New("gptq: DequantizeTo before a solve")
+	}
+	total := p.n * p.k
+	err := g.fn.dequantize.Launch(cuda.Dim3{X: (total + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
+		g.bufs[slotCodes].ptr, g.bufs[slotScales].ptr, g.bufs[slotZeros].ptr, g.bufs[slotColGroup].ptr,
+		int32(p.k), int32(p.s.Groups(p.k)), uint64(total), dst)
+	if err != nil {
+		return err
+	}
+	return g.dev.SynchronizeStream(g.stream)
 }
 
 // allocate grows every buffer to the problem and returns their addresses.
@@ -636,7 +686,11 @@ func (g *GPUSolver) uploadPlan(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error
 	if err := g.dev.Fill32Async(ptr[slotRowSq], 0, 2*p.n, g.stream); err != nil {
 		return err
 	}
-	return g.dev.Fill32Async(ptr[slotFlags], math.MaxUint32, 2, g.stream) // status: no overflowing scale yet
+	// status: no overflowing scale yet; no non-finite weight
+	if err := g.dev.Fill32Async(ptr[slotFlags].Add(flagNonFinite), math.MaxUint32, 2, g.stream); err != nil {
+		return err
+	}
+	return g.dev.Fill32Async(ptr[slotFlags], math.MaxUint32, 2, g.stream)
 }
 
 // factor computes U into slotU, retrying with tenfold damping like inverseFactor.

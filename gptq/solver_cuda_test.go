@@ -294,23 +294,9 @@ func TestGPUQuantizeGramMatchesHostHessian(t *testing.T) {
 	for i, v := range gram {
 		h[i] = scale * float64(v)
 	}
-	p, err := dev.Alloc(4 * k * k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Free(p)
-	if err := dev.CopyToDevice(p, cuda.Bytes(gram)); err != nil {
-		t.Fatal(err)
-	}
+	p := gputest.Floats(t, dev, gram)
 	w := randomWeights(r, n, k)
-	resident, err := dev.Alloc(4 * n * k) // QuantizeGramResident's weights, as an engine holds them
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Free(resident)
-	if err := dev.CopyToDevice(resident, cuda.Bytes(w)); err != nil {
-		t.Fatal(err)
-	}
+	resident := gputest.Floats(t, dev, w) // QuantizeGramResident's weights, as an engine holds them
 	for _, opt := range []Options{{BaselineLoss: true}, {ActOrder: true}} {
 		s := quant.Scheme{Bits: 4, GroupSize: 64}
 		want, wst, err := g.Quantize(w, n, k, h, s, opt)
@@ -354,11 +340,72 @@ func TestGPUQuantizeGramMatchesHostHessian(t *testing.T) {
 					!slices.Equal(dst.Zeros[lo*ng:hi*ng], want.Zeros) || !slices.Equal(part.GIdx, want.GIdx) || !slices.Equal(part.Codes, want.Codes) {
 					t.Errorf("%+v: QuantizeGramRows of rows %d..%d (weights on the device: %v) differs from Quantize's", opt, lo, hi, src != 0)
 				}
+				checkDequantizeTo(t, dev, g, part)
 			}
 		}
 		if _, _, err := g.QuantizeGramRows(dst, 40, w[:10*k], resident, 10, k, p, scale, s, opt); err == nil {
 			t.Errorf("rows 40..50 of a tensor of %d rows were accepted", n)
 		}
+	}
+}
+
+// checkDequantizeTo wants DequantizeTo after the solve of t to write t.Dequantize's values, bit
+// for bit (a calibration engine's copy of the weights is replaced so).
+func checkDequantizeTo(t *testing.T, dev *cuda.Device, g *GPUSolver, want *quant.Tensor) {
+	t.Helper()
+	dst, err := dev.Alloc(4 * want.N * want.K)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Free(dst)
+	if err := g.DequantizeTo(dst); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, want.N*want.K)
+	if err := dev.CopyFromDevice(cuda.Bytes(got), dst); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range want.Dequantize(nil) {
+		if math.Float32bits(got[i]) != math.Float32bits(v) {
+			t.Fatalf("DequantizeTo: weight %d is %g, Dequantize gives %g", i, got[i], v)
+		}
+	}
+}
+
+// TestGPUQuantizeGramResidentRefusesNonFiniteWeights: a NaN or Inf in weights on the device
+// (checked there, not on the host) is an error naming its row of the whole tensor and its column.
+func TestGPUQuantizeGramResidentRefusesNonFiniteWeights(t *testing.T) {
+	dev, g := openGPUSolver(t)
+	const n, k = 16, 256
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 10))
+	h := testHessian(t, r, k)
+	gram := make([]float32, k*k)
+	for i, v := range h {
+		gram[i] = float32(v)
+	}
+	gd := gputest.Floats(t, dev, gram)
+	w := randomWeights(r, n, k)
+	s := quant.Scheme{Bits: 4, GroupSize: 128}
+	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1))} {
+		onDevice := slices.Clone(w)
+		onDevice[9*k+37], onDevice[12*k+3] = bad, bad // the first one is reported
+		src := gputest.Floats(t, dev, onDevice)
+		_, _, err := g.QuantizeGramResident(w, src, n, k, gd, 1, s, Options{})
+		if err == nil || !strings.Contains(err.Error(), "row 9, column 37 is not finite") {
+			t.Errorf("%g in the resident weights: error %v", bad, err)
+		}
+		dst := NewRowsTensor(s, n+4, k)
+		_, _, err = g.QuantizeGramRows(dst, 4, w, src, n, k, gd, 1, s, Options{})
+		if err == nil || !strings.Contains(err.Error(), "row 13, column 37 is not finite") {
+			t.Errorf("%g in the resident weights of rows 4..20: error %v", bad, err)
+		}
+		if _, _, err := g.QuantizeGramResident(w, src, n, k, gd, 1, s, Options{}); err == nil {
+			t.Error("the second solve forgot the first's non-finite weight") // the flag is reset, the weights still bad
+		}
+	}
+	// and a clean solve after them succeeds
+	if _, _, err := g.QuantizeGramResident(w, gputest.Floats(t, dev, w), n, k, gd, 1, s, Options{}); err != nil {
+		t.Errorf("clean weights after non-finite ones: %v", err)
 	}
 }
 

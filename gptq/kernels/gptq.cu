@@ -586,3 +586,21 @@ extern "C" __global__ void gptq_row_dot(const float* a, const float* b, int n, i
     sum = warp_sum(sum);
     if (lane == 0) out[r] = sum;
 }
+
+// gptq_dequantize sets out[r, c] = scale·(code − zero) of the solved rows (quant.DequantizeInt:
+// one rounded float32 product, so the values equal the host's Tensor.Dequantize bit for bit),
+// out [n, k] row-major. One thread per element.
+extern "C" __global__ void gptq_dequantize(const unsigned char* codes, const float* scales, const unsigned char* zeros,
+                                           const int* col_group, int k, int groups, u64 total, float* out) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    u64 at = (i / k) * groups + col_group[i % k];
+    out[i] = __fmul_rn(scales[at], (float)((int)codes[i] - (int)zeros[at]));
+}
+
+// gptq_first_non_finite sets *first = min(*first, i) for every i < total where w[i] is a NaN or
+// an infinity: the check of weights that are on the device already (*first starts at ~0).
+extern "C" __global__ void gptq_first_non_finite(const float* w, u64 total, unsigned long long* first) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total && !isfinite(w[i])) atomicMin(first, (unsigned long long)i);
+}
