@@ -69,9 +69,9 @@ func Fold(b *model.Block, p Pair, s []float32) {
 func FoldOnGPU(e *model.GPU, b *model.Block, p Pair, s []float32) error {
 	var err error
 	if p.Norm != nil {
-		err = e.DivideRows(p.Norm, nil, s)
+		err = e.DivideNorm(p.Norm, s)
 	} else {
-		err = e.DivideRows(nil, p.Prev, s)
+		err = e.DivideLinearRows(p.Prev, s)
 	}
 	if err != nil {
 		return err

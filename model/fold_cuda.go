@@ -7,8 +7,8 @@ import (
 )
 
 // A calibrator's Update may change the engine's copy of the block it is calibrating itself, instead
-// of changing the host's weights for the engine to upload: AWQ folds its scales in with ScaleColumns
-// and DivideRows, which round each value as the host's float32 product or quotient does (the host's
+// of changing the host's weights for the engine to upload: AWQ folds its scales in with ScaleColumns,
+// DivideLinearRows and DivideNorm, which round each value as the host's float32 product or quotient does (the host's
 // copy, folded the same way, stays equal bit for bit), and GPTQ writes its dequantized weights
 // there from its solver (gptq.GPUSolver.DequantizeTo). KeepDeviceWeights then spares the upload
 // after the Update.
@@ -23,39 +23,42 @@ func (e *GPU) ScaleColumns(l *Linear, s []float32) error {
 	return e.onDevice(e.fn.scaleColumns, d.w, s, d.out*d.in, d.in)
 }
 
-// DivideRows divides row r of v, a norm weight of the block being calibrated or a linear's weights
-// (l, with its bias), by s[r] in the engine's copy; call it from Update only. l is nil for a norm.
-func (e *GPU) DivideRows(v []float32, l *Linear, s []float32) error {
+// DivideLinearRows divides row r of linear l's weights and bias by s[r] in the engine's copy of the
+// block being calibrated; call it from Update only.
+func (e *GPU) DivideLinearRows(l *Linear, s []float32) error {
+	d, err := e.currentLinear(l, len(s), l.Out)
+	if err != nil {
+		return err
+	}
+	if err := e.onDevice(e.fn.divideRows, d.w, s, d.out*d.in, d.in); err != nil {
+		return err
+	}
+	if d.bias == 0 {
+		return nil
+	}
+	return e.onDevice(e.fn.divideRows, d.bias, s, d.out, 1)
+}
+
+// DivideNorm divides value r of norm, the input or post-attention norm weight of the block being
+// calibrated, by s[r] in the engine's copy; call it from Update only.
+func (e *GPU) DivideNorm(norm []float32, s []float32) error {
 	g := e.current
 	if g == nil {
-		return fmt.Errorf("model: DivideRows outside a calibration's Update")
-	}
-	if l != nil {
-		d, err := e.currentLinear(l, len(s), l.Out)
-		if err != nil {
-			return err
-		}
-		if err := e.onDevice(e.fn.divideRows, d.w, s, d.out*d.in, d.in); err != nil {
-			return err
-		}
-		if d.bias == 0 {
-			return nil
-		}
-		return e.onDevice(e.fn.divideRows, d.bias, s, d.out, 1)
+		return fmt.Errorf("model: DivideNorm outside a calibration's Update")
 	}
 	for _, n := range []struct {
 		host []float32
 		dev  cuda.DevicePtr
 	}{{g.b.InputNorm, g.inNorm}, {g.b.PostAttnNorm, g.postNorm}} {
-		if len(v) > 0 && len(n.host) == len(v) && &n.host[0] == &v[0] && len(s) == len(v) {
-			return e.onDevice(e.fn.divideRows, n.dev, s, len(v), 1)
+		if len(norm) > 0 && len(n.host) == len(norm) && &n.host[0] == &norm[0] && len(s) == len(norm) {
+			return e.onDevice(e.fn.divideRows, n.dev, s, len(norm), 1)
 		}
 	}
-	return fmt.Errorf("model: DivideRows: not a norm of block %d with %d values", g.b.Index, len(s))
+	return fmt.Errorf("model: DivideNorm: not a norm of block %d with %d values", g.b.Index, len(s))
 }
 
 // KeepDeviceWeights tells the engine that the Update in progress has put every weight it changed
-// into the engine's copy itself (ScaleColumns, DivideRows, or a GPTQ solver's DequantizeTo into
+// into the engine's copy itself (ScaleColumns, DivideLinearRows, DivideNorm, or a GPTQ solver's DequantizeTo into
 // LinearWeights): the refresh after it uploads nothing and only rounds the step's linears to 16
 // bits again where the GEMMs read them so. What the host holds for those weights is then not read
 // again by the calibration. Engines calibrating together skip the upload when all of them were told.

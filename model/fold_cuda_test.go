@@ -7,7 +7,7 @@ import (
 	"github.com/qpack-dev/qpack/cuda"
 )
 
-// ScaleColumns and DivideRows leave the engine's copy of a block equal, bit for bit, to the host's
+// ScaleColumns, DivideLinearRows and DivideNorm leave the engine's copy of a block equal, bit for bit, to the host's
 // weights after the same float32 products and quotients, biases and norms included; after
 // KeepDeviceWeights the refresh uploads nothing (the host's copy, left as it was, is not what the
 // GPU holds then), and outside an Update they refuse.
@@ -53,13 +53,13 @@ func TestGPUFoldOnDevice(t *testing.T) {
 		want["norm"][i] /= sq[i]
 	}
 	e.current = g
-	for _, err := range []error{e.ScaleColumns(b.Q, sq), e.DivideRows(nil, b.V, sv), e.DivideRows(b.InputNorm, nil, sq), e.KeepDeviceWeights()} {
+	for _, err := range []error{e.ScaleColumns(b.Q, sq), e.DivideLinearRows(b.V, sv), e.DivideNorm(b.InputNorm, sq), e.KeepDeviceWeights()} {
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := e.DivideRows(b.InputNorm, nil, sv[:1]); err == nil {
-		t.Error("DivideRows took a norm with the wrong number of scales")
+	if err := e.DivideNorm(b.InputNorm, sv[:1]); err == nil {
+		t.Error("DivideNorm took a norm with the wrong number of scales")
 	}
 	if err := e.refresh(g, []Group{GroupQKV}, nil); err != nil {
 		t.Fatal(err)

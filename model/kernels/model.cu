@@ -286,7 +286,7 @@ extern "C" __global__ void scale_columns(float* w, const float* s, long long n, 
 }
 
 // divide_rows: w[r, c] = w[r, c]/s[r] for w [rows, cols], one rounded float32 quotient each, as
-// the host's w/s (GPU.DivideRows).
+// the host's w/s (GPU.DivideLinearRows, GPU.DivideNorm).
 extern "C" __global__ void divide_rows(float* w, const float* s, long long n, int cols) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) w[i] = __fdiv_rn(w[i], s[i / cols]);
