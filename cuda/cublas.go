@@ -23,6 +23,7 @@ type BLAS struct {
 	sgemm     func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32
 	dgemm     func(h uintptr, ta, tb, m, n, k int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32, beta *float64, c uintptr, ldc int32) int32
 	dtrsm     func(h uintptr, side, uplo, ta, diag, m, n int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32) int32
+	dtrmm     func(h uintptr, side, uplo, ta, diag, m, n int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32, c uintptr, ldc int32) int32
 	sgemmSB   func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, lda int32, sa int64, b uintptr, ldb int32, sb int64, beta *float32, c uintptr, ldc int32, sc int64, batch int32) int32
 	mathMode  func(h uintptr, mode int32) int32
 	gemmEx    func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, at, lda int32, b uintptr, bt, ldb int32, beta *float32, c uintptr, ct, ldc, compute, algo int32) int32
@@ -52,6 +53,7 @@ func (d *Device) NewBLAS() (*BLAS, error) {
 	if err := bindFunctions(lib, map[string]any{
 		"cublasCreate_v2": &b.create, "cublasDestroy_v2": &b.destroy, "cublasSetStream_v2": &b.setStream,
 		"cublasSgemm_v2": &b.sgemm, "cublasDgemm_v2": &b.dgemm, "cublasDtrsm_v2": &b.dtrsm,
+		"cublasDtrmm_v2":            &b.dtrmm,
 		"cublasSgemmStridedBatched": &b.sgemmSB, "cublasSetMathMode": &b.mathMode,
 		"cublasGemmEx":   &b.gemmEx,
 		"cublasDscal_v2": &b.dscal, "cublasDcopy_v2": &b.dcopy,
@@ -211,6 +213,19 @@ func (b *BLAS) Dtrsm(side Side, uplo Fill, ta Transpose, diag Diag, m, n int, al
 	return b.d.do(func() error {
 		return blasCheck("cublasDtrsm", b.dtrsm(b.h, int32(side), int32(uplo), int32(ta), int32(diag), int32(m), int32(n),
 			&alpha, uintptr(a), int32(lda), uintptr(bm), int32(ldb)))
+	})
+}
+
+// Dtrmm enqueues the float64 triangular product C = alpha·op(A)·B (side Left) or alpha·B·op(A)
+// (Right), B and C m×n and A triangular (uplo, diag), m×m or n×n. C may be B itself (in place);
+// no other overlap is allowed.
+func (b *BLAS) Dtrmm(side Side, uplo Fill, ta Transpose, diag Diag, m, n int, alpha float64, a DevicePtr, lda int, bm DevicePtr, ldb int, c DevicePtr, ldc int) error {
+	if err := gemmArgs(m, n, 0, lda, ldb, ldc); err != nil {
+		return err
+	}
+	return b.d.do(func() error {
+		return blasCheck("cublasDtrmm", b.dtrmm(b.h, int32(side), int32(uplo), int32(ta), int32(diag), int32(m), int32(n),
+			&alpha, uintptr(a), int32(lda), uintptr(bm), int32(ldb), uintptr(c), int32(ldc)))
 	})
 }
 

@@ -3,6 +3,8 @@ package cuda
 import (
 	"errors"
 	"fmt"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // Device choices of the --device flags.
@@ -61,15 +63,26 @@ func SelectMany(choice string, ordinals []int) (devs []*Device, note string, err
 	} else {
 		ordinals = ordinals[1:]
 	}
-	for _, o := range ordinals {
-		d, err := Open(o)
-		if err != nil {
-			for _, d := range devs {
+	// The others' contexts are made at once: each takes a few hundred milliseconds of the driver.
+	rest := make([]*Device, len(ordinals))
+	var opening errgroup.Group
+	for i, o := range ordinals {
+		opening.Go(func() (err error) {
+			if rest[i], err = Open(o); err != nil {
+				return fmt.Errorf("GPU %d: %w", o, err)
+			}
+			return nil
+		})
+	}
+	err = opening.Wait()
+	devs = append(devs, rest...)
+	if err != nil {
+		for _, d := range devs {
+			if d != nil {
 				d.Close()
 			}
-			return nil, "", fmt.Errorf("GPU %d: %w", o, err)
 		}
-		devs = append(devs, d)
+		return nil, "", err
 	}
 	return devs, "", nil
 }
