@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
@@ -58,6 +59,8 @@ type GPUSolver struct {
 	profile *gpuProfile // when set, each phase is timed with events
 	into    *rowsOf     // during QuantizeGramRows: where run puts its results
 	solved  gpuPlan     // the last run's problem (DequantizeTo)
+	// generation counts the factorisations made (and Close): a Factor of an older one is gone
+	generation uint64
 	// resident: the weights are checked on the device (QuantizeGramResident: the engine's copy,
 	// equal to w, which the host need not scan again before every solve)
 	resident bool
@@ -78,7 +81,7 @@ type gpuBuffer struct {
 const (
 	slotH        = iota // K×K float64 Hessian as given
 	slotFactor          // K×K float64 cuSOLVER matrix
-	slotInverse         // K×K float64 L⁻¹ from the triangular solve
+	slotInverse         // K×K float64 L⁻¹ from the triangular solve; then H as float32 (Factor.h32)
 	slotU               // K×K float32 inverse factor
 	slotOrig            // N×K float32 weights as given
 	slotW               // N×K float32 working weights
@@ -183,6 +186,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver,
 
 // Close releases the solver's memory, handles, stream and kernels.
 func (g *GPUSolver) Close() error {
+	g.generation++
 	var errs []error
 	if g.stager != nil {
 		errs = append(errs, g.stager.Close())
@@ -242,7 +246,11 @@ func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme,
 	if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
 		return nil, Stats{}, err
 	}
-	return g.quantizeLoaded(w, n, k, diagonal(h, k), s, opt, start, g.uploadWeights(w))
+	f, err := factorAll([]*GPUSolver{g}, diagonal(h, k), k, opt, start)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	return g.quantizeFactored(w, 0, n, f[0], s, opt, start)
 }
 
 // Supports reports whether the GPU solver handles scheme s with options opt: integer grids,
@@ -267,11 +275,10 @@ func (g *GPUSolver) supports(s quant.Scheme, opt Options) error {
 }
 
 // QuantizeGram is Quantize with the Hessian on the device, as the calibration gathers it: H =
-// scale·gram, gram a k×k float32 Gram matrix Σ xᵀx (scale = 2/rows). H is made in float64 there
-// and only its diagonal comes to the host (for the dead columns, the order and the damping),
-// so a K×K matrix never crosses the bus. gram is read before QuantizeGram returns.
+// scale·gram, gram a k×k float32 Gram matrix Σ xᵀx (scale = 2/rows), factored there
+// (FactorGram). gram is read before QuantizeGram returns.
 func (g *GPUSolver) QuantizeGram(w []float32, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
-	return g.quantizeGram(w, n, k, gram, scale, s, opt, g.uploadWeights(w))
+	return g.QuantizeGramRows(nil, 0, w, 0, n, k, gram, scale, s, opt)
 }
 
 // QuantizeGramResident is QuantizeGram for weights that are on the device already at src
@@ -279,32 +286,61 @@ func (g *GPUSolver) QuantizeGram(w []float32, n, k int, gram cuda.DevicePtr, sca
 // are copied there instead of sent again over the bus. Work queued on other streams that writes
 // src must be finished.
 func (g *GPUSolver) QuantizeGramResident(w []float32, src cuda.DevicePtr, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
-	g.resident = true
-	defer func() { g.resident = false }()
-	return g.quantizeGram(w, n, k, gram, scale, s, opt, func() error {
-		dst, err := g.buffer(slotOrig, 4*len(w))
-		if err != nil {
-			return err
-		}
-		return g.dev.CopyDeviceAsync(dst, src, 4*len(w), g.stream)
-	})
+	return g.QuantizeGramRows(nil, 0, w, src, n, k, gram, scale, s, opt)
 }
 
 // QuantizeGramRows is QuantizeGramResident (QuantizeGram when src is 0) for rows [row, row+n)
 // of a weight of dst.N rows, whose tensor the caller made with NewRowsTensor: the codes and group
 // parameters go straight into dst's rows, so that solvers on several GPUs fill one tensor at once
 // instead of joining theirs. It returns those rows as a tensor sharing dst's memory, with the
-// column order (GIdx) that the caller gives dst.
+// column order (GIdx) that the caller gives dst. dst nil: a tensor of the n rows alone.
 func (g *GPUSolver) QuantizeGramRows(dst *quant.Tensor, row int, w []float32, src cuda.DevicePtr, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
-	if dst.Scheme != s || dst.K != k || row < 0 || row+n > dst.N {
-		return nil, Stats{}, fmt.Errorf("gptq: rows %d..%d of %s with %d columns do not fit a %d×%d %s tensor", row, row+n, s, k, dst.N, dst.K, dst.Scheme)
+	start := time.Now()
+	if err := g.checkSolve(dst, row, w, src, n, k, s, opt); err != nil {
+		return nil, Stats{}, err
 	}
-	g.into = &rowsOf{dst, row}
-	defer func() { g.into = nil }()
-	if src == 0 {
-		return g.QuantizeGram(w, n, k, gram, scale, s, opt)
+	f, err := g.FactorGram(gram, k, scale, opt)
+	if err != nil {
+		return nil, Stats{}, err
 	}
-	return g.QuantizeGramResident(w, src, n, k, gram, scale, s, opt)
+	return g.solveRows(dst, row, w, src, n, f, s, opt, start)
+}
+
+// QuantizeFactored is QuantizeGramRows with the Hessian factored already (FactorGram,
+// FactorGramOnAll) on this solver's GPU, by this solver or another of that GPU: the solves of
+// a group's linears (q, k and v), and their row shares on several GPUs, share one factorisation.
+func (g *GPUSolver) QuantizeFactored(dst *quant.Tensor, row int, w []float32, src cuda.DevicePtr, n int, f *Factor, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	start := time.Now()
+	if err := g.checkSolve(dst, row, w, src, n, f.k, s, opt); err != nil {
+		return nil, Stats{}, err
+	}
+	return g.solveRows(dst, row, w, src, n, f, s, opt, start)
+}
+
+// checkSolve checks a solve's weights (their shape only when they are on the device: run checks
+// the copy there), scheme and options, and that its rows fit dst.
+func (g *GPUSolver) checkSolve(dst *quant.Tensor, row int, w []float32, src cuda.DevicePtr, n, k int, s quant.Scheme, opt Options) error {
+	if dst != nil && (dst.Scheme != s || dst.K != k || row < 0 || row+n > dst.N) {
+		return fmt.Errorf("gptq: rows %d..%d of %s with %d columns do not fit a %d×%d %s tensor", row, row+n, s, k, dst.N, dst.K, dst.Scheme)
+	}
+	check := checkWeights
+	if src != 0 {
+		check = checkWeightShape
+	}
+	if err := check(w, n, k, s, opt); err != nil {
+		return err
+	}
+	return g.supports(s, opt)
+}
+
+// solveRows puts rows [row, row+n) of dst (all of a new tensor when dst is nil) into place
+// for solveFactored.
+func (g *GPUSolver) solveRows(dst *quant.Tensor, row int, w []float32, src cuda.DevicePtr, n int, f *Factor, s quant.Scheme, opt Options, start time.Time) (*quant.Tensor, Stats, error) {
+	if dst != nil {
+		g.into = &rowsOf{dst, row}
+		defer func() { g.into = nil }()
+	}
+	return g.quantizeFactored(w, src, n, f, s, opt, start)
 }
 
 // NewRowsTensor makes the n×k tensor of scheme s (an integer grid) that QuantizeGramRows calls fill.
@@ -319,26 +355,6 @@ func (g *GPUSolver) resultTensor(p gpuPlan) *quant.Tensor {
 	codes, params := d.Codes[r*p.k:(r+p.n)*p.k:(r+p.n)*p.k], [2]int{r * ng, (r + p.n) * ng}
 	return &quant.Tensor{Scheme: p.s, N: p.n, K: p.k, Codes: codes,
 		Scales: d.Scales[params[0]:params[1]:params[1]], Zeros: d.Zeros[params[0]:params[1]:params[1]]}
-}
-
-// quantizeGram is QuantizeGram with load putting the weights into slotOrig.
-func (g *GPUSolver) quantizeGram(w []float32, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options, load func() error) (*quant.Tensor, Stats, error) {
-	start := time.Now()
-	check := checkWeights
-	if g.resident {
-		check = checkWeightShape // run checks the copy on the device
-	}
-	if err := check(w, n, k, s, opt); err != nil {
-		return nil, Stats{}, err
-	}
-	if err := g.supports(s, opt); err != nil {
-		return nil, Stats{}, err
-	}
-	diag, err := g.loadGram(gram, k, scale)
-	if err != nil {
-		return nil, Stats{}, err
-	}
-	return g.quantizeLoaded(w, n, k, diag, s, opt, start, load)
 }
 
 // loadGram sets slotH = scale·gram in float64 and returns its diagonal, checked finite.
@@ -381,25 +397,35 @@ func (g *GPUSolver) loadGram(gram cuda.DevicePtr, k int, scale float64) ([]float
 	return diag, nil
 }
 
-// quantizeLoaded runs GPTQ with H in slotH and its diagonal diag on the host; load puts the
-// weights into slotOrig.
-func (g *GPUSolver) quantizeLoaded(w []float32, n, k int, diag []float64, s quant.Scheme, opt Options, start time.Time, load func() error) (*quant.Tensor, Stats, error) {
-	var st Stats
-	p, err := g.plan(n, k, diag, s, opt)
+// quantizeFactored runs GPTQ on the weights w (or their copy on the device at src) with
+// factor f; start is when the caller began, for the times in the stats.
+func (g *GPUSolver) quantizeFactored(w []float32, src cuda.DevicePtr, n int, f *Factor, s quant.Scheme, opt Options, start time.Time) (*quant.Tensor, Stats, error) {
+	st := Stats{Damp: f.damp, Lambda: f.lambda, Retries: f.retries, FailedDamps: slices.Clone(f.failedDamps), Factor: f.elapsed}
+	if err := f.usableBy(g, opt); err != nil {
+		return nil, st, err
+	}
+	p, err := g.plan(n, f.k, f.diag, s, opt)
 	if err != nil {
 		return nil, st, err
 	}
-	if err := load(); err != nil {
+	if src == 0 {
+		err = g.upload(slotOrig, cuda.Bytes(w))
+	} else {
+		err = g.copyResident(src, len(w))
+	}
+	if err != nil {
 		return nil, st, err
 	}
 	st.Setup = time.Since(start)
-	t, err := g.run(p, &st)
+	g.resident = src != 0
+	t, err := g.run(p, f, &st)
+	g.resident = false
 	if err != nil {
 		return nil, st, err
 	}
 	if p.opt.BaselineLoss {
 		baselineStart := time.Now()
-		if st.Baseline, err = g.baseline(p); err != nil {
+		if st.Baseline, err = g.baseline(p, f); err != nil {
 			return nil, st, err
 		}
 		st.RelativeLoss = st.Loss / st.Baseline
@@ -409,14 +435,39 @@ func (g *GPUSolver) quantizeLoaded(w []float32, n, k int, diag []float64, s quan
 	return t, st, nil
 }
 
+// copyResident copies the weights on the device at src (count float32) into slotOrig.
+func (g *GPUSolver) copyResident(src cuda.DevicePtr, count int) error {
+	dst, err := g.buffer(slotOrig, 4*count)
+	if err != nil {
+		return err
+	}
+	return g.dev.CopyDeviceAsync(dst, src, 4*count, g.stream)
+}
+
+// usableBy checks that solver g may solve with f under options opt: made on g's GPU, still
+// valid, for the same damping and column order.
+func (f *Factor) usableBy(g *GPUSolver, opt Options) error {
+	opt = opt.withDefaults()
+	switch {
+	case f.maker.dev != g.dev:
+		return errors.New("gptq: the Hessian was factored on another GPU")
+	case f.maker.generation != f.generation:
+		return errors.New("gptq: the Hessian's factor is gone (its solver factored again or closed)")
+	case opt.Damp != f.opt.Damp || opt.MaxDamp != f.opt.MaxDamp || opt.ActOrder != f.opt.ActOrder:
+		return fmt.Errorf("gptq: the Hessian was factored with damping %g (max %g), act order %v; this solve asks %g (max %g), %v",
+			f.opt.Damp, f.opt.MaxDamp, f.opt.ActOrder, opt.Damp, opt.MaxDamp, opt.ActOrder)
+	}
+	return nil
+}
+
 // baseline computes tr(W H Wᵀ) (quadraticForm: dead columns of W as zero) from the weights and
 // Hessian already on the device, in the buffers the columns are done with: H rounded to
 // float32, one TF32 GEMM W·H (the loss only reports how much GPTQ removed, and the CPU computes
 // it in float32: a float64 GEMM took a sixth of a 7B down_proj's solve), a row-wise dot with W
 // in float64, the rows summed on the host.
-func (g *GPUSolver) baseline(p gpuPlan) (float64, error) {
+func (g *GPUSolver) baseline(p gpuPlan, f *Factor) (float64, error) {
 	n, k := p.n, p.k
-	w, h := g.bufs[slotW].ptr, g.bufs[slotU].ptr // N×K and K×K float32
+	w, h := g.bufs[slotW].ptr, f.h32 // N×K and K×K float32
 	wh, err := g.buffer(slotBaseWH, 4*n*k)
 	if err != nil {
 		return 0, err
@@ -428,9 +479,6 @@ func (g *GPUSolver) baseline(p gpuPlan) (float64, error) {
 	threads := cuda.Dim3{X: 256, Y: 1, Z: 1}
 	err = g.fn.live.Launch(cuda.Dim3{X: (n*k + 255) / 256, Y: 1, Z: 1}, threads, 0, g.stream,
 		g.bufs[slotOrig].ptr, g.bufs[slotDead].ptr, w, uint64(n*k), int32(k))
-	if err == nil {
-		err = g.fn.narrow.Launch(cuda.Dim3{X: (k*k + 255) / 256, Y: 1, Z: 1}, threads, 0, g.stream, g.bufs[slotH].ptr, h, uint64(k*k))
-	}
 	if err == nil {
 		err = g.blas.SetTF32(true)
 	}
@@ -550,13 +598,14 @@ func int32s(v []int) []int32 {
 }
 
 // run quantizes the weights in slotOrig with the Hessian in slotH.
-func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
+func (g *GPUSolver) run(p gpuPlan, f *Factor, st *Stats) (*quant.Tensor, error) {
 	n, groups := p.n, p.s.Groups(p.k)
 	st.DeadColumns = p.deadCount
 	ptr, err := g.allocate(p)
 	if err != nil {
 		return nil, err
 	}
+	ptr[slotU] = f.u
 	if err := g.uploadPlan(p, ptr); err != nil {
 		return nil, err
 	}
@@ -568,11 +617,6 @@ func (g *GPUSolver) run(p gpuPlan, st *Stats) (*quant.Tensor, error) {
 			return nil, err
 		}
 	}
-	factorStart := time.Now()
-	if err := g.factor(p, ptr, st); err != nil {
-		return nil, err
-	}
-	st.Factor = time.Since(factorStart)
 	if err := g.columns(p, ptr); err != nil {
 		return nil, err
 	}
@@ -637,10 +681,10 @@ func (g *GPUSolver) DequantizeTo(dst cuda.DevicePtr) error {
 // allocate grows every buffer to the problem and returns their addresses.
 func (g *GPUSolver) allocate(p gpuPlan) ([numGPUSlots]cuda.DevicePtr, error) {
 	n, k, ng := p.n, p.k, p.n*p.s.Groups(p.k)
-	sizes := [numGPUSlots]int{
-		slotH: 8 * k * k, slotFactor: 8 * k * k, slotInverse: 8 * k * k, slotU: 4 * k * k, slotOrig: 4 * n * k, slotW: 4 * n * k,
+	sizes := map[int]int{ // a solve's own buffers: the factorisation's may be read by other solves
+		slotOrig: 4 * n * k, slotW: 4 * n * k,
 		slotErr: 4 * n * gpuBlockSize, slotCodes: n * k, slotScales: 4 * ng, slotZeros: ng,
-		slotPerm: 4 * k, slotRev: 4 * k, slotPosGroup: 4 * k, slotColGroup: 4 * k, slotDead: k,
+		slotPerm: 4 * k, slotPosGroup: 4 * k, slotColGroup: 4 * k, slotDead: k,
 		slotRowSq: 8 * n, slotRowDq: 8 * n, slotFlags: 32, slotImpOrig: 4 * k, slotImpPos: 4 * k,
 	}
 	var ptr [numGPUSlots]cuda.DevicePtr
@@ -649,7 +693,7 @@ func (g *GPUSolver) allocate(p gpuPlan) ([numGPUSlots]cuda.DevicePtr, error) {
 		if ptr[slot], err = g.buffer(slot, size); err != nil {
 			return ptr, err
 		}
-		if g.poison && slot != slotH && slot != slotOrig {
+		if g.poison && slot != slotOrig {
 			if err := g.dev.Fill32Async(ptr[slot], 0x7fc0dead, g.bufs[slot].size/4, g.stream); err != nil {
 				return ptr, err
 			}
@@ -661,10 +705,9 @@ func (g *GPUSolver) allocate(p gpuPlan) ([numGPUSlots]cuda.DevicePtr, error) {
 // uploadPlan copies the column order, groups and dead columns, and resets the accumulators.
 func (g *GPUSolver) uploadPlan(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error {
 	k := p.k
-	rev, posGroup, colGroup := make([]int, k), make([]int, k), make([]int, k)
+	posGroup, colGroup := make([]int, k), make([]int, k)
 	dead := make([]byte, k)
 	for i, c := range p.perm {
-		rev[k-1-i] = c
 		posGroup[i] = p.lay.group(i)
 		colGroup[c] = p.lay.group(i)
 		if p.dead[c] {
@@ -675,7 +718,7 @@ func (g *GPUSolver) uploadPlan(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error
 		slot int
 		data []byte
 	}{
-		{slotPerm, cuda.Bytes(int32s(p.perm))}, {slotRev, cuda.Bytes(int32s(rev))},
+		{slotPerm, cuda.Bytes(int32s(p.perm))},
 		{slotPosGroup, cuda.Bytes(int32s(posGroup))}, {slotColGroup, cuda.Bytes(int32s(colGroup))}, {slotDead, dead},
 		{slotImpOrig, cuda.Bytes(p.impOrig)}, {slotImpPos, cuda.Bytes(p.impPos)}, // empty unless Imatrix
 	} {
@@ -691,87 +734,6 @@ func (g *GPUSolver) uploadPlan(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error
 		return err
 	}
 	return g.dev.Fill32Async(ptr[slotFlags], math.MaxUint32, 2, g.stream)
-}
-
-// factor computes U into slotU, retrying with tenfold damping like inverseFactor.
-func (g *GPUSolver) factor(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr, st *Stats) error {
-	k := int32(p.k)
-	tiles := cuda.Dim3{X: (p.k + 31) / 32, Y: (p.k + 7) / 8, Z: 1}
-	block := cuda.Dim3{X: 32, Y: 8, Z: 1}
-	flags := ptr[slotFlags]
-	info, trtriInfo := flags.Add(8), flags.Add(12) // then the bad-U flag at 16
-	for damp := p.opt.Damp; ; damp *= 10 {
-		lambda := damp * p.meanDiag
-		end := g.span(phaseCholesky)
-		err := g.dev.Fill32Async(info, 0, 3, g.stream)
-		if err == nil {
-			err = g.fn.buildFactor.Launch(tiles, block, 0, g.stream, ptr[slotH], ptr[slotRev], ptr[slotDead], k, lambda, ptr[slotFactor])
-		}
-		if err == nil {
-			err = g.solver.Potrf(cuda.Lower, p.k, cuda.Float64, ptr[slotFactor], p.k, info)
-		}
-		end()
-		end = g.span(phaseInverse)
-		if err == nil {
-			err = g.invert(p.k, ptr, trtriInfo)
-		}
-		end()
-		if err != nil {
-			return fmt.Errorf("gptq: inverse factor: %w", err)
-		}
-		var got [3]int32
-		if err := g.stager.CopyFromDevice(cuda.Bytes(got[:]), info, g.stream); err != nil {
-			return fmt.Errorf("gptq: inverse factor: %w", err)
-		}
-		if got == [3]int32{} {
-			st.Damp, st.Lambda = damp, lambda
-			return nil
-		}
-		st.Retries++
-		st.FailedDamps = append(st.FailedDamps, damp)
-		if damp*10 > p.opt.MaxDamp*(1+1e-9) {
-			return fmt.Errorf("gptq: the Hessian is not positive definite even with damping %g (λ = %g, mean diag %g); %d tries",
-				damp, lambda, p.meanDiag, st.Retries)
-		}
-	}
-}
-
-// invert replaces L (lower triangle of slotFactor) by L⁻¹ and converts it to U in slotU.
-func (g *GPUSolver) invert(k int, ptr [numGPUSlots]cuda.DevicePtr, info cuda.DevicePtr) error {
-	tiles := cuda.Dim3{X: (k + 31) / 32, Y: (k + 7) / 8, Z: 1}
-	block := cuda.Dim3{X: 32, Y: 8, Z: 1}
-	linv := ptr[slotFactor]
-	if !g.inverseByTRTRI {
-		linv = ptr[slotInverse]
-		if err := g.dev.Fill32Async(linv, 0, 2*k*k, g.stream); err != nil {
-			return err
-		}
-		if err := g.fn.setDiagonal.Launch(cuda.Dim3{X: (k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream, linv, int32(k), 1.0); err != nil {
-			return err
-		}
-		if err := g.solveIdentity(k, ptr[slotFactor], linv); err != nil {
-			return err
-		}
-	} else if err := g.solver.Trtri(cuda.Lower, cuda.NonUnit, k, cuda.Float64, linv, k, info); err != nil {
-		return err
-	}
-	return g.fn.unreverse.Launch(tiles, block, 0, g.stream, linv, int32(k), ptr[slotU], info.Add(4))
-}
-
-// solveIdentity overwrites x, the identity, with L⁻¹ (column-major k×k, L the lower triangle of
-// factor). L⁻¹ is lower triangular, so the identity's columns [j0, j1) of L·X = I involve only
-// rows j0… of L and X: solved in bands of columns, each from its trailing triangle, the work is
-// about 0.4·k³ flops instead of one whole solve's k³ (the largest part of the factorisation of a
-// 70B down_proj's Hessian, k = 28672).
-func (g *GPUSolver) solveIdentity(k int, factor, x cuda.DevicePtr) error {
-	band := max(256, (k+7)/8)
-	for j0 := 0; j0 < k; j0 += band {
-		at := 8 * (j0 + j0*k)
-		if err := g.blas.Dtrsm(cuda.Left, cuda.Lower, cuda.NoTrans, cuda.NonUnit, k-j0, min(band, k-j0), 1, factor.Add(at), k, x.Add(at), k); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // columns quantizes block after block, then computes ‖W − Q‖² per row.

@@ -32,13 +32,19 @@ func TestGPUPTXIsFresh(t *testing.T) {
 func openGPUSolver(tb testing.TB) (*cuda.Device, *GPUSolver) {
 	tb.Helper()
 	dev := gputest.Open(tb)
+	return dev, newTestSolver(tb, dev)
+}
+
+// newTestSolver makes a solver on dev that poisons its buffers, closed when the test ends.
+func newTestSolver(tb testing.TB, dev *cuda.Device) *GPUSolver {
+	tb.Helper()
 	g, err := newGPUSolver(dev, gputest.PTX(tb, gptqPTX, *gpuPTX), gputest.Cubins(*gpuPTX, gptqCubinSM90)...)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	g.poison = true
 	tb.Cleanup(func() { g.Close() })
-	return dev, g
+	return g
 }
 
 // killColumns makes channels dead (H row and column zero), as inputs that were always zero.

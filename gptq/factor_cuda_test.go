@@ -1,0 +1,192 @@
+package gptq
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/gputest"
+	"github.com/qpack-dev/qpack/quant"
+)
+
+// TestGPUFactorMatchesCPU: U from the GPU's Cholesky factor and recursive triangular inverse
+// (two and three levels of halving, dead columns, act-order) equals the CPU's inverseFactor
+// within float64 rounding, entry by entry.
+func TestGPUFactorMatchesCPU(t *testing.T) {
+	dev, g := openGPUSolver(t)
+	for _, k := range []int{700, 1900, 2600} {
+		h := bandedKMSHessian(k)
+		killColumns(h, k, 3, k-2)
+		h32 := make([]float32, k*k)
+		for i, v := range h {
+			h32[i] = float32(v)
+			h[i] = float64(h32[i]) // what the GPU gets
+		}
+		for _, opt := range []Options{{}, {ActOrder: true}} {
+			f, err := g.FactorGram(gputest.Floats(t, dev, h32), k, 1, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := download(t, dev, f.u, k*k)
+			dead, _ := deadColumns(diagonal(h, k))
+			var st Stats
+			want, err := inverseFactor(new(Workspace), h, k, columnOrder(diagonal(h, k), dead, opt.ActOrder), dead, opt.withDefaults(), &st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			largest := 0.0
+			for _, v := range want {
+				largest = max(largest, math.Abs(float64(v)))
+			}
+			bad := 0
+			for i, v := range want {
+				if d := math.Abs(float64(got[i]) - float64(v)); d > 1e-6*largest+1e-5*math.Abs(float64(v)) {
+					if bad++; bad <= 3 {
+						t.Errorf("k %d, %+v: U[%d][%d] = %g on the GPU, %g on the CPU", k, opt, i/k, i%k, got[i], v)
+					}
+				}
+			}
+			if st.Damp != f.damp {
+				t.Errorf("k %d: damping %g on the GPU, %g on the CPU", k, f.damp, st.Damp)
+			}
+		}
+	}
+}
+
+// TestGPUFactorOnSeveralGPUs: factored on 2, 3 and 4 solvers at once (on as many GPUs as there
+// are, round-robin), every solver's U and float32 H are one solver's bit for bit, damping
+// retries included, and solves with any of them give one solver's tensor. Fresh random inputs.
+func TestGPUFactorOnSeveralGPUs(t *testing.T) {
+	devs := gputest.OpenMany(t, 4)
+	team := make([]*GPUSolver, len(devs))
+	for i, dev := range devs {
+		team[i] = newTestSolver(t, dev)
+	}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 17))
+	const n, k = 70, 1100
+	s := quant.Scheme{Bits: 4, GroupSize: 128}
+	opt := Options{ActOrder: true, BaselineLoss: true}
+	w := randomWeights(r, n, k)
+	for _, c := range []struct {
+		name    string
+		h       []float64
+		retries int
+	}{{"random", testHessian(t, r, k), 0}, {"indefinite", indefiniteHessian(k, 1.05), 1}} {
+		h32 := make([]float32, k*k)
+		for i, v := range c.h {
+			h32[i] = float32(v)
+		}
+		grams := make([]cuda.DevicePtr, len(devs))
+		for i, dev := range devs {
+			grams[i] = gputest.Floats(t, dev, h32)
+		}
+		one, err := team[0].FactorGram(grams[0], k, 1, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if one.retries != c.retries {
+			t.Errorf("%s: %d retries, want %d", c.name, one.retries, c.retries)
+		}
+		wantU, wantH := download(t, devs[0], one.u, k*k), download(t, devs[0], one.h32, k*k)
+		want, wst, err := team[0].QuantizeFactored(nil, 0, w, 0, n, one, s, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for parts := 2; parts <= len(team); parts++ {
+			factors, err := FactorGramOnAll(team[:parts], grams[:parts], k, 1, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, f := range factors {
+				if f.retries != c.retries || f.damp != one.damp {
+					t.Errorf("%s, %d parts, solver %d: %d retries, damping %g; want %d, %g", c.name, parts, i, f.retries, f.damp, c.retries, one.damp)
+				}
+				if !slices.Equal(download(t, devs[i], f.u, k*k), wantU) || !slices.Equal(download(t, devs[i], f.h32, k*k), wantH) {
+					t.Errorf("%s, %d parts, solver %d: U or H differs from one solver's", c.name, parts, i)
+				}
+				got, gst, err := team[i].QuantizeFactored(nil, 0, w, 0, n, f, s, opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got.Codes, want.Codes) || !slices.Equal(got.Scales, want.Scales) || !slices.Equal(got.GIdx, want.GIdx) ||
+					gst.Loss != wst.Loss || gst.Baseline != wst.Baseline {
+					t.Errorf("%s, %d parts, solver %d: the solve differs from one solver's", c.name, parts, i)
+				}
+			}
+		}
+	}
+}
+
+// TestGPUFactorSharedBySolvers: solvers of one GPU solving different weights with one factor at
+// once (q, k and v) each give what QuantizeGram gives alone; stale or mismatched factors are
+// refused.
+func TestGPUFactorSharedBySolvers(t *testing.T) {
+	dev, g := openGPUSolver(t)
+	others := []*GPUSolver{newTestSolver(t, dev), newTestSolver(t, dev), newTestSolver(t, dev)}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 19))
+	const n, k = 90, 700
+	h := testHessian(t, r, k)
+	h32 := make([]float32, k*k)
+	for i, v := range h {
+		h32[i] = float32(v)
+	}
+	gram := gputest.Floats(t, dev, h32)
+	s := quant.Scheme{Bits: 3, GroupSize: 64}
+	opt := Options{BaselineLoss: true}
+	ws := make([][]float32, len(others))
+	want := make([]*quant.Tensor, len(others))
+	for i := range ws {
+		ws[i] = randomWeights(r, n, k)
+		var err error
+		if want[i], _, err = g.QuantizeGram(ws[i], n, k, gram, 1, s, opt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := g.FactorGram(gram, k, 1, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	got := make([]*quant.Tensor, len(others))
+	errs := make([]error, len(others))
+	for i, o := range others {
+		wg.Go(func() { got[i], _, errs[i] = o.QuantizeFactored(nil, 0, ws[i], 0, n, f, s, opt) })
+	}
+	wg.Wait()
+	for i := range others {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if !slices.Equal(got[i].Codes, want[i].Codes) || !slices.Equal(got[i].Scales, want[i].Scales) || !slices.Equal(got[i].Zeros, want[i].Zeros) {
+			t.Errorf("solver %d's solve with the shared factor differs from QuantizeGram's", i)
+		}
+	}
+	if _, _, err := others[0].QuantizeFactored(nil, 0, ws[0], 0, n, f, s, Options{Damp: 0.1}); err == nil || !strings.Contains(err.Error(), "damping") {
+		t.Errorf("a factor of damping 0.01 used with 0.1: %v", err)
+	}
+	if _, err := g.FactorGram(gram, k, 1, opt); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := others[0].QuantizeFactored(nil, 0, ws[0], 0, n, f, s, opt); err == nil || !strings.Contains(err.Error(), "gone") {
+		t.Errorf("a factor whose solver factored again: %v", err)
+	}
+}
+
+// download copies count float32 from dev at p.
+func download(t *testing.T, dev *cuda.Device, p cuda.DevicePtr, count int) []float32 {
+	t.Helper()
+	v := make([]float32, count)
+	if err := dev.CopyFromDevice(cuda.Bytes(v), p); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
