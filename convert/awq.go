@@ -521,7 +521,7 @@ func (ws *weightSample) awqScaled(meanAbs, importance []float32) []float32 {
 // awqPhases are AWQ's parts of the time breakdown. Each is final once the last module's result
 // has been delivered (it is added to before the delivery), so the writer's end may read them.
 func (r *blockRunner) awqPhases() []Phase {
-	if r == nil || r.awq == nil {
+	if r.awq == nil {
 		return nil
 	}
 	return []Phase{newPhase("awq scale search", r.awq.search.Seconds(), 0),

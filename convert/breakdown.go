@@ -26,12 +26,13 @@ func newPhase(name string, seconds float64, bytes int64) Phase {
 	return p
 }
 
-// breakdown splits a finished conversion's time by phase. On the GPU path the input is read
+// breakdown splits a finished conversion's time by phase, the calibration's (blockRunner.phases)
+// after the setup. On the GPU path the input is read
 // straight into pinned memory, so reading and staging are one phase; the results are written
 // from pinned memory (counted in write). Kept tensors are read by the write itself.
-func (r *Report) breakdown(gs cuda.SlotStats) []Phase {
+func (r *Report) breakdown(gs cuda.SlotStats, calibration []Phase) []Phase {
 	sec := func(d time.Duration) float64 { return d.Seconds() }
-	var phases []Phase
+	phases := append([]Phase{newPhase("setup", r.SetupSeconds, 0)}, calibration...)
 	if gs.Calls > 0 {
 		phases = append(phases,
 			newPhase("gpu slot wait", sec(gs.Wait), 0),

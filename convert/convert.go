@@ -42,10 +42,11 @@ type Report struct {
 	Compression float64        `json:"compression"` // InBytes / OutBytes
 	Files       []string       `json:"files"`
 	Seconds     float64        `json:"seconds"`
-	// Where the time went: quantizing and packing (reading the weights, and for the GPU the
-	// copies and kernels), writing the output (summed over the writers), and committing it
-	// (the final flush to disk and renames); hashing the inputs for the provenance runs
-	// alongside them.
+	// Where the time went: setting up (reading the plan, opening the GPUs, making their
+	// solvers), quantizing and packing (reading the weights, and for the GPU the copies and
+	// kernels), writing the output (summed over the writers), and committing it (the final
+	// flush to disk and renames); hashing the inputs for the provenance runs alongside them.
+	SetupSeconds    float64 `json:"setup_seconds"`
 	HashSeconds     float64 `json:"hash_seconds"`
 	QuantizeSeconds float64 `json:"quantize_seconds"`
 	WriteSeconds    float64 `json:"write_seconds"`
@@ -139,6 +140,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err := opt.context().Err(); err != nil { // planning and calibration can take minutes
 		return nil, err
 	}
+	report.SetupSeconds = time.Since(start).Seconds()
 	defer runner.start(ck.Dir, calib, opt.GPTQ.TrueSequential)()
 	metadata := func(inputs []InputFile) (map[string]string, error) {
 		return outputMetadata(items, plan, calib, inputs, f, opt)
@@ -169,7 +171,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	report.finish(time.Since(start))
-	report.Breakdown = append(runner.awqPhases(), report.breakdown(g.stats())...)
+	report.Breakdown = report.breakdown(g.stats(), runner.phases(start))
 	fmt.Fprintf(opt.Log, "time: %s\n", formatPhases(report.Breakdown))
 	return report, nil
 }

@@ -2,6 +2,7 @@ package convert
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/cuda"
@@ -119,9 +120,11 @@ func (g *gpu) close() {
 	if g.q != nil {
 		g.q.Close()
 	}
+	var closing sync.WaitGroup // each context's release frees its memory: all at once
 	for _, d := range g.devs {
-		d.Close()
+		closing.Go(func() { d.Close() })
 	}
+	closing.Wait()
 }
 
 // supports says whether the GPU path can quantize this item into format f exactly as the CPU

@@ -3,6 +3,7 @@ package convert
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/qpack-dev/qpack/gptq"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
+	"golang.org/x/sync/errgroup"
 )
 
 // GPTQOptions are the GPTQ variant's settings (`--method gptq`).
@@ -55,8 +57,12 @@ type blockRunner struct {
 	experts *expertRouting   // which experts are calibrated on which tokens
 	tokens  int              // calibration tokens, for the experts' log lines
 	math    model.GPUOptions // the GPU engine's GEMM math (Options.CalibMath)
-	solving time.Duration    // in updateGroup's solves and weight replacements (the rest of Update is Hessian handling)
-	onGPU   bool             // during an Update: the solved weights replace the engines' copies on the GPUs (replacesOnGPU)
+	setup   time.Duration    // making the GPU solvers and calibration engines
+	// calibrating is when the calibration's first pass began (set before it starts: read by
+	// phases once the conversion has waited for the runner)
+	calibrating time.Time
+	solving     time.Duration // in updateGroup's solves and weight replacements (the rest of Update is Hessian handling)
+	onGPU       bool          // during an Update: the solved weights replace the engines' copies on the GPUs (replacesOnGPU)
 
 	mu      sync.Mutex
 	results map[string]chan gptqResult
@@ -132,12 +138,26 @@ func (r *blockRunner) run(src string, calib *Calibration, trueSequential bool) {
 		} else if r.dev != nil {
 			err = r.calibrateOnGPU(m, calib.seqs, r, opt)
 		} else {
+			r.calibrating = time.Now()
 			err = model.Calibrate(m, calib.seqs, r, opt)
 		}
 	}
 	if err != nil {
 		r.fail(err)
 	}
+}
+
+// phases are the calibration's lines of the time breakdown: when its first pass began, counted
+// from start (the conversion's), and AWQ's parts.
+func (r *blockRunner) phases(start time.Time) []Phase {
+	if r == nil {
+		return nil
+	}
+	var p []Phase
+	if !r.calibrating.IsZero() {
+		p = append(p, newPhase("calibration began", r.calibrating.Sub(start).Seconds(), 0))
+	}
+	return append(p, r.awqPhases()...)
 }
 
 // start runs the calibration in the background; the returned function stops it at its next
@@ -365,20 +385,34 @@ func (r *blockRunner) useGPU(g *gpu) error {
 // useGPUs is useGPU on the GPUs given (the first is the one everything but GPTQ's row shares
 // runs on).
 func (r *blockRunner) useGPUs(devs []*cuda.Device) error {
+	defer func(start time.Time) { r.setup += time.Since(start) }(time.Now())
 	r.solvers = make(chan solverSet, gpuSolvers)
-	for range gpuSolvers {
-		var set solverSet
-		for _, dev := range devs {
-			solver, err := gptq.NewGPUSolver(dev)
-			if err != nil {
-				return err
-			}
-			set = append(set, solver)
-		}
-		r.solvers <- set
-		r.all = append(r.all, set)
+	r.all = make([]solverSet, gpuSolvers)
+	for i := range r.all {
+		r.all[i] = make(solverSet, len(devs))
 	}
-	r.solver, r.dev, r.devs, r.device = r.all[0], devs[0], devs, DeviceCUDA
+	var making errgroup.Group // each GPU's solvers at once: a solver's cuBLAS and cuSOLVER handles take a while
+	for d, dev := range devs {
+		making.Go(func() (err error) {
+			for _, set := range r.all {
+				if set[d], err = gptq.NewGPUSolver(dev); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	err := making.Wait()
+	for _, set := range r.all {
+		if !slices.Contains(set, nil) {
+			r.solvers <- set
+		}
+	}
+	r.devs = devs // close closes the solvers made, also after an error
+	if err != nil {
+		return err
+	}
+	r.solver, r.dev, r.device = r.all[0], devs[0], DeviceCUDA
 	return nil
 }
 
@@ -408,11 +442,17 @@ func (r *blockRunner) close() {
 	if r == nil {
 		return
 	}
-	for _, set := range r.all {
-		for _, s := range set {
-			s.Close()
-		}
+	var closing sync.WaitGroup // each GPU's solvers at once: freeing device and pinned memory waits on the GPU
+	for d := range r.devs {
+		closing.Go(func() {
+			for _, set := range r.all {
+				if set[d] != nil { // useGPUs failed before making it
+					set[d].Close()
+				}
+			}
+		})
 	}
+	closing.Wait()
 	if r.awq != nil {
 		r.awq.close()
 	}

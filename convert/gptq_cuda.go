@@ -63,19 +63,20 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 	}
 	r.gpu = &gpuCapture{}
 	defer r.gpu.free()
-	for _, dev := range devs {
-		e, err := model.NewGPU(dev, m.Config, r.math)
-		if err != nil {
-			return err
+	engines, err := r.newEngines(devs, m.Config)
+	for _, e := range engines {
+		if e != nil {
+			defer e.Close()
 		}
-		defer e.Close()
-		if r.solver != nil {
-			e.Reserve(solverReserve(m.Config, len(devs)))
-		}
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range engines {
 		r.gpu.shards = append(r.gpu.shards, &gpuShard{e: e, grams: map[string]*deviceGram{}, spare: map[int][]cuda.DevicePtr{}})
 	}
 	start := time.Now()
-	var err error
+	r.calibrating = start
 	if len(devs) == 1 {
 		err = r.gpu.first().Calibrate(m, seqs, cal, opt)
 	} else {
@@ -99,10 +100,27 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 	for _, sh := range r.gpu.shards {
 		peaks = append(peaks, fmt.Sprintf("%.2f", float64(sh.e.PeakMemoryUsed())/1e9))
 	}
-	r.logf("%s on %s: %d×%d calibration tokens, %.1f s: forward passes and Hessians %.1f s (weights up %.1f s, observing passes %.1f s, replaced weights up %.1f s, block outputs %.1f s), GPTQ %.1f s%s; peak GPU memory in use %s GB\n",
-		r.method, gpuNames(devs), len(seqs), len(seqs[0]), total.Seconds(), (total - r.gpu.solve).Seconds(),
+	r.logf("%s on %s (solvers and engines made in %.2f s): %d×%d calibration tokens, %.1f s: forward passes and Hessians %.1f s (weights up %.1f s, observing passes %.1f s, replaced weights up %.1f s, block outputs %.1f s), GPTQ %.1f s%s; peak GPU memory in use %s GB\n",
+		r.method, gpuNames(devs), r.setup.Seconds(), len(seqs), len(seqs[0]), total.Seconds(), (total - r.gpu.solve).Seconds(),
 		ct.Upload.Seconds(), ct.Observe.Seconds(), ct.Refresh.Seconds(), ct.Output.Seconds(), r.gpu.solve.Seconds(), sums, strings.Join(peaks, ", "))
 	return nil
+}
+
+// newEngines makes a calibration engine on each GPU, all at once (each loads its kernels and
+// makes its cuBLAS handle); on an error the engines made are returned with it, to be closed.
+func (r *blockRunner) newEngines(devs []*cuda.Device, cfg *model.Config) ([]*model.GPU, error) {
+	defer func(start time.Time) { r.setup += time.Since(start) }(time.Now())
+	engines := make([]*model.GPU, len(devs))
+	var making errgroup.Group
+	for i, dev := range devs {
+		making.Go(func() (err error) {
+			if engines[i], err = model.NewGPU(dev, cfg, r.math); err == nil && r.solver != nil {
+				engines[i].Reserve(solverReserve(cfg, len(devs)))
+			}
+			return err
+		})
+	}
+	return engines, making.Wait()
 }
 
 // solverReserve estimates the GPU memory that GPTQ takes on each GPU at its largest, for the
@@ -219,10 +237,10 @@ func (c *gpuCapture) gram(sh *gpuShard, block int, g model.Group, rows, cols int
 	return gr, nil
 }
 
-// gpuSolveFunc solves with group g's Gram matrix where it was gathered, on the GPUs
-// (gptq.GPUSolver.QuantizeGram: H = 2/n·Σ xᵀx is made there; only its diagonal comes back).
-// With several GPUs the partial sums are added up first (sumShards) and each GPU solves a share
-// of each linear's rows: GPTQ treats rows independently given H.
+// gpuSolveFunc solves with group g's Gram matrix where it was gathered, on the GPUs (H = 2/n·Σ
+// xᵀx is made there; only its diagonal comes back), factored once for all the group's linears
+// (factor). With several GPUs the partial sums are added up first (sumShards) and each GPU
+// solves a share of each linear's rows: GPTQ treats rows independently given H.
 func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(), error) {
 	grams, err := r.gpu.take(hessianKey(block, g))
 	if err != nil {
@@ -238,11 +256,16 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 		return nil, nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
 	}
 	var host []float64 // H on the host, fetched for the first linear the CPU solves
-	var hostOnce sync.Once
-	var hostErr error
+	var hostOnce, factorOnce sync.Once
+	var hostErr, factorErr error
+	var factors []*gptq.Factor // H factored on each GPU, for the first linear the GPUs solve
 	solve := func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (*quant.Tensor, gptq.Stats, error) {
 		if len(set) > 0 && set[0].Supports(s, r.opt) {
-			t, st, err := r.solveRows(l, s, grams, set)
+			factorOnce.Do(func() { factors, factorErr = r.factor(grams) })
+			if factorErr != nil {
+				return nil, gptq.Stats{}, fmt.Errorf("block %d, Hessian of %s: %w", block, g, factorErr)
+			}
+			t, st, err := r.solveRows(l, s, factors, set)
 			if err != nil {
 				err = fmt.Errorf("block %d, input of %s: %w", block, g, err)
 			}
@@ -255,6 +278,16 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 		return gptq.Quantize(l.W, l.Out, l.In, host, s, r.optFor(global))
 	}
 	return solve, release, nil
+}
+
+// factor factors the group's summed Hessian once on every GPU, for all its linears, with the
+// first solver of each (gptq.FactorGramOnAll: the triangular inverse split among the GPUs).
+func (r *blockRunner) factor(grams []*deviceGram) ([]*gptq.Factor, error) {
+	sums := make([]cuda.DevicePtr, len(grams))
+	for i, gr := range grams {
+		sums[i] = gr.sum
+	}
+	return gptq.FactorGramOnAll(r.all[0][:len(grams)], sums, grams[0].k, 2/float64(grams[0].n), r.opt)
 }
 
 // take removes the group's Gram matrices (one per shard, all gathered) from the shards once
@@ -365,15 +398,15 @@ func (c *gpuCapture) keepDeviceWeights() error {
 	return nil
 }
 
-// solveRows runs GPTQ on linear l with the group's summed Gram matrices, on one GPU, or on
-// several, each taking a share of l's rows with set's solver for its GPU and the engine's copy
-// of its rows, straight into one tensor (gptq.GPUSolver.QuantizeGramRows). The engine's copy
-// equals l.W (AWQ folds its scales into both first), so it is copied on the device instead of
+// solveRows runs GPTQ on linear l with the group's factored Hessian, on one GPU, or on several,
+// each taking a share of l's rows with set's solver for its GPU, that GPU's factor and the
+// engine's copy of its rows, straight into one tensor (gptq.GPUSolver.QuantizeFactored). The
+// engine's copy equals l.W (AWQ folds its scales into both first), so it is copied on the device instead of
 // sent over the bus again. With r.onGPU each share's dequantized rows then replace the engine's
 // copy there and are copied to the other engines (replaceRows).
-func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, grams []*deviceGram, set solverSet) (*quant.Tensor, gptq.Stats, error) {
+func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, factors []*gptq.Factor, set solverSet) (*quant.Tensor, gptq.Stats, error) {
 	n, k := l.Out, l.In
-	parts := min(len(grams), n)
+	parts := min(len(factors), n)
 	at := model.EvenShares(n, parts)
 	t := gptq.NewRowsTensor(s, n, k)
 	rows := make([]*quant.Tensor, parts)
@@ -387,8 +420,7 @@ func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, grams []*device
 			if ok {
 				src = src.Add(4 * lo * k)
 			}
-			gr := grams[i]
-			rows[i], sts[i], errs[i] = set[i].QuantizeGramRows(t, lo, l.W[lo*k:hi*k], src, hi-lo, k, gr.sum, 2/float64(gr.n), s, r.opt)
+			rows[i], sts[i], errs[i] = set[i].QuantizeFactored(t, lo, l.W[lo*k:hi*k], src, hi-lo, factors[i], s, r.opt)
 			if errs[i] == nil && r.onGPU {
 				errs[i] = set[i].DequantizeTo(src)
 			}
