@@ -117,6 +117,8 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	opt.Log = &lockedWriter{w: opt.Log} // the units and the calibrating runner log from several goroutines
+	opening := openModel(ck.Dir, opt.Method)
+	defer opening.discard()
 	g, runner, err := setupMethod(opt, items, f)
 	if err != nil {
 		return nil, err
@@ -141,7 +143,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	report.SetupSeconds = time.Since(start).Seconds()
-	defer runner.start(ck.Dir, calib, opt.GPTQ.TrueSequential)()
+	defer runner.start(opening, calib, opt.GPTQ.TrueSequential)()
 	metadata := func(inputs []InputFile) (map[string]string, error) {
 		return outputMetadata(items, plan, calib, inputs, f, opt)
 	}

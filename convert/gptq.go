@@ -127,8 +127,8 @@ func (r *blockRunner) fail(err error) {
 }
 
 // run calibrates the model over the sequences, quantizing as it goes.
-func (r *blockRunner) run(src string, calib *Calibration, trueSequential bool) {
-	m, err := model.Open(src)
+func (r *blockRunner) run(opening *modelOpening, calib *Calibration, trueSequential bool) {
+	m, err := opening.take()
 	if err == nil {
 		defer m.Close()
 		r.tokens = calib.Samples * calib.SeqLen
@@ -147,6 +147,45 @@ func (r *blockRunner) run(src string, calib *Calibration, trueSequential bool) {
 	}
 }
 
+// modelOpening is the model a calibration runs, opened in the background while the conversion
+// sets up (its GPUs' contexts and solvers take a second or two).
+type modelOpening struct {
+	done chan struct{}
+	m    *model.Model
+	err  error
+}
+
+// openModel starts opening the model in dir, when the method calibrates (nil otherwise).
+func openModel(dir string, method Method) *modelOpening {
+	if !method.Calibrates() {
+		return nil
+	}
+	o := &modelOpening{done: make(chan struct{})}
+	go func() {
+		defer close(o.done)
+		o.m, o.err = model.Open(dir)
+	}()
+	return o
+}
+
+// take waits for the model and hands it to the caller, who closes it.
+func (o *modelOpening) take() (*model.Model, error) {
+	<-o.done
+	m := o.m
+	o.m = nil
+	return m, o.err
+}
+
+// discard closes the model if no calibration took it (the conversion failed first).
+func (o *modelOpening) discard() {
+	if o == nil {
+		return
+	}
+	if m, _ := o.take(); m != nil {
+		m.Close()
+	}
+}
+
 // phases are the calibration's lines of the time breakdown: when its first pass began, counted
 // from start (the conversion's), and AWQ's parts.
 func (r *blockRunner) phases(start time.Time) []Phase {
@@ -162,14 +201,14 @@ func (r *blockRunner) phases(start time.Time) []Phase {
 
 // start runs the calibration in the background; the returned function stops it at its next
 // step (when the writer has finished or failed) and waits for it. A nil runner does nothing.
-func (r *blockRunner) start(src string, calib *Calibration, trueSequential bool) (stop func()) {
+func (r *blockRunner) start(opening *modelOpening, calib *Calibration, trueSequential bool) (stop func()) {
 	if r == nil {
 		return func() {}
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		r.run(src, calib, trueSequential)
+		r.run(opening, calib, trueSequential)
 	}()
 	return func() {
 		r.stopped.Store(true)

@@ -22,10 +22,9 @@ import (
 // Gram matrix Σ xᵀx accumulates there in float32, one partial sum per GPU, summed where the
 // solvers read it (gpuSolveFunc).
 type gpuCapture struct {
-	shards []*gpuShard       // one per GPU calibrating
-	peer   cuda.DeviceBuffer // on the first GPU: another GPU's partial Gram matrix (sumShards)
-	sums   time.Duration     // spent in sumShards
-	mu     sync.Mutex        // the shards' Gram maps and expert counts while the engines observe
+	shards []*gpuShard   // one per GPU calibrating
+	sums   time.Duration // spent in sumShards
+	mu     sync.Mutex    // the shards' Gram maps and expert counts while the engines observe
 	solve  time.Duration
 }
 
@@ -34,6 +33,8 @@ type gpuShard struct {
 	e     *model.GPU
 	grams map[string]*deviceGram
 	spare map[int][]cuda.DevicePtr // k×k Gram buffers whose groups were solved, by k, for the next ones
+	band  cuda.DeviceBuffer        // sumShards: the shard's band of the summed Gram matrix
+	peer  cuda.DeviceBuffer        // sumShards: another GPU's part of that band
 }
 
 // newGram returns a k×k float32 buffer for a Gram matrix: a spare one, or a new one. Reusing
@@ -164,10 +165,9 @@ func (c *gpuCapture) peak() uint64 {
 }
 
 func (c *gpuCapture) free() {
-	if len(c.shards) > 0 {
-		c.shards[0].e.Device().Release(&c.peer)
-	}
 	for _, s := range c.shards {
+		s.e.Device().Release(&s.band)
+		s.e.Device().Release(&s.peer)
 		for _, g := range s.grams {
 			s.e.Device().Free(g.sum)
 		}
@@ -315,45 +315,75 @@ func (c *gpuCapture) take(key string) ([]*deviceGram, error) {
 	return grams, nil
 }
 
-// sumShards makes each shard's Gram matrix the sum over all shards: the partial sums are added
-// on the first GPU in shard order (copied there from the others' memory directly, over NVLink
-// or PCIe where the GPUs allow it), and the total is copied back to every other GPU.
+// sumShards makes each shard's Gram matrix the sum over all shards, on all GPUs at once: GPU c
+// adds up band c of the partial sums' rows in shard order (the others' bands copied from their
+// memory directly, over NVLink or PCIe where the GPUs allow it), then every GPU copies every
+// band's total from the GPU that made it. Each GPU moves 2·(n−1)/n of a matrix, where the first
+// GPU alone moved 2·(n−1) of them, and every sum is added in the order one GPU would add them.
 func (c *gpuCapture) sumShards(grams []*deviceGram) error {
 	if len(grams) == 1 {
 		return nil
 	}
 	defer func(start time.Time) { c.sums += time.Since(start) }(time.Now())
-	first := c.shards[0].e
-	dev, k := first.Device(), grams[0].k
-	bytes := 4 * k * k
-	if err := dev.Grow(&c.peer, bytes); err != nil {
+	k, total := grams[0].k, 0
+	for _, gr := range grams {
+		total += gr.n
+	}
+	bands := model.EvenShares(k, len(grams))
+	band := func(gr *deviceGram, i int) (cuda.DevicePtr, int) {
+		return gr.sum.Add(4 * bands[i] * k), (bands[i+1] - bands[i]) * k
+	}
+	err := c.eachShard(func(i int, sh *gpuShard) error {
+		dev := sh.e.Device()
+		_, count := band(grams[i], i)
+		if err := errors.Join(dev.Grow(&sh.band, 4*count), dev.Grow(&sh.peer, 4*count)); err != nil {
+			return err
+		}
+		for j, gr := range grams {
+			src, _ := band(gr, i)
+			if j == 0 {
+				if err := dev.CopyFromPeerAsync(sh.band.Ptr, c.shards[j].e.Device(), src, 4*count, sh.e.Stream()); err != nil {
+					return err
+				}
+				continue
+			}
+			if j != i { // the own band is added where it is
+				if err := dev.CopyFromPeerAsync(sh.peer.Ptr, c.shards[j].e.Device(), src, 4*count, sh.e.Stream()); err != nil {
+					return err
+				}
+				src = sh.peer.Ptr
+			}
+			if err := sh.e.AddFloats(sh.band.Ptr, src, count); err != nil {
+				return err
+			}
+		}
+		return sh.e.Synchronize()
+	})
+	if err != nil {
 		return err
 	}
-	for i := 1; i < len(grams); i++ {
-		if err := dev.CopyFromPeerAsync(c.peer.Ptr, c.shards[i].e.Device(), grams[i].sum, bytes, first.Stream()); err != nil {
-			return err
+	// Every band is summed (and no GPU reads the partial sums any more): gather the totals.
+	return c.eachShard(func(i int, sh *gpuShard) error {
+		for j, from := range c.shards {
+			dst, count := band(grams[i], j)
+			if err := sh.e.Device().CopyFromPeerAsync(dst, from.e.Device(), from.band.Ptr, 4*count, sh.e.Stream()); err != nil {
+				return err
+			}
 		}
-		if err := first.AddFloats(grams[0].sum, c.peer.Ptr, k*k); err != nil {
-			return err
-		}
-		grams[0].n += grams[i].n
+		grams[i].n = total
+		return sh.e.Synchronize()
+	})
+}
+
+// eachShard runs f for every shard at once and returns the errors joined.
+func (c *gpuCapture) eachShard(f func(i int, sh *gpuShard) error) error {
+	var all sync.WaitGroup
+	errs := make([]error, len(c.shards))
+	for i, sh := range c.shards {
+		all.Go(func() { errs[i] = f(i, sh) })
 	}
-	if err := first.Synchronize(); err != nil {
-		return err
-	}
-	for i := 1; i < len(grams); i++ {
-		sh := c.shards[i]
-		if err := sh.e.Device().CopyFromPeerAsync(grams[i].sum, dev, grams[0].sum, bytes, sh.e.Stream()); err != nil {
-			return err
-		}
-		grams[i].n = grams[0].n
-	}
-	for _, sh := range c.shards[1:] {
-		if err := sh.e.Synchronize(); err != nil {
-			return err
-		}
-	}
-	return nil
+	all.Wait()
+	return errors.Join(errs...)
 }
 
 // gptqReplaceOnGPU lets GPTQ put its solved weights straight into the GPU engines' copies
