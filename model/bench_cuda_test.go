@@ -113,6 +113,40 @@ func benchmarkForward7B(b *testing.B, name string, opt GPUOptions) {
 		S, T, name, rate/1e12, rows, in, h, gemm/1e12, rate/gemm, float64(total-free)/1e9)
 }
 
+// BenchmarkGPULinear7B times each of a 7B block's linear shapes as the forward pass runs it
+// (linear: the activations' scan and conversion to scaled FP16, then cuBLAS), 8192 rows, against
+// cuBLAS alone on operands converted beforehand, same shape, same run.
+func BenchmarkGPULinear7B(b *testing.B) {
+	cfg, m := llama7BBlock(b)
+	e := openGPU(b, cfg, GPUOptions{TF32: true, F16: true}, 0)
+	e.poison = false
+	blk, err := m.Block(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g, err := e.uploadBlock(blk)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.freeBlock(g)
+	const rows = 8192
+	for _, l := range []*gpuLinear{g.q, g.gate, g.down} {
+		b.Run(fmt.Sprintf("%dx%d", l.out, l.in), func(b *testing.B) {
+			x, err := e.floats("bench.linear.x", rows*l.in)
+			if err == nil {
+				err = e.dev.Fill32(x, 0x3c23d70a, rows*l.in)
+			}
+			y, err2 := e.floats("bench.linear.y", rows*l.out)
+			if err != nil || err2 != nil {
+				b.Fatal(err, err2)
+			}
+			gemm := gemmRate(b, e, rows, l.out, l.in)
+			rate := timedRate(b, e, 2*float64(rows)*float64(l.out)*float64(l.in), func() error { return e.linear(y, x, l, rows) }, gemm)
+			b.Logf("%s %d×%d×%d: %.1f TFLOP/s with the conversion, cuBLAS alone %.1f TFLOP/s: %.2f", l.name, rows, l.out, l.in, rate/1e12, gemm/1e12, rate/gemm)
+		})
+	}
+}
+
 // BenchmarkGPUGram7B times AddGram (the upper tiles, then FinishGram's mirror once per 8 chunks)
 // on 8192-row chunks of a 7B's two Gram widths, TF32 and scaled FP16 (the conversion included),
 // counting the whole product's 2·rows·cols² FLOPs, against cuBLAS's whole xᵀx in the same math,
