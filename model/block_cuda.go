@@ -293,9 +293,8 @@ func (e *GPU) forwardChunk(g *gpuBlock, x cuda.DevicePtr, S, T int, hook GPUHook
 }
 
 // attention is Block.Attention on S sequences: projections, rotary into a head-major layout,
-// then per band of query positions (queryBand) and query head one batched GEMM for the scores
-// of every sequence and key/value head, the causal softmax, and one batched GEMM for their
-// outputs.
+// then the products and softmax in one fused kernel (flashAttention, with FP16 GEMMs and a head
+// size of 64 or 128) or through the scores (bandedAttention).
 func (e *GPU) attention(out, h cuda.DevicePtr, g *gpuBlock, S, T int, hook GPUHook) error {
 	c, rows := e.cfg, S*T
 	D := c.HeadDim
@@ -343,19 +342,13 @@ func (e *GPU) attention(out, h cuda.DevicePtr, g *gpuBlock, S, T int, hook GPUHo
 			return err
 		}
 	}
-	scores, err := e.floats("scores", S*c.Heads*T*T)
-	if err != nil {
-		return err
-	}
-	band := e.queryBand(T)
-	if err := e.attentionProducts(scores, qh, kh, S, T, band, false); err != nil {
-		return err
-	}
-	if err := e.rowwise(e.fn.causalSoftmax, S*c.Heads*T, scores, int32(T), int32(c.SlidingWindow[g.b.Index]), int32(band)); err != nil {
-		return err
-	}
 	// The head outputs reuse qh.
-	if err := e.attentionProducts(scores, qh, vh, S, T, band, true); err != nil {
+	if e.fused {
+		err = e.flashAttention(qh, kh, vh, S, T, c.SlidingWindow[g.b.Index])
+	} else {
+		err = e.bandedAttention(qh, kh, vh, S, T, c.SlidingWindow[g.b.Index])
+	}
+	if err != nil {
 		return err
 	}
 	a := q // q is free again: the merged attention output [rows, Heads·D]
@@ -367,6 +360,54 @@ func (e *GPU) attention(out, h cuda.DevicePtr, g *gpuBlock, S, T int, hook GPUHo
 		return err
 	}
 	return e.linear(out, a, g.o, rows)
+}
+
+// bandedAttention is attention's products and softmax through the T×T scores: per band of
+// query positions (queryBand) and query head, one batched GEMM for the scores of every sequence
+// and key/value head, the causal softmax, and one batched GEMM for their outputs, into qh.
+func (e *GPU) bandedAttention(qh, kh, vh cuda.DevicePtr, S, T, window int) error {
+	scores, err := e.floats("scores", S*e.cfg.Heads*T*T)
+	if err != nil {
+		return err
+	}
+	band := e.queryBand(T)
+	if err := e.attentionProducts(scores, qh, kh, S, T, band, false); err != nil {
+		return err
+	}
+	if err := e.rowwise(e.fn.causalSoftmax, S*e.cfg.Heads*T, scores, int32(T), int32(window), int32(band)); err != nil {
+		return err
+	}
+	return e.attentionProducts(scores, qh, vh, S, T, band, true)
+}
+
+// flashAttention is bandedAttention in one kernel (kernels/model.cu flash_attention_d64/128):
+// queries, keys and values scaled to FP16 (ToF16Scaled), their products on the tensor cores,
+// the softmax folded in tile by tile, no scores in memory; the outputs go into qh.
+func (e *GPU) flashAttention(qh, kh, vh cuda.DevicePtr, S, T, window int) error {
+	c := e.cfg
+	nq, nkv := S*c.Heads*T*c.HeadDim, S*c.KVHeads*T*c.HeadDim
+	var half [3]cuda.DevicePtr
+	for i, n := range []int{nq, nkv, nkv} {
+		var err error
+		if half[i], err = e.work([]string{"flash.q", "flash.k", "flash.v"}[i], 2*n); err != nil {
+			return err
+		}
+	}
+	// alpha_qk = 2^−(q's shift + k's), alpha_v = 2^−(v's shift + 0)
+	err := e.toF16Scaled(half[0], qh, nq, 0, e.scalar(f16QueryShift), 0)
+	if err == nil {
+		err = e.toF16Scaled(half[1], kh, nkv, e.scalar(f16QueryShift), 0, e.scalar(f16AlphaQK))
+	}
+	if err == nil {
+		err = e.toF16Scaled(half[2], vh, nkv, e.scalar(f16Zero), 0, e.scalar(f16AlphaV))
+	}
+	if err != nil {
+		return err
+	}
+	const queryTile = 64 // FA_Q
+	return e.fn.flash.Launch(cuda.Dim3{X: (T + queryTile - 1) / queryTile, Y: S * c.Heads, Z: 1}, cuda.Dim3{X: 128, Y: 1, Z: 1}, 0, e.stream,
+		half[0], half[1], half[2], e.scalar(f16AlphaQK), e.scalar(f16AlphaV), float32(1/math.Sqrt(float64(c.HeadDim))),
+		int32(T), int32(c.Heads), int32(c.KVHeads), int32(window), qh)
 }
 
 // queryBand is how many query positions share one pass of attention's products. Queries [j·B,

@@ -53,8 +53,9 @@ const (
 	halfF16                    // FP16 scaled by a power of two (to_f16_scaled)
 )
 
-// GPU runs the forward pass of models of one architecture on one GPU: cuBLAS float32 GEMMs for
-// the linears and the attention products, kernels/model.cu for the rest. It works block by
+// GPU runs the forward pass of models of one architecture on one GPU: cuBLAS GEMMs for the
+// linears (and the attention products, unless flashAttention fuses them), kernels/model.cu for
+// the rest. It works block by
 // block over a batch of sequences whose hidden states stay on the GPU (a DeviceBatch), holding
 // one block's weights at a time, which is what calibration needs and what lets a model larger
 // than GPU memory be evaluated. Each operation mirrors the CPU forward pass (Block.Forward) and
@@ -69,6 +70,7 @@ type GPU struct {
 	fn     struct {
 		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare cuda.Function
 		channelStatsPartial, channelStatsFinish, toBF16, mirrorUpper, scaleColumns, divideRows              cuda.Function
+		flash                                                                                              cuda.Function // flash_attention_d<HeadDim>, when fused
 	}
 	scratch map[string]gpuBuffer // named work buffers, grown on demand
 	ropeT   int                  // positions covered by the uploaded rotary tables
@@ -77,6 +79,7 @@ type GPU struct {
 	peakUsed  uint64         // the most device memory seen in use (all processes), sampled per block
 	chunkRows int            // tokens per pass of a block (see chunkSequences)
 	band      int            // tests: query positions per band of attention (queryBand), 0 for the default
+	fused     bool           // attention in one kernel (flashAttention): with F16, for head_dim 64 or 128
 	current   *gpuBlock      // the block calibrateBlock is working on
 	poison    bool           // tests: fill work buffers with NaN whenever they are handed out
 	noStaging bool           // tests: calibrate dense blocks by recomputing passes (stagedState)
@@ -155,6 +158,12 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte, cubins ..
 		if e.scalars, err = dev.Alloc(4 * numF16Scalars); err != nil {
 			return nil, err
 		}
+		if name := fmt.Sprintf("flash_attention_d%d", cfg.HeadDim); cfg.HeadDim == 64 || cfg.HeadDim == 128 {
+			if e.fn.flash, err = e.module.Function(name); err != nil {
+				return nil, err
+			}
+			e.fused = true
+		}
 		one := math.Float32bits(1)
 		if err = dev.CopyToDevice(e.scalars, cuda.Bytes([]uint32{0, 0, 0, 0, one})); err != nil {
 			return nil, err
@@ -170,6 +179,9 @@ const (
 	f16Alpha        // the alpha of the GEMM that reads them
 	f16Zero         // 0 and 1: the GEMMs' betas
 	f16One
+	f16QueryShift // flashAttention: the power of two of the queries, the alphas of its products
+	f16AlphaQK
+	f16AlphaV
 	numF16Scalars
 )
 

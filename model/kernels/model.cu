@@ -291,3 +291,168 @@ extern "C" __global__ void divide_rows(float* w, const float* s, long long n, in
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) w[i] = __fdiv_rn(w[i], s[i / cols]);
 }
+
+// ---- Fused causal attention (flash_attention_d64, flash_attention_d128) ----
+//
+// attention's products and softmax in one pass over the keys, without the T×T scores: for one
+// sequence, query head and tile of FA_Q query positions (four warps of 16), the keys and values
+// are read in tiles of FA_K, the scores of a tile are q·k (FP16 tensor-core products, float32
+// sums) times alpha_qk·scale, and a running maximum and sum (float32) fold each tile's
+// probabilities into the output, as Block.Attention's softmax and weighted sum give them in one
+// piece. q, k and v are FP16 scaled by powers of two (cuda.Device.ToF16Scaled): alpha_qk undoes
+// q's and k's, alpha_v v's. The probabilities enter the second product as FP16 (each ≤ 1 after
+// the running maximum: FP16's 11-bit significand, TF32's). Keys after the query, and keys window
+// or more tokens before it when window > 0, are left out. Layouts: q and out [S, H, T, D], k and
+// v [S, KV, T, D] (query head h reads key/value head h / (H / KV)); out is float32.
+// Grid: (ceil(T / FA_Q), S·H); 128 threads.
+#define FA_Q 64
+#define FA_K 64
+
+// mma_16816 is C += A·B for a 16×16 FP16 A (row-major fragments a), a 16×8 FP16 B (b) and a
+// 16×8 float32 C (c), one warp.
+__device__ __forceinline__ void mma_16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// pack_f16 is {lo, hi} rounded to FP16 (nearest even) in one word, lo in the low half.
+__device__ __forceinline__ unsigned pack_f16(float lo, float hi) {
+    unsigned d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+template <int D>
+__device__ void flash_attention(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                                const float* alpha_qk, const float* alpha_v, float scale, int T, int H, int KV,
+                                int window, float* out) {
+    constexpr int KS = D + 8;     // key tile row stride in halves: conflict-free fragment reads
+    constexpr int VS = FA_K + 8;  // transposed value tile row stride
+    __shared__ __align__(16) unsigned short ks[FA_K * KS];
+    __shared__ __align__(16) unsigned short vt[D * VS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tig = lane & 3;
+    const int sh = blockIdx.y, s = sh / H, h = sh % H, kvh = h / (H / KV);
+    const int q0 = blockIdx.x * FA_Q, r0 = q0 + warp * 16 + g; // this thread's rows: r0 and r0 + 8
+    const unsigned short* qs = q + (long long)sh * T * D;
+    const unsigned short* kb = k + ((long long)s * KV + kvh) * T * D;
+    const unsigned short* vb = v + ((long long)s * KV + kvh) * T * D;
+    const float sc = scale * *alpha_qk * 1.4426950408889634f; // scores in log2 units: exp2 below
+
+    unsigned qa[D / 16][4]; // the warp's 16 query rows as A fragments
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int row = r0 + (i & 1) * 8, col = kk * 16 + (i >> 1) * 8 + tig * 2;
+            qa[kk][i] = row < T ? *(const unsigned*)(qs + (long long)row * D + col) : 0u;
+        }
+    }
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    const int last = min(T, q0 + FA_Q) - 1; // the tile's last query
+    int first_key = 0;
+    if (window > 0) first_key = max(0, q0 - window + 1) / FA_K * FA_K;
+    for (int k0 = first_key; k0 <= last; k0 += FA_K) {
+        __syncthreads(); // the previous tile's reads are done
+        for (int idx = threadIdx.x; idx < FA_K * D / 8; idx += blockDim.x) { // 8 halves at a time
+            int key = idx / (D / 8), d = idx % (D / 8) * 8;
+            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+            if (k0 + key < T) {
+                kv4 = *(const uint4*)(kb + (long long)(k0 + key) * D + d);
+                vv4 = *(const uint4*)(vb + (long long)(k0 + key) * D + d);
+            }
+            *(uint4*)(ks + key * KS + d) = kv4;
+            const unsigned short* vh = (const unsigned short*)&vv4;
+#pragma unroll
+            for (int i = 0; i < 8; i++) vt[(d + i) * VS + key] = vh[i];
+        }
+        __syncthreads();
+        float sacc[FA_K / 8][4];
+#pragma unroll
+        for (int n = 0; n < FA_K / 8; n++) {
+            sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const unsigned short* kr = ks + (n * 8 + g) * KS + kk * 16 + tig * 2;
+                mma_16816(sacc[n], qa[kk], *(const unsigned*)kr, *(const unsigned*)(kr + 8));
+            }
+        }
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int n = 0; n < FA_K / 8; n++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int row = r0 + (i >> 1) * 8, key = k0 + n * 8 + tig * 2 + (i & 1);
+                bool keep = key <= row && key < T && (window <= 0 || key > row - window);
+                sacc[n][i] = keep ? sacc[n][i] * sc : NEG_INF;
+                tile_max[i >> 1] = fmaxf(tile_max[i >> 1], sacc[n][i]);
+            }
+        }
+        float rescale[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+            float mnew = fmaxf(m[r], tile_max[r]);
+            float base = mnew == NEG_INF ? 0.f : mnew; // a row with no key yet: nothing to rescale
+            rescale[r] = exp2f(m[r] - base);
+            m[r] = mnew;
+            tile_max[r] = base;
+            l[r] *= rescale[r];
+        }
+        unsigned pa[FA_K / 16][4];
+#pragma unroll
+        for (int n = 0; n < FA_K / 8; n++) {
+            float p0 = exp2f(sacc[n][0] - tile_max[0]), p1 = exp2f(sacc[n][1] - tile_max[0]);
+            float p2 = exp2f(sacc[n][2] - tile_max[1]), p3 = exp2f(sacc[n][3] - tile_max[1]);
+            l[0] += p0 + p1;
+            l[1] += p2 + p3;
+            pa[n / 2][(n & 1) * 2] = pack_f16(p0, p1);
+            pa[n / 2][(n & 1) * 2 + 1] = pack_f16(p2, p3);
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            o[n][0] *= rescale[0];
+            o[n][1] *= rescale[0];
+            o[n][2] *= rescale[1];
+            o[n][3] *= rescale[1];
+#pragma unroll
+            for (int kk = 0; kk < FA_K / 16; kk++) {
+                const unsigned short* vr = vt + (n * 8 + g) * VS + kk * 16 + tig * 2;
+                mma_16816(o[n], pa[kk], *(const unsigned*)vr, *(const unsigned*)(vr + 8));
+            }
+        }
+    }
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        inv[r] = *alpha_v / l[r];
+    }
+    float* os = out + (long long)sh * T * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = r0 + r * 8;
+            if (row < T) {
+                *(float2*)(os + (long long)row * D + n * 8 + tig * 2) = make_float2(o[n][2 * r] * inv[r], o[n][2 * r + 1] * inv[r]);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) flash_attention_d64(const unsigned short* q, const unsigned short* k,
+        const unsigned short* v, const float* alpha_qk, const float* alpha_v, float scale, int T, int H, int KV, int window, float* out) {
+    flash_attention<64>(q, k, v, alpha_qk, alpha_v, scale, T, H, KV, window, out);
+}
+
+extern "C" __global__ void __launch_bounds__(128) flash_attention_d128(const unsigned short* q, const unsigned short* k,
+        const unsigned short* v, const float* alpha_qk, const float* alpha_v, float scale, int T, int H, int KV, int window, float* out) {
+    flash_attention<128>(q, k, v, alpha_qk, alpha_v, scale, T, H, KV, window, out);
+}
