@@ -147,6 +147,46 @@ func BenchmarkGPULinear7B(b *testing.B) {
 	}
 }
 
+// BenchmarkGPUAttention7B times a 7B block's attention products and softmax on 4 × 2048 tokens
+// (32 heads of 128), fused (flashAttention, its FP16 conversions included) and through the
+// scores (bandedAttention, TF32), counting the causal half's FLOPs, 4·S·H·T²·D/2.
+func BenchmarkGPUAttention7B(b *testing.B) {
+	cfg, _ := llama7BBlock(b)
+	e := openGPU(b, cfg, GPUOptions{TF32: true, F16: true}, 0)
+	e.poison = false
+	const S, T = 4, 2048
+	n := S * cfg.Heads * T * cfg.HeadDim
+	var bufs [3]cuda.DevicePtr
+	for i := range bufs {
+		var err error
+		if bufs[i], err = e.floats("bench.attention."+strconv.Itoa(i), n); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.dev.Fill32(bufs[i], 0x3c23d70a+uint32(i), n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	flops := 4 * float64(S*cfg.Heads) * T * T * float64(cfg.HeadDim) / 2
+	for _, c := range []struct {
+		name string
+		run  func() error
+	}{
+		{"fused", func() error { return e.flashAttention(bufs[0], bufs[1], bufs[2], S, T, 0) }},
+		{"banded", func() error { return e.bandedAttention(bufs[0], bufs[1], bufs[2], S, T, 0) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			tm, err := e.dev.TimeOnStream(e.stream, 2, 10, 0, c.run)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(tm.Median.Seconds()*1e3, "ms")
+			b.ReportMetric(flops/tm.Median.Seconds()/1e12, "TFLOP/s")
+			b.Logf("attention %s, %d×%d tokens, %d heads of %d: %.2f ms, %.1f TFLOP/s", c.name, S, T, cfg.Heads, cfg.HeadDim,
+				tm.Median.Seconds()*1e3, flops/tm.Median.Seconds()/1e12)
+		})
+	}
+}
+
 // BenchmarkGPUGram7B times AddGram (the upper tiles, then FinishGram's mirror once per 8 chunks)
 // on 8192-row chunks of a 7B's two Gram widths, TF32 and scaled FP16 (the conversion included),
 // counting the whole product's 2·rows·cols² FLOPs, against cuBLAS's whole xᵀx in the same math,

@@ -303,7 +303,10 @@ extern "C" __global__ void divide_rows(float* w, const float* s, long long n, in
 // q's and k's, alpha_v v's. The probabilities enter the second product as FP16 (each ≤ 1 after
 // the running maximum: FP16's 11-bit significand, TF32's). Keys after the query, and keys window
 // or more tokens before it when window > 0, are left out. Layouts: q and out [S, H, T, D], k and
-// v [S, KV, T, D] (query head h reads key/value head h / (H / KV)); out is float32.
+// v [S, KV, T, D] (query head h reads key/value head h / (H / KV)); out is float32. The key and
+// value tiles sit row-major in shared memory (rows padded by 8 halves: no bank conflicts), the
+// values' fragments transposed on load (ldmatrix .trans): 1.7 ms for a 7B's 4 × 2048 tokens on
+// an H100, where the scores' path takes 2.8 ms and transposing the values into shared memory took 2.6.
 // Grid: (ceil(T / FA_Q), S·H); 128 threads.
 #define FA_Q 64
 #define FA_K 64
@@ -327,10 +330,9 @@ template <int D>
 __device__ void flash_attention(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                                 const float* alpha_qk, const float* alpha_v, float scale, int T, int H, int KV,
                                 int window, float* out) {
-    constexpr int KS = D + 8;     // key tile row stride in halves: conflict-free fragment reads
-    constexpr int VS = FA_K + 8;  // transposed value tile row stride
+    constexpr int KS = D + 8;     // key and value tile row stride in halves: conflict-free fragment reads
     __shared__ __align__(16) unsigned short ks[FA_K * KS];
-    __shared__ __align__(16) unsigned short vt[D * VS];
+    __shared__ __align__(16) unsigned short vs[FA_K * KS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tig = lane & 3;
     const int sh = blockIdx.y, s = sh / H, h = sh % H, kvh = h / (H / KV);
     const int q0 = blockIdx.x * FA_Q, r0 = q0 + warp * 16 + g; // this thread's rows: r0 and r0 + 8
@@ -366,9 +368,7 @@ __device__ void flash_attention(const unsigned short* q, const unsigned short* k
                 vv4 = *(const uint4*)(vb + (long long)(k0 + key) * D + d);
             }
             *(uint4*)(ks + key * KS + d) = kv4;
-            const unsigned short* vh = (const unsigned short*)&vv4;
-#pragma unroll
-            for (int i = 0; i < 8; i++) vt[(d + i) * VS + key] = vh[i];
+            *(uint4*)(vs + key * KS + d) = vv4;
         }
         __syncthreads();
         float sacc[FA_K / 8][4];
@@ -422,8 +422,11 @@ __device__ void flash_attention(const unsigned short* q, const unsigned short* k
             o[n][3] *= rescale[1];
 #pragma unroll
             for (int kk = 0; kk < FA_K / 16; kk++) {
-                const unsigned short* vr = vt + (n * 8 + g) * VS + kk * 16 + tig * 2;
-                mma_16816(o[n], pa[kk], *(const unsigned*)vr, *(const unsigned*)(vr + 8));
+                // B = V[keys kk·16 .. +16][d n·8 .. +8]: lanes 0-15 give the rows, transposed on load
+                unsigned b0, b1;
+                unsigned addr = (unsigned)__cvta_generic_to_shared(vs + (kk * 16 + (lane & 15)) * KS + n * 8);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
+                mma_16816(o[n], pa[kk], b0, b1);
             }
         }
     }
