@@ -46,8 +46,9 @@ func (t DType) Size() int {
 const convertBlock = 256
 
 type convertKernels struct {
-	scalar, vec8         map[DType]Function
-	amaxAbs, toF16Scaled Function
+	scalar, vec8                 map[DType]Function
+	amaxAbs, toF16Scaled         Function
+	amaxAbsVec4, toF16ScaledVec8 Function // 16-byte aligned operands
 }
 
 func (d *Device) convertKernels() (*convertKernels, error) {
@@ -67,12 +68,14 @@ func (d *Device) convertKernels() (*convertKernels, error) {
 				return
 			}
 		}
-		if k.amaxAbs, err = m.Function("amax_abs"); err == nil {
-			k.toF16Scaled, err = m.Function("to_f16_scaled")
-		}
-		if err != nil {
-			d.convertErr = err
-			return
+		for _, f := range []struct {
+			dst  *Function
+			name string
+		}{{&k.amaxAbs, "amax_abs"}, {&k.toF16Scaled, "to_f16_scaled"}, {&k.amaxAbsVec4, "amax_abs_vec4"}, {&k.toF16ScaledVec8, "to_f16_scaled_vec8"}} {
+			if *f.dst, err = m.Function(f.name); err != nil {
+				d.convertErr = err
+				return
+			}
 		}
 		d.convert = k
 	})
@@ -124,9 +127,16 @@ func (d *Device) ToF16Scaled(dst, src DevicePtr, n int, amax, other, shift, alph
 		return err
 	}
 	const threads, maxBlocks = 256, 1024
-	blocks := max(1, min(maxBlocks, (n+threads-1)/threads))
-	if err := k.amaxAbs.Launch(Dim3{blocks, 1, 1}, Dim3{threads, 1, 1}, 0, s, src, int64(n), amax); err != nil {
+	scan, scale := k.amaxAbs, k.toF16Scaled
+	scanBlocks := max(1, min(maxBlocks, (n+threads-1)/threads))
+	scaleBlocks := (n + threads - 1) / threads // one element per thread
+	if src%16 == 0 && dst%16 == 0 {            // whole vectors
+		scan, scale = k.amaxAbsVec4, k.toF16ScaledVec8
+		scanBlocks = max(1, min(maxBlocks, (n/4+threads-1)/threads))
+		scaleBlocks = max(1, min((max(n/8, n%8)+threads-1)/threads, 32*max(d.info.Multiprocessors, 1))) // grid-stride
+	}
+	if err := scan.Launch(Dim3{scanBlocks, 1, 1}, Dim3{threads, 1, 1}, 0, s, src, int64(n), amax); err != nil {
 		return err
 	}
-	return k.toF16Scaled.Launch(Dim3{(n + threads - 1) / threads, 1, 1}, Dim3{threads, 1, 1}, 0, s, src, dst, int64(n), amax, other, shift, alpha)
+	return scale.Launch(Dim3{scaleBlocks, 1, 1}, Dim3{threads, 1, 1}, 0, s, src, dst, int64(n), amax, other, shift, alpha)
 }

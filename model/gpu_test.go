@@ -375,57 +375,70 @@ func TestGPUToF16Scaled(t *testing.T) {
 		}
 		x[7], x[8] = 0, float32(math.Copysign(0, -1))
 		x[9] = float32(math.Ldexp(1+1.0/2048, -3)) // an FP16 tie once scaled (if 2^−3 is within range)
-		want := scaledF16(x)
-		x[11] = float32(math.NaN()) // left out of the amax, kept NaN
-		src, err := e.dev.Alloc(4 * len(x))
-		if err != nil {
-			t.Fatal(err)
+		x[11] = float32(math.NaN())                // left out of the amax, kept NaN
+		for _, off := range []int{0, 1} {          // whole vectors (to_f16_scaled_vec8) and one element per thread
+			testToF16Scaled(t, e, x[off:], mag)
 		}
-		dst, err := e.work("test.f16", 2*len(x))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.dev.CopyToDevice(src, cuda.Bytes(x)); err != nil {
-			t.Fatal(err)
-		}
-		other, err := e.dev.Alloc(4)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.dev.CopyToDevice(other, cuda.Bytes([]int32{-5})); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.toF16Scaled(dst, src, len(x), other, e.scalar(f16Shift), e.scalar(f16Alpha)); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Synchronize(); err != nil {
-			t.Fatal(err)
-		}
-		got := make([]uint16, len(x))
-		if err := e.dev.CopyFromDevice(cuda.Bytes(got), dst); err != nil {
-			t.Fatal(err)
-		}
-		var sc [3]uint32
-		if err := e.dev.CopyFromDevice(cuda.Bytes(sc[:]), e.scalars); err != nil {
-			t.Fatal(err)
-		}
-		e.dev.Free(src)
-		e.dev.Free(other)
-		shift := int(int32(sc[f16Shift]))
-		if alpha := math.Float32frombits(sc[f16Alpha]); float64(alpha) != math.Ldexp(1, -(shift-5)) {
-			t.Errorf("magnitude %g: alpha %g with shift %d and the other's −5, want 2^%d", mag, alpha, shift, -(shift - 5))
-		}
-		for i, h := range got {
-			v := math.Ldexp(float64(fp.F16ToF32(h)), -shift)
-			if i == 11 {
-				if !math.IsNaN(v) {
-					t.Errorf("magnitude %g: NaN became %g", mag, v)
-				}
-				continue
+	}
+}
+
+// testToF16Scaled converts x placed 50003 − len(x) elements past a 16-byte boundary (one: the
+// kernels of one element per thread) and checks every element, the shift and the alpha.
+func testToF16Scaled(t *testing.T, e *GPU, x []float32, mag float64) {
+	off := 50003 - len(x)
+	finite := slices.Clone(x)
+	nan := slices.IndexFunc(finite, func(v float32) bool { return v != v })
+	finite[nan] = 0
+	want := scaledF16(finite)
+	src, err := e.dev.Alloc(4 * (len(x) + off))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.dev.Free(src)
+	dst, err := e.work("test.f16", 2*(len(x)+off))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, dst = src.Add(4*off), dst.Add(2*off)
+	if err := e.dev.CopyToDevice(src, cuda.Bytes(x)); err != nil {
+		t.Fatal(err)
+	}
+	other, err := e.dev.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.dev.Free(other)
+	if err := e.dev.CopyToDevice(other, cuda.Bytes([]int32{-5})); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.toF16Scaled(dst, src, len(x), other, e.scalar(f16Shift), e.scalar(f16Alpha)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]uint16, len(x))
+	if err := e.dev.CopyFromDevice(cuda.Bytes(got), dst); err != nil {
+		t.Fatal(err)
+	}
+	var sc [3]uint32
+	if err := e.dev.CopyFromDevice(cuda.Bytes(sc[:]), e.scalars); err != nil {
+		t.Fatal(err)
+	}
+	shift := int(int32(sc[f16Shift]))
+	if alpha := math.Float32frombits(sc[f16Alpha]); float64(alpha) != math.Ldexp(1, -(shift-5)) {
+		t.Errorf("magnitude %g, offset %d: alpha %g with shift %d and the other's −5, want 2^%d", mag, off, alpha, shift, -(shift - 5))
+	}
+	for i, h := range got {
+		v := math.Ldexp(float64(fp.F16ToF32(h)), -shift)
+		if i == nan {
+			if !math.IsNaN(v) {
+				t.Errorf("magnitude %g, offset %d: NaN became %g", mag, off, v)
 			}
-			if v != want[i] && !(v == 0 && want[i] == 0) {
-				t.Fatalf("magnitude %g, x[%d] = %g: GPU %g (FP16 %#04x, shift %d), want %g", mag, i, x[i], v, h, shift, want[i])
-			}
+			continue
+		}
+		if v != want[i] && !(v == 0 && want[i] == 0) {
+			t.Fatalf("magnitude %g, offset %d, x[%d] = %g: GPU %g (FP16 %#04x, shift %d), want %g", mag, off, i, x[i], v, h, shift, want[i])
 		}
 	}
 }

@@ -64,14 +64,33 @@ extern "C" __global__ void bf16_to_f32_vec8(const unsigned short* in, float* out
     widen_vec8<BF16>(in, out, n);
 }
 
+// warp_amax folds the warp's m into *amax.
+__device__ __forceinline__ void warp_amax(float m, unsigned int* amax) {
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0 && m > 0) atomicMax(amax, __float_as_uint(m));
+}
+
 // amax_abs: *amax = max(*amax, |x[i]|) over x[0..n), as float bits (non-negative floats order
 // as unsigned integers); NaNs are left out. Grid-stride; *amax must start at 0.
 extern "C" __global__ void amax_abs(const float* x, long long n, unsigned int* amax) {
     float m = 0;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) m = fmaxf(m, fabsf(x[i]));
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0 && m > 0) atomicMax(amax, __float_as_uint(m));
+    warp_amax(m, amax);
+}
+
+// amax_abs_vec4 is amax_abs four elements at a time (x 16-byte aligned); the n % 4 tail elements
+// go to the first threads.
+extern "C" __global__ void amax_abs_vec4(const float* x, long long n, unsigned int* amax) {
+    float m = 0;
+    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (long long c = tid; c < n / 4; c += stride) {
+        float4 v = x4[c];
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    if (long long t = n / 4 * 4 + tid; t < n) m = fmaxf(m, fabsf(x[t]));
+    warp_amax(m, amax);
 }
 
 // f16_shift is the power of two s that puts a largest magnitude a in [2^14, 2^15) — FP16's top
@@ -85,6 +104,27 @@ __device__ int f16_shift(unsigned int amaxBits) {
     return max(-60, min(60, 15 - e));
 }
 
+// write_scale writes to_f16_scaled's shift s and alpha.
+__device__ void write_scale(int s, const int* other, int* shift, float* alpha) {
+    int t = other ? *other : s; // read before shift is written: they may be one word
+    if (shift) *shift = s;
+    if (alpha) *alpha = ldexpf(1.0f, -(s + t));
+}
+
+// scaled_f16 is x·2^s rounded to FP16 (to nearest even).
+__device__ __forceinline__ unsigned short scaled_f16(float x, int s) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(ldexpf(x, s)));
+    return h;
+}
+
+// scaled_f16x2 is scaled_f16 of lo and hi in one word, lo in the low half.
+__device__ __forceinline__ unsigned scaled_f16x2(float lo, float hi, int s) {
+    unsigned d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(ldexpf(hi, s)), "f"(ldexpf(lo, s)));
+    return d;
+}
+
 // to_f16_scaled: y = x·2^s rounded to FP16 (to nearest even), s = f16_shift(*amax): the operands
 // of the FP16 GEMMs keep FP16's 11-bit significand — TF32's — whatever their range. Thread 0
 // writes s to *shift (when given) and, for the GEMM that multiplies y by an operand scaled by
@@ -94,14 +134,25 @@ extern "C" __global__ void to_f16_scaled(const float* x, unsigned short* y, long
                                          const int* other, int* shift, float* alpha) {
     int s = f16_shift(*amax);
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i == 0) {
-        int t = other ? *other : s; // read before shift is written: they may be one word
-        if (shift) *shift = s;
-        if (alpha) *alpha = ldexpf(1.0f, -(s + t));
+    if (i == 0) write_scale(s, other, shift, alpha);
+    if (i < n) y[i] = scaled_f16(x[i], s);
+}
+
+// to_f16_scaled_vec8 is to_f16_scaled eight elements at a time (two 16-byte loads, one 16-byte
+// store; x and y 16-byte aligned, the host checks), grid-stride; the n % 8 tail elements go to
+// the first threads. Each element rounds as in to_f16_scaled.
+extern "C" __global__ void to_f16_scaled_vec8(const float* x, unsigned short* y, long long n, const unsigned int* amax,
+                                              const int* other, int* shift, float* alpha) {
+    int s = f16_shift(*amax);
+    long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x, step = (long long)gridDim.x * blockDim.x;
+    if (tid == 0) write_scale(s, other, shift, alpha);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    uint4* y8 = reinterpret_cast<uint4*>(y);
+    long long chunks = n / 8;
+    for (long long c = tid; c < chunks; c += step) {
+        float4 a = x4[2 * c], b = x4[2 * c + 1];
+        y8[c] = make_uint4(scaled_f16x2(a.x, a.y, s), scaled_f16x2(a.z, a.w, s), scaled_f16x2(b.x, b.y, s), scaled_f16x2(b.z, b.w, s));
     }
-    if (i < n) {
-        unsigned short h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(ldexpf(x[i], s)));
-        y[i] = h;
-    }
+    long long t = chunks * 8 + tid;
+    if (t < n) y[t] = scaled_f16(x[t], s);
 }
