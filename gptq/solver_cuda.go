@@ -32,8 +32,8 @@ const (
 )
 
 // GPUSolver runs GPTQ on one GPU: the same algorithm as Quantize, with the damped inverse
-// factor in float64 (cuSOLVER's Cholesky, then cuBLAS's triangular solve against the identity
-// for the inverse of the factor), the column loop of each
+// factor in float64 (cuSOLVER's Cholesky, then the factor's inverse by recursive halving with
+// cuBLAS: a Factor, which several solves may share), the column loop of each
 // block of 128 columns in one kernel (a warp per row), and each block's trailing update as a
 // cuBLAS float32 GEMM. Groups are fitted min-max, or with the searches of Options.Imatrix and
 // Options.Clip (gptq_fit_search: a warp per group, the CPU's arithmetic in the CPU's order):
@@ -50,9 +50,9 @@ type GPUSolver struct {
 	stager *cuda.Stager // uploads W and H through pinned memory
 	bufs   [numGPUSlots]gpuBuffer
 
-	// inverseByTRTRI inverts the Cholesky factor with cuSOLVER's trtri (K³/3 flops) instead of
-	// cuBLAS's triangular solve against the identity (K³ flops, but at GEMM speed: on an H200
-	// at K = 14336 the solve took 79 ms, trtri 144 ms).
+	// inverseByTRTRI inverts the Cholesky factor with cuSOLVER's trtri instead of invertLower
+	// (tests and BenchmarkGPUQuantize: on an H100 at K = 14336 trtri took 143 ms, invertLower
+	// 38.5).
 	inverseByTRTRI bool
 
 	poison  bool        // tests: fill outputs and scratch with garbage before each run
