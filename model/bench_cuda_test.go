@@ -94,15 +94,7 @@ func benchmarkForward7B(b *testing.B, name string, opt GPUOptions) {
 		b.Fatal(err)
 	}
 	defer x.Free()
-	blk, err := m.Block(0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	g, err := e.uploadBlock(blk)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.freeBlock(g)
+	_, g := uploadFirstBlock(b, e, m)
 	h, in, rows := cfg.Hidden, cfg.Intermediate, S*T
 	flops := 2*float64(rows)*float64(4*h*h+3*h*in) + 2*2*float64(S*cfg.Heads)*T*T*float64(cfg.HeadDim)
 
@@ -120,15 +112,7 @@ func BenchmarkGPULinear7B(b *testing.B) {
 	cfg, m := llama7BBlock(b)
 	e := openGPU(b, cfg, GPUOptions{TF32: true, F16: true}, 0)
 	e.poison = false
-	blk, err := m.Block(0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	g, err := e.uploadBlock(blk)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.freeBlock(g)
+	_, g := uploadFirstBlock(b, e, m)
 	const rows = 8192
 	for _, l := range []*gpuLinear{g.q, g.gate, g.down} {
 		b.Run(fmt.Sprintf("%dx%d", l.out, l.in), func(b *testing.B) {

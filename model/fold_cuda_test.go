@@ -16,15 +16,7 @@ func TestGPUFoldOnDevice(t *testing.T) {
 	r := freshRand(t)
 	m := randomModel(t, cfg, gpuTestConfigs[1].bias, r)
 	e := openGPU(t, cfg, GPUOptions{TF32: true, F16: true}, 0)
-	b, err := m.Block(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := e.uploadBlock(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.freeBlock(g)
+	b, g := uploadFirstBlock(t, e, m)
 	if err := e.ScaleColumns(b.Q, make([]float32, b.Q.In)); err == nil {
 		t.Error("ScaleColumns outside an Update did not refuse")
 	}

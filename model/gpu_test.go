@@ -836,6 +836,21 @@ func TestGPUFusedAttention(t *testing.T) {
 	}
 }
 
+// uploadFirstBlock uploads m's first block to e, freed when the test ends.
+func uploadFirstBlock(tb testing.TB, e *GPU, m *Model) (*Block, *gpuBlock) {
+	tb.Helper()
+	b, err := m.Block(0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g, err := e.uploadBlock(b)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { e.freeBlock(g) })
+	return b, g
+}
+
 // relL2 is ‖got − want‖ / ‖want‖.
 func relL2(got, want []float32) float64 {
 	var num, den float64
