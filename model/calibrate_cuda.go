@@ -2,10 +2,12 @@ package model
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
 // GPUCalibrator is a Calibrator whose statistics are gathered on the GPU.
@@ -49,8 +51,12 @@ type CalibrationTimes struct {
 // CalibrationTimes returns the time spent so far in each phase of Calibrate.
 func (e *GPU) CalibrationTimes() CalibrationTimes { return e.times }
 
-// timed runs f, waits for the GPU and adds the wall time to *d.
+// timed runs f, waits for the GPU and adds the wall time to *d (one of e.times' phases), a
+// span of the --trace timeline.
 func (e *GPU) timed(d *time.Duration, f func() error) error {
+	if timeline.On() {
+		defer timeline.Begin(e.dev.Info().Ordinal, "%s%s", e.phaseName(d), e.blockName())()
+	}
 	start := time.Now()
 	err := f()
 	if err == nil {
@@ -58,6 +64,31 @@ func (e *GPU) timed(d *time.Duration, f func() error) error {
 	}
 	*d += time.Since(start)
 	return err
+}
+
+// phaseName names the phase of CalibrationTimes that d points to.
+func (e *GPU) phaseName(d *time.Duration) string {
+	switch d {
+	case &e.times.Upload:
+		return "weights up"
+	case &e.times.Observe:
+		return "observe"
+	case &e.times.Update:
+		return "update"
+	case &e.times.Refresh:
+		return "replaced weights up"
+	case &e.times.Output:
+		return "block output"
+	}
+	return "?"
+}
+
+// blockName is " (block i)" for the block being calibrated, or "".
+func (e *GPU) blockName() string {
+	if e.current == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (block %d)", e.current.b.Index)
 }
 
 // calibrateBlock observes and updates the steps of block g (uploaded) in turn, then runs it

@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"runtime/pprof"
 
+	"github.com/qpack-dev/qpack/internal/timeline"
 	"github.com/urfave/cli/v2"
 )
 
@@ -47,6 +48,7 @@ func newApp() *cli.App {
 		},
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "cpuprofile", Usage: "write a Go CPU profile of the command to this file (go tool pprof reads it): where a slow run spends its host time"},
+			&cli.StringFlag{Name: "trace", Usage: "write a timeline of the command's phases on the host and on each GPU to this file (Chrome trace-event JSON: chrome://tracing or ui.perfetto.dev)"},
 		},
 		Before: startProfile,
 		After:  stopProfile,
@@ -55,8 +57,11 @@ func newApp() *cli.App {
 	}
 }
 
-// startProfile starts the CPU profile --cpuprofile asks for.
+// startProfile starts the CPU profile --cpuprofile asks for and the timeline --trace asks for.
 func startProfile(c *cli.Context) error {
+	if c.String("trace") != "" {
+		recording = timeline.Start()
+	}
 	path := c.String("cpuprofile")
 	if path == "" {
 		return nil
@@ -73,14 +78,24 @@ func startProfile(c *cli.Context) error {
 	return nil
 }
 
-var profileFile *os.File // the running --cpuprofile
+var (
+	profileFile *os.File            // the running --cpuprofile
+	recording   *timeline.Recording // the running --trace
+)
 
-func stopProfile(*cli.Context) error {
-	if profileFile == nil {
-		return nil
+func stopProfile(c *cli.Context) error {
+	var errs []error
+	if recording != nil {
+		recording.Stop()
+		if err := recording.WriteFile(c.String("trace")); err != nil {
+			errs = append(errs, fmt.Errorf("--trace: %w", err))
+		}
 	}
-	pprof.StopCPUProfile()
-	return profileFile.Close()
+	if profileFile != nil {
+		pprof.StopCPUProfile()
+		errs = append(errs, profileFile.Close())
+	}
+	return errors.Join(errs...)
 }
 
 func main() {
