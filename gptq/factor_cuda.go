@@ -196,7 +196,8 @@ func (g *GPUSolver) factor(k int, lambda float64) (failed bool, err error) {
 		err = g.invertLower(k)
 	}
 	if err == nil {
-		err = g.fn.unreverse.Launch(tiles, block, 0, g.stream, linv, int32(k), g.bufs[slotU].ptr, info.Add(8))
+		square := cuda.Dim3{X: (k + 31) / 32, Y: (k + 31) / 32, Z: 1} // 32×32 tiles
+		err = g.fn.unreverse.Launch(square, block, 0, g.stream, linv, int32(k), g.bufs[slotU].ptr, info.Add(8))
 	}
 	end()
 	if err != nil {

@@ -43,7 +43,7 @@ const (
 type GPUSolver struct {
 	dev    *cuda.Device
 	module *cuda.Module
-	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, fitSearch, block, squaredError, widenLive, live, narrow, rowDot, dequantize, firstNonFinite cuda.Function }
+	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, fitSearch, block, squaredError, scaleGram, live, narrow, rowDot, dequantize, firstNonFinite cuda.Function }
 	blas   *cuda.BLAS
 	solver *cuda.Solver
 	stream cuda.Stream
@@ -156,7 +156,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver,
 		{&g.fn.buildFactor, "gptq_build_factor"}, {&g.fn.setDiagonal, "gptq_set_diagonal"}, {&g.fn.unreverse, "gptq_unreverse"},
 		{&g.fn.loadWeights, "gptq_load_weights"}, {&g.fn.fitFixed, "gptq_fit_fixed"}, {&g.fn.fitSearch, "gptq_fit_search"},
 		{&g.fn.block, "gptq_block"}, {&g.fn.squaredError, "gptq_squared_error"},
-		{&g.fn.widenLive, "gptq_widen_live"}, {&g.fn.live, "gptq_live"}, {&g.fn.narrow, "gptq_narrow"}, {&g.fn.rowDot, "gptq_row_dot"},
+		{&g.fn.scaleGram, "gptq_scale_gram"}, {&g.fn.live, "gptq_live"}, {&g.fn.narrow, "gptq_narrow"}, {&g.fn.rowDot, "gptq_row_dot"},
 		{&g.fn.dequantize, "gptq_dequantize"}, {&g.fn.firstNonFinite, "gptq_first_non_finite"},
 	} {
 		if *f.dst, err = g.module.Function(f.name); err != nil {
@@ -363,19 +363,9 @@ func (g *GPUSolver) loadGram(gram cuda.DevicePtr, k int, scale float64) ([]float
 	if err != nil {
 		return nil, err
 	}
-	noDead, err := g.buffer(slotDead, k) // uploadPlan writes the real mask later
+	err = g.fn.scaleGram.Launch(cuda.Dim3{X: (k*k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
+		gram, scale, h, uint64(k*k))
 	if err != nil {
-		return nil, err
-	}
-	if err := g.dev.Fill32Async(noDead, 0, (k+3)/4, g.stream); err != nil {
-		return nil, err
-	}
-	err = g.fn.widenLive.Launch(cuda.Dim3{X: (k*k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
-		gram, noDead, h, uint64(k*k), int32(k))
-	if err != nil {
-		return nil, err
-	}
-	if err := g.blas.Dscal(k*k, scale, h, 1); err != nil {
 		return nil, err
 	}
 	d, err := g.buffer(slotBaseRows, 8*k)

@@ -43,12 +43,13 @@ func bandedKMSHessian(k int) []float64 {
 // BenchmarkGPUQuantize times the quantization step (int4-g128-sym, W and H already on the
 // GPU, results downloaded): the host plan from diag H, the inverse factor, the column
 // kernels, the GEMMs and the loss, median of 3 after a warm-up; then one profiled run for the
-// breakdown, with either inversion of the Cholesky factor. Run with -test.benchtime=1x; each shape prints a "TABLE" line.
+// breakdown, with either inversion of the Cholesky factor; the last two shapes are a 7B linear's row share on four GPUs.
+// Run with -test.benchtime=1x; each shape prints a "TABLE" line.
 func BenchmarkGPUQuantize(b *testing.B) {
 	_, g := openGPUSolver(b)
 	g.poison = false
 	s := quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}
-	for _, shape := range [][2]int{{4096, 4096}, {4096, 11008}, {4096, 14336}, {8192, 8192}} {
+	for _, shape := range [][2]int{{4096, 4096}, {4096, 11008}, {4096, 14336}, {8192, 8192}, {1024, 4096}, {1024, 11008}} {
 		n, k := shape[0], shape[1]
 		b.Run(fmt.Sprintf("%dx%d", n, k), func(b *testing.B) {
 			w := randomWeights(rand.New(rand.NewPCG(1, 1)), n, k)

@@ -77,14 +77,16 @@ __device__ void store_params(int r, int g, int groups, float lo, float hi, int m
 }
 
 // gptq_build_factor fills the lower triangle of F with J·P·(H + λI)·Pᵀ·J, where rev[a] is the
-// original column at reversed position a (perm[K−1−a]) and dead columns get H_ii = 1.
+// original column at reversed position a (perm[K−1−a]) and dead columns get H_ii = 1. H is
+// symmetric: entry (ra, rb) is read from row rb, where consecutive a are consecutive columns
+// in the natural order (rev reverses it), so that a warp's reads are contiguous.
 extern "C" __global__ void gptq_build_factor(const double* h, const int* rev, const unsigned char* dead, int k,
                                              double lambda, double* f) {
     int a = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y * blockDim.y + threadIdx.y;
     if (a >= k || b >= k || b > a) return;
     int ra = rev[a];
-    double v = h[(u64)ra * k + rev[b]];
+    double v = h[(u64)rev[b] * k + ra];
     if (a == b) v = (dead[ra] ? 1.0 : v) + lambda;
     f[(u64)b * k + a] = v;
 }
@@ -98,17 +100,27 @@ extern "C" __global__ void gptq_set_diagonal(double* a, int k, double v) {
 
 // gptq_unreverse writes U = J·L⁻¹·J as float32 (row-major, zero below the diagonal) from the
 // lower triangle of F holding L⁻¹, and sets *bad when an entry is not finite or a diagonal
-// entry is not positive.
+// entry is not positive. U(i, j) is F(k−1−i, k−1−j) of column-major F: a transpose, so each
+// block of 32×8 threads moves a 32×32 tile through shared memory, reading F's columns and
+// writing U's rows contiguously.
 extern "C" __global__ void gptq_unreverse(const double* f, int k, float* u, int* bad) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    int i = blockIdx.y * blockDim.y + threadIdx.y;
-    if (i >= k || j >= k) return;
-    float v = 0.f;
-    if (j >= i) {
-        v = (float)f[(u64)(k - 1 - j) * k + (k - 1 - i)];
-        if (!finite(v) || (j == i && !(v > 0.f))) *bad = 1;
+    __shared__ float tile[32][33];  // tile[j − j0][i − i0]; padded against bank conflicts
+    const int i0 = blockIdx.y * 32, j0 = blockIdx.x * 32;
+    const int tx = threadIdx.x, ty = threadIdx.y;  // 32 × 8
+    for (int dj = ty; dj < 32; dj += 8) {  // read: consecutive tx are consecutive rows of F
+        int i = i0 + tx, j = j0 + dj;
+        float v = 0.f;
+        if (i < k && j < k && j >= i) {
+            v = (float)f[(u64)(k - 1 - j) * k + (k - 1 - i)];
+            if (!finite(v) || (j == i && !(v > 0.f))) *bad = 1;
+        }
+        tile[dj][tx] = v;
     }
-    u[(u64)i * k + j] = v;
+    __syncthreads();
+    for (int di = ty; di < 32; di += 8) {  // write: consecutive tx are consecutive columns of U
+        int i = i0 + di, j = j0 + tx;
+        if (i < k && j < k) u[(u64)i * k + j] = tile[tx][di];
+    }
 }
 
 // gptq_load_weights fills the working weights: w[r, i] = W[r, perm[i]], dead columns zero.
@@ -454,14 +466,26 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) gptq_block(
     int on_the_fly, const int* pos_group, const int* perm, float* scales, unsigned char* zeros,
     unsigned char* codes, float* err, double* row_sq, u64* status) {
     __shared__ float us[PACKED];  // row a of the block: us[start(a) + b − a] = U[i1+a, i1+b], b ≥ a
-    for (int idx = threadIdx.x; idx < BS * BS; idx += blockDim.x) {
-        int a = idx / BS, b = idx % BS;
-        if (b < a) continue;
+    const int lane = threadIdx.x % 32;
+    // Each warp copies rows of the triangle, four loads of a row in flight per lane and several
+    // rows unrolled: the copy is latency-bound, and one load after another it took most of the
+    // kernel where a GPU's share of the rows is small.
+#pragma unroll 4
+    for (int a = threadIdx.x / 32; a < BS; a += WARPS) {
+        float v[4];
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            int b = t * 32 + lane;
+            v[t] = (a < count && b < count && b >= a) ? u[(u64)(i1 + a) * k + i1 + b] : 0.f;
+        }
         int start = a * BS - a * (a - 1) / 2;
-        us[start + b - a] = (a < count && b < count) ? u[(u64)(i1 + a) * k + i1 + b] : 0.f;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            int b = t * 32 + lane;
+            if (b >= a) us[start + b - a] = v[t];
+        }
     }
     __syncthreads();
-    const int lane = threadIdx.x % 32;
     const int r = blockIdx.x * WARPS + threadIdx.x / 32;
     if (r >= n) return;
     const float* row = w + (u64)r * k;
@@ -556,11 +580,11 @@ extern "C" __global__ void gptq_squared_error(const float* orig, const unsigned 
     if (lane == 0) row_dq[r] = sum;
 }
 
-// gptq_widen_live sets out[r, c] = W[r, c] in float64, 0 for dead columns: the weights of the
-// baseline loss tr(W H Wᵀ). One thread per element.
-extern "C" __global__ void gptq_widen_live(const float* orig, const unsigned char* dead, double* out, u64 total, int k) {
+// gptq_scale_gram sets out[i] = scale·gram[i] in float64 (one rounding, as a widening then a
+// cublasDscal): H from the Gram matrix a calibration summed. One thread per element.
+extern "C" __global__ void gptq_scale_gram(const float* gram, double scale, double* out, u64 total) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < total) out[i] = dead[i % k] ? 0.0 : (double)orig[i];
+    if (i < total) out[i] = (double)gram[i] * scale;
 }
 
 // gptq_live sets out[r, c] = W[r, c], 0 for dead columns: the weights of the baseline loss
