@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/internal/staged"
+	"github.com/qpack-dev/qpack/internal/timeline"
 	"github.com/qpack-dev/qpack/packing"
 	"github.com/qpack-dev/qpack/quantized"
 	"github.com/qpack-dev/qpack/safetensors"
@@ -96,7 +97,9 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 			return nil, err
 		}
 	}
+	endPlan := timeline.Begin(timeline.Host, "plan")
 	plan, err := makePlan(ck, opt, f, calib)
+	endPlan()
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +122,9 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	opt.Log = &lockedWriter{w: opt.Log} // the units and the calibrating runner log from several goroutines
 	opening := openModel(ck.Dir, opt.Method)
 	defer opening.discard()
+	endSetup := timeline.Begin(timeline.Host, "set up the method")
 	g, runner, err := setupMethod(opt, items, f)
+	endSetup()
 	if err != nil {
 		return nil, err
 	}
@@ -147,6 +152,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	metadata := func(inputs []InputFile) (map[string]string, error) {
 		return outputMetadata(items, plan, calib, inputs, f, opt)
 	}
+	endWrite := timeline.Begin(timeline.Host, "quantize and write")
 	if opt.gguf != nil {
 		err = opt.gguf.write(dst, items, units, g, meta, hashes, report, metadata, opt.Log, opt.Sync)
 	} else {
@@ -169,6 +175,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 			return copyAuxFiles(ck.Dir, dir, opt.Log)
 		})
 	}
+	endWrite()
 	if err != nil {
 		return nil, err
 	}

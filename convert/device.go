@@ -6,6 +6,7 @@ import (
 
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/timeline"
 	"github.com/qpack-dev/qpack/iquant"
 	"github.com/qpack-dev/qpack/kquant"
 	"github.com/qpack-dev/qpack/packing"
@@ -40,7 +41,9 @@ type gpu struct {
 // openGPU opens the GPUs as the device option asks: the ordinals given, or every GPU. With
 // "auto" a missing driver or device is not an error: the conversion says so and runs on the CPU.
 func openGPU(device string, ordinals []int, slots int, logf func(format string, args ...any)) (*gpu, error) {
+	end := timeline.Begin(timeline.Host, "GPU contexts")
 	devs, note, err := cuda.SelectMany(device, ordinals)
+	end()
 	if note != "" {
 		logf("%s\n", note)
 	}
@@ -48,6 +51,7 @@ func openGPU(device string, ordinals []int, slots int, logf func(format string, 
 		return nil, err
 	}
 	g := &gpu{dev: devs[0], devs: devs}
+	defer timeline.Begin(timeline.Host, "quantizers and peer access")()
 	if err := g.open(slots, logf); err != nil {
 		g.close()
 		return nil, err
@@ -108,6 +112,7 @@ func (g *gpu) close() {
 	if g == nil {
 		return
 	}
+	defer timeline.Begin(timeline.Host, "close the GPUs")()
 	if g.kq != nil {
 		g.kq.Close()
 	}

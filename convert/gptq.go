@@ -10,6 +10,7 @@ import (
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/gptq"
+	"github.com/qpack-dev/qpack/internal/timeline"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
 	"golang.org/x/sync/errgroup"
@@ -128,9 +129,14 @@ func (r *blockRunner) fail(err error) {
 
 // run calibrates the model over the sequences, quantizing as it goes.
 func (r *blockRunner) run(opening *modelOpening, calib *Calibration, trueSequential bool) {
+	endOpen := timeline.Begin(timeline.Host, "wait for the model")
 	m, err := opening.take()
+	endOpen()
 	if err == nil {
-		defer m.Close()
+		defer func() {
+			defer timeline.Begin(timeline.Host, "close the model")()
+			m.Close()
+		}()
 		r.tokens = calib.Samples * calib.SeqLen
 		opt := model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true, Experts: r.experts.observation()}
 		if r.awq != nil {
@@ -163,7 +169,9 @@ func openModel(dir string, method Method) *modelOpening {
 	o := &modelOpening{done: make(chan struct{})}
 	go func() {
 		defer close(o.done)
-		o.m, o.err = model.Open(dir)
+		if o.m, o.err = model.Open(dir); o.err == nil {
+			o.m.Prefetch(0) // while the GPUs are set up
+		}
 	}()
 	return o
 }
@@ -244,6 +252,7 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 	if r.gpu != nil {
 		defer func(start time.Time) { r.gpu.solve += time.Since(start) }(time.Now())
 	}
+	defer timeline.Begin(timeline.Host, "solve block %d %v", b.Index, groups)()
 	sources := make([]model.Group, len(groups))
 	users := map[model.Group]int{}
 	for i, g := range groups {
@@ -433,6 +442,7 @@ func (r *blockRunner) useGPUs(devs []*cuda.Device) error {
 	var making errgroup.Group // each GPU's solvers at once: a solver's cuBLAS and cuSOLVER handles take a while
 	for d, dev := range devs {
 		making.Go(func() (err error) {
+			defer timeline.Begin(dev.Info().Ordinal, "GPTQ solvers")()
 			for _, set := range r.all {
 				if set[d], err = gptq.NewGPUSolver(dev); err != nil {
 					return err
@@ -481,6 +491,7 @@ func (r *blockRunner) close() {
 	if r == nil {
 		return
 	}
+	defer timeline.Begin(timeline.Host, "close the solvers")()
 	var closing sync.WaitGroup // each GPU's solvers at once: freeing device and pinned memory waits on the GPU
 	for d := range r.devs {
 		closing.Go(func() {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/gptq"
+	"github.com/qpack-dev/qpack/internal/timeline"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
 	"golang.org/x/sync/errgroup"
@@ -65,11 +66,7 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 	r.gpu = &gpuCapture{}
 	defer r.gpu.free()
 	engines, err := r.newEngines(devs, m.Config)
-	for _, e := range engines {
-		if e != nil {
-			defer e.Close()
-		}
-	}
+	defer closeEngines(engines)
 	if err != nil {
 		return err
 	}
@@ -115,6 +112,7 @@ func (r *blockRunner) newEngines(devs []*cuda.Device, cfg *model.Config) ([]*mod
 	var making errgroup.Group
 	for i, dev := range devs {
 		making.Go(func() (err error) {
+			defer timeline.Begin(dev.Info().Ordinal, "calibration engine")()
 			if engines[i], err = model.NewGPU(dev, cfg, r.math); err == nil && r.solver != nil {
 				engines[i].Reserve(solverReserve(cfg, len(devs)))
 			}
@@ -122,6 +120,19 @@ func (r *blockRunner) newEngines(devs []*cuda.Device, cfg *model.Config) ([]*mod
 		})
 	}
 	return engines, making.Wait()
+}
+
+// closeEngines closes the engines made, all at once (freeing device and pinned memory waits
+// for each GPU).
+func closeEngines(engines []*model.GPU) {
+	defer timeline.Begin(timeline.Host, "close the calibration engines")()
+	var closing sync.WaitGroup
+	for _, e := range engines {
+		if e != nil {
+			closing.Go(func() { e.Close() })
+		}
+	}
+	closing.Wait()
 }
 
 // solverReserve estimates the GPU memory that GPTQ takes on each GPU at its largest, for the
@@ -261,11 +272,14 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 	var factors []*gptq.Factor // H factored on each GPU, for the first linear the GPUs solve
 	solve := func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (*quant.Tensor, gptq.Stats, error) {
 		if len(set) > 0 && set[0].Supports(s, r.opt) {
+			result := make(chan *quant.Tensor, 1)
+			go func() { result <- gptq.NewRowsTensor(s, l.Out, l.In) }() // zeroing tens of MB: while the GPUs factor
 			factorOnce.Do(func() { factors, factorErr = r.factor(grams) })
+			t := <-result
 			if factorErr != nil {
 				return nil, gptq.Stats{}, fmt.Errorf("block %d, Hessian of %s: %w", block, g, factorErr)
 			}
-			t, st, err := r.solveRows(l, s, factors, set)
+			t, st, err := r.solveRows(l, s, t, factors, set)
 			if err != nil {
 				err = fmt.Errorf("block %d, input of %s: %w", block, g, err)
 			}
@@ -283,6 +297,7 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 // factor factors the group's summed Hessian once on every GPU, for all its linears, with the
 // first solver of each (gptq.FactorGramOnAll: the triangular inverse split among the GPUs).
 func (r *blockRunner) factor(grams []*deviceGram) ([]*gptq.Factor, error) {
+	defer timeline.Begin(timeline.Host, "factor H (k = %d)", grams[0].k)()
 	sums := make([]cuda.DevicePtr, len(grams))
 	for i, gr := range grams {
 		sums[i] = gr.sum
@@ -335,6 +350,7 @@ func (c *gpuCapture) sumShards(grams []*deviceGram) error {
 	}
 	err := c.eachShard(func(i int, sh *gpuShard) error {
 		dev := sh.e.Device()
+		defer timeline.Begin(dev.Info().Ordinal, "sum Hessian band")()
 		_, count := band(grams[i], i)
 		if err := errors.Join(dev.Grow(&sh.band, 4*count), dev.Grow(&sh.peer, 4*count)); err != nil {
 			return err
@@ -364,6 +380,7 @@ func (c *gpuCapture) sumShards(grams []*deviceGram) error {
 	}
 	// Every band is summed (and no GPU reads the partial sums any more): gather the totals.
 	return c.eachShard(func(i int, sh *gpuShard) error {
+		defer timeline.Begin(sh.e.Device().Info().Ordinal, "gather Hessian bands")()
 		for j, from := range c.shards {
 			dst, count := band(grams[i], j)
 			if err := sh.e.Device().CopyFromPeerAsync(dst, from.e.Device(), from.band.Ptr, 4*count, sh.e.Stream()); err != nil {
@@ -430,21 +447,21 @@ func (c *gpuCapture) keepDeviceWeights() error {
 
 // solveRows runs GPTQ on linear l with the group's factored Hessian, on one GPU, or on several,
 // each taking a share of l's rows with set's solver for its GPU, that GPU's factor and the
-// engine's copy of its rows, straight into one tensor (gptq.GPUSolver.QuantizeFactored). The
+// engine's copy of its rows, straight into t (gptq.NewRowsTensor; gptq.GPUSolver.QuantizeFactored). The
 // engine's copy equals l.W (AWQ folds its scales into both first), so it is copied on the device instead of
 // sent over the bus again. With r.onGPU each share's dequantized rows then replace the engine's
 // copy there and are copied to the other engines (replaceRows).
-func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, factors []*gptq.Factor, set solverSet) (*quant.Tensor, gptq.Stats, error) {
+func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, t *quant.Tensor, factors []*gptq.Factor, set solverSet) (*quant.Tensor, gptq.Stats, error) {
 	n, k := l.Out, l.In
 	parts := min(len(factors), n)
 	at := model.EvenShares(n, parts)
-	t := gptq.NewRowsTensor(s, n, k)
 	rows := make([]*quant.Tensor, parts)
 	sts := make([]gptq.Stats, parts)
 	errs := make([]error, parts)
 	var wg sync.WaitGroup
 	for i := range parts {
 		wg.Go(func() {
+			defer timeline.Begin(r.gpu.shards[i].e.Device().Info().Ordinal, "solve %s", l.Name)()
 			lo, hi := at[i], at[i+1]
 			src, ok := r.gpu.shards[i].e.LinearWeights(l)
 			if ok {
@@ -481,6 +498,7 @@ func (c *gpuCapture) replaceRows(l *model.Linear, at []int) error {
 	var copies errgroup.Group
 	for j, to := range c.shards {
 		copies.Go(func() error {
+			defer timeline.Begin(to.e.Device().Info().Ordinal, "replaced rows of %s", l.Name)()
 			dst, _ := to.e.LinearWeights(l)
 			for i, from := range c.shards[:len(at)-1] {
 				if i == j {

@@ -561,7 +561,7 @@ func (e *GPU) Run(m *Model, x *DeviceBatch) error {
 		if err != nil {
 			return err
 		}
-		prefetch(m, i+1)
+		m.Prefetch(i + 1)
 		g, err := e.uploadBlock(b)
 		if err != nil {
 			return err
@@ -578,12 +578,4 @@ func (e *GPU) Run(m *Model, x *DeviceBatch) error {
 		}
 	}
 	return nil
-}
-
-// prefetch reads block i of m in the background, so the host's reading and conversion of the
-// next block's weights overlaps the GPU's work on this one.
-func prefetch(m *Model, i int) {
-	if i < m.Config.Layers {
-		go m.Block(i) // an error comes back again when the block is used
-	}
 }

@@ -61,16 +61,18 @@ const (
 // than GPU memory be evaluated. Each operation mirrors the CPU forward pass (Block.Forward) and
 // is tested against it. Not safe for concurrent use.
 type GPU struct {
-	dev    *cuda.Device
-	cfg    *Config
-	blas   *cuda.BLAS
-	stream cuda.Stream
-	stager *cuda.Stager // uploads weights through pinned memory
-	module *cuda.Module
-	fn     struct {
+	dev         *cuda.Device
+	cfg         *Config
+	blas        *cuda.BLAS
+	stream      cuda.Stream
+	stager      *cuda.Stager // uploads weights through pinned memory
+	ahead       aheadCopier  // uploads the next block's weights while this one calibrates (ahead_cuda.go)
+	blocksAhead int          // blocks whose weights came ahead (tests)
+	module      *cuda.Module
+	fn          struct {
 		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare cuda.Function
 		channelStatsPartial, channelStatsFinish, toBF16, mirrorUpper, scaleColumns, divideRows              cuda.Function
-		flash                                                                                              cuda.Function // flash_attention_d<HeadDim>, when fused
+		flash                                                                                               cuda.Function // flash_attention_d<HeadDim>, when fused
 	}
 	scratch map[string]gpuBuffer // named work buffers, grown on demand
 	ropeT   int                  // positions covered by the uploaded rotary tables
@@ -196,6 +198,7 @@ func (e *GPU) Close() error {
 		e.dev.Free(e.scalars)
 	}
 	e.scratch = nil
+	e.closeCopier()
 	if e.stager != nil {
 		e.stager.Close()
 	}

@@ -88,6 +88,15 @@ func (m *Model) Block(i int) (*Block, error) {
 	return m.blocks[i], nil
 }
 
+// Prefetch starts reading block i in the background (nothing past the last block), so that the
+// host's reading and conversion of the next block's weights overlaps the work on this one; an
+// error comes back again when the block is used.
+func (m *Model) Prefetch(i int) {
+	if i >= 0 && i < m.Config.Layers {
+		go m.Block(i)
+	}
+}
+
 // ReleaseBlock drops block i's float32 weights so their memory can be reclaimed. A later use
 // reads the block again from the model's Weights, without any replacement made through
 // Linear.SetWeight.

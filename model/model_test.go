@@ -126,3 +126,35 @@ func TestBlockAfterCloseIsAnError(t *testing.T) {
 		t.Fatalf("block read after Close: got %v, want an error saying the model is closed", err)
 	}
 }
+
+// releasingWeights is MapWeights that records the tensors released after reading.
+type releasingWeights struct {
+	*MapWeights
+	released map[string]bool
+}
+
+func (w *releasingWeights) Release(name string) { w.released[name] = true }
+
+// TestBlockReleasesItsMappedTensors: a block's tensors, once read into its own float32 copies,
+// are released from the weight source (memory-mapped pages leave the resident set), every one.
+func TestBlockReleasesItsMappedTensors(t *testing.T) {
+	cfg := mustConfig(t, gpuTestConfigs[0].json)
+	w := &releasingWeights{randomWeights(cfg, false, !cfg.TieEmbeddings, freshRand(t)), map[string]bool{}}
+	m, err := Load(cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Block(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight"}
+	for _, l := range b.AllLinears() {
+		want = append(want, l.Name+".weight")
+	}
+	for _, name := range want {
+		if !w.released[name] {
+			t.Errorf("%s was not released after the block read it", name)
+		}
+	}
+}

@@ -91,7 +91,7 @@ func linearKL(m *Model, eng probeEngine, slotBytes int64, replace Replacement, m
 			if j+1 < L && p.linears != nil && after+perBlock <= streams {
 				pending = prepareBlock(m, j+1, replace)
 			} else {
-				prefetch(m, j+1)
+				m.Prefetch(j + 1)
 			}
 			if err := eng.enter(p.block); err != nil {
 				return nil, err

@@ -50,14 +50,27 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 	if err != nil {
 		return fmt.Errorf("model: calibration: %w", err)
 	}
+	var ahead *blockUpload // the next block's weights on their way to the engines
+	defer func() { ahead.discard(engines) }()
 	for i := range m.Config.Layers {
 		b, err := m.Block(i)
 		if err != nil {
 			return err
 		}
-		prefetch(m, i+1)
+		m.Prefetch(i + 1)
+		gs, err := ahead.take(engines, b)
+		if gs == nil && err == nil {
+			gs, err = uploadShards(engines, b)
+		}
+		if err != nil {
+			freeShards(engines, gs)
+			return fmt.Errorf("model: calibration of block %d: %w", i, err)
+		}
+		if i > 0 { // from the second block on, when the first has set up every buffer
+			ahead = uploadAhead(engines, m, i+1)
+		}
 		reset := b.observing(opt.Experts)
-		err = calibrateShards(engines, b, xs, c, opt)
+		err = calibrateShards(engines, b, gs, xs, c, opt)
 		reset()
 		if err != nil {
 			return fmt.Errorf("model: calibration of block %d: %w", i, err)
@@ -82,21 +95,11 @@ func EvenShares(n, parts int) (at []int) {
 	return at
 }
 
-// calibrateShards runs block b's calibration on every engine, the steps' updates shared. The
-// engines share the uploads of the block's weights, and after each update of the replaced ones
-// (spread).
-func calibrateShards(engines []*GPU, b *Block, xs []*DeviceBatch, c ShardedCalibrator, opt CalibrateOptions) error {
-	gs, err := uploadShards(engines, b)
-	defer func() {
-		for i, g := range gs {
-			if g != nil {
-				engines[i].freeBlock(g)
-			}
-		}
-	}()
-	if err != nil {
-		return err
-	}
+// calibrateShards runs block b's calibration on every engine (gs: its weights there), the steps'
+// updates shared; after each update the engines share the uploads of the replaced weights
+// (spread). It frees gs.
+func calibrateShards(engines []*GPU, b *Block, gs []*gpuBlock, xs []*DeviceBatch, c ShardedCalibrator, opt CalibrateOptions) error {
+	defer freeShards(engines, gs)
 	update, shared := c.Update, len(engines) > 1 && !opt.ObserveOnly
 	if shared {
 		update = func(b *Block, groups []Group) error {
@@ -132,15 +135,30 @@ func uploadShards(engines []*GPU, b *Block) ([]*gpuBlock, error) {
 		err = spread(engines, gs, func(g *gpuBlock) []blockPart { return g.parts }, func(e *GPU) *time.Duration { return &e.times.Upload })
 	}
 	if err == nil {
-		err = eachEngine(engines, func(i int, e *GPU) error {
-			err := e.finishBlock(gs[i])
-			if err != nil {
-				gs[i] = nil // freed
-			}
-			return err
-		})
+		err = finishShards(engines, gs)
 	}
 	return gs, err
+}
+
+// finishShards is every engine's finishBlock of its copy of a block; a copy that fails is
+// freed and set to nil.
+func finishShards(engines []*GPU, gs []*gpuBlock) error {
+	return eachEngine(engines, func(i int, e *GPU) error {
+		err := e.finishBlock(gs[i])
+		if err != nil {
+			gs[i] = nil // freed
+		}
+		return err
+	})
+}
+
+// freeShards frees the engines' copies of a block.
+func freeShards(engines []*GPU, gs []*gpuBlock) {
+	for i, g := range gs {
+		if g != nil {
+			engines[i].freeBlock(g)
+		}
+	}
 }
 
 // refreshShards is each engine's refreshWeights after an update of the groups (spread), or only
@@ -178,39 +196,47 @@ func refreshShards(engines []*GPU, gs []*gpuBlock, groups []Group) error {
 // engines that uploaded them, over NVLink or PCIe. The host's bytes cross the buses once in all,
 // on every GPU's at once. The time goes to each engine's *phase.
 func spread(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, phase func(e *GPU) *time.Duration) error {
-	n := len(engines)
 	err := eachEngine(engines, func(i int, e *GPU) error {
 		return e.timed(phase(e), func() error {
 			if err := e.Synchronize(); err != nil { // the passes before are done with the old weights
 				return err
 			}
-			for _, p := range share(parts(gs[i]), i, n) {
-				if err := e.stager.CopyToDevice(p.at, cuda.Bytes(p.data), e.stream); err != nil {
-					return fmt.Errorf("model: block %d weights on the GPU: %w", gs[i].b.Index, err)
-				}
-			}
-			return nil
+			return uploadShare(engines, gs, parts, i, e.stager, e.stream)
 		})
 	})
-	if err != nil || n == 1 {
+	if err != nil || len(engines) == 1 {
 		return err
 	}
 	return eachEngine(engines, func(i int, e *GPU) error {
-		return e.timed(phase(e), func() error {
-			for j, from := range engines {
-				if j == i {
-					continue
-				}
-				for _, p := range share(parts(gs[j]), j, n) {
-					to := gs[i].mem.Add(int(p.at - gs[j].mem)) // the engines' layouts are the same
-					if err := e.dev.CopyFromPeerAsync(to, from.dev, p.at, 4*len(p.data), e.stream); err != nil {
-						return fmt.Errorf("model: block %d weights from GPU %d: %w", gs[i].b.Index, from.dev.Info().Ordinal, err)
-					}
-				}
-			}
-			return nil
-		})
+		return e.timed(phase(e), func() error { return copyShares(engines, gs, parts, i, e.stream) })
 	})
+}
+
+// uploadShare queues engine i's share of the parts' bytes from the host on stream, through st.
+func uploadShare(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, i int, st *cuda.Stager, stream cuda.Stream) error {
+	for _, p := range share(parts(gs[i]), i, len(engines)) {
+		if err := st.CopyToDevice(p.at, cuda.Bytes(p.data), stream); err != nil {
+			return fmt.Errorf("model: block %d weights on the GPU: %w", gs[i].b.Index, err)
+		}
+	}
+	return nil
+}
+
+// copyShares queues on stream the copies of the other engines' shares (uploaded and finished)
+// into engine i's copy.
+func copyShares(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, i int, stream cuda.Stream) error {
+	for j, from := range engines {
+		if j == i {
+			continue
+		}
+		for _, p := range share(parts(gs[j]), j, len(engines)) {
+			to := gs[i].mem.Add(int(p.at - gs[j].mem)) // the engines' layouts are the same
+			if err := engines[i].dev.CopyFromPeerAsync(to, from.dev, p.at, 4*len(p.data), stream); err != nil {
+				return fmt.Errorf("model: block %d weights from GPU %d: %w", gs[i].b.Index, from.dev.Info().Ordinal, err)
+			}
+		}
+	}
+	return nil
 }
 
 // share is the i-th of n equal shares of the parts' values, cutting parts where a share ends.

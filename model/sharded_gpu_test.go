@@ -48,7 +48,8 @@ func (s *shardedRecorder) Update(b *Block, groups []Group) error {
 // TestGPUShardedCalibrationMatchesCPU: calibrated on two and three engines (one per GPU, or
 // several on GPU 0), each with its share of the sequences, the Gram matrices summed over the
 // shards equal the CPU calibration's over every sequence, with every group's weights replaced
-// between the steps (true-sequential, staged) and per block, and an observe-only pass.
+// between the steps (true-sequential, staged) and per block, and an observe-only pass; the third
+// block's weights come ahead, uploaded while the second calibrates.
 func TestGPUShardedCalibrationMatchesCPU(t *testing.T) {
 	cfg := mustConfig(t, strings.Replace(gpuTestConfigs[0].json, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
 	for _, engines := range []int{2, 3} {
@@ -87,6 +88,9 @@ func TestGPUShardedCalibrationMatchesCPU(t *testing.T) {
 					if err := run(m); err != nil {
 						t.Fatal(err)
 					}
+				}
+				if es[0].blocksAhead != 1 {
+					t.Errorf("%d blocks' weights were uploaded ahead, want 1 (the third)", es[0].blocksAhead)
 				}
 				if len(sharded.grams) != groupCount(cfg) {
 					t.Fatalf("sharded calibration observed %d groups, want %d", len(sharded.grams), groupCount(cfg))
