@@ -14,10 +14,27 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
+// smallSlices makes the inverse's corners in slices from 256 columns on, 128 a slice, shared by
+// several GPUs from 256 columns on, for the test's duration: what k ≥ 4096 and k ≥ 16384 do, at
+// sizes a test factors quickly.
+func smallSlices(t *testing.T) {
+	from, width, shared := slicedFrom, cornerSlice, sharedFrom
+	slicedFrom, cornerSlice, sharedFrom = 256, 128, 256
+	t.Cleanup(func() { slicedFrom, cornerSlice, sharedFrom = from, width, shared })
+}
+
 // TestGPUFactorMatchesCPU: U from the GPU's Cholesky factor and recursive triangular inverse
-// (two and three levels of halving, dead columns, act-order) equals the CPU's inverseFactor
-// within float64 rounding, entry by entry.
+// (two and three levels of halving, dead columns, act-order; corners whole and in slices)
+// equals the CPU's inverseFactor within float64 rounding, entry by entry.
 func TestGPUFactorMatchesCPU(t *testing.T) {
+	t.Run("whole corners", func(t *testing.T) { checkFactorMatchesCPU(t) })
+	t.Run("sliced corners", func(t *testing.T) {
+		smallSlices(t)
+		checkFactorMatchesCPU(t)
+	})
+}
+
+func checkFactorMatchesCPU(t *testing.T) {
 	dev, g := openGPUSolver(t)
 	for _, k := range []int{700, 1900, 2600} {
 		h := bandedKMSHessian(k)
@@ -60,8 +77,17 @@ func TestGPUFactorMatchesCPU(t *testing.T) {
 
 // TestGPUFactorOnSeveralGPUs: factored on 2, 3 and 4 solvers at once (on as many GPUs as there
 // are, round-robin), every solver's U and float32 H are one solver's bit for bit, damping
-// retries included, and solves with any of them give one solver's tensor. Fresh random inputs.
+// retries included, and solves with any of them give one solver's tensor; with the inverse's
+// top corner whole, and in slices shared by the solvers. Fresh random inputs.
 func TestGPUFactorOnSeveralGPUs(t *testing.T) {
+	t.Run("whole corner", func(t *testing.T) { checkFactorOnSeveralGPUs(t) })
+	t.Run("shared slices", func(t *testing.T) {
+		smallSlices(t)
+		checkFactorOnSeveralGPUs(t)
+	})
+}
+
+func checkFactorOnSeveralGPUs(t *testing.T) {
 	devs := gputest.OpenMany(t, 4)
 	team := make([]*GPUSolver, len(devs))
 	for i, dev := range devs {

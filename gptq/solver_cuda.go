@@ -43,7 +43,7 @@ const (
 type GPUSolver struct {
 	dev    *cuda.Device
 	module *cuda.Module
-	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, fitSearch, block, squaredError, scaleGram, live, narrow, rowDot, dequantize, firstNonFinite cuda.Function }
+	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, fitSearch, block, squaredError, scaleGram, live, narrow, rowDot, dequantize, firstNonFinite, copyColumns cuda.Function }
 	blas   *cuda.BLAS
 	solver *cuda.Solver
 	stream cuda.Stream
@@ -157,7 +157,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver,
 		{&g.fn.loadWeights, "gptq_load_weights"}, {&g.fn.fitFixed, "gptq_fit_fixed"}, {&g.fn.fitSearch, "gptq_fit_search"},
 		{&g.fn.block, "gptq_block"}, {&g.fn.squaredError, "gptq_squared_error"},
 		{&g.fn.scaleGram, "gptq_scale_gram"}, {&g.fn.live, "gptq_live"}, {&g.fn.narrow, "gptq_narrow"}, {&g.fn.rowDot, "gptq_row_dot"},
-		{&g.fn.dequantize, "gptq_dequantize"}, {&g.fn.firstNonFinite, "gptq_first_non_finite"},
+		{&g.fn.dequantize, "gptq_dequantize"}, {&g.fn.firstNonFinite, "gptq_first_non_finite"}, {&g.fn.copyColumns, "gptq_copy_columns"},
 	} {
 		if *f.dst, err = g.module.Function(f.name); err != nil {
 			return nil, err

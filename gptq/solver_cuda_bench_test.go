@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/gputest"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -43,13 +44,14 @@ func bandedKMSHessian(k int) []float64 {
 // BenchmarkGPUQuantize times the quantization step (int4-g128-sym, W and H already on the
 // GPU, results downloaded): the host plan from diag H, the inverse factor, the column
 // kernels, the GEMMs and the loss, median of 3 after a warm-up; then one profiled run for the
-// breakdown, with either inversion of the Cholesky factor; the last two shapes are a 7B linear's row share on four GPUs.
+// breakdown, with either inversion of the Cholesky factor (trtri up to k = 16384); 1024×4096 and 1024×11008 are a 7B
+// linear's row share on four GPUs, 8192×28672 a 70B's down_proj.
 // Run with -test.benchtime=1x; each shape prints a "TABLE" line.
 func BenchmarkGPUQuantize(b *testing.B) {
 	_, g := openGPUSolver(b)
 	g.poison = false
 	s := quant.Scheme{Bits: 4, GroupSize: 128, Sym: true}
-	for _, shape := range [][2]int{{4096, 4096}, {4096, 11008}, {4096, 14336}, {8192, 8192}, {1024, 4096}, {1024, 11008}} {
+	for _, shape := range [][2]int{{4096, 4096}, {4096, 11008}, {4096, 14336}, {8192, 8192}, {1024, 4096}, {1024, 11008}, {8192, 28672}} {
 		n, k := shape[0], shape[1]
 		b.Run(fmt.Sprintf("%dx%d", n, k), func(b *testing.B) {
 			w := randomWeights(rand.New(rand.NewPCG(1, 1)), n, k)
@@ -70,6 +72,9 @@ func BenchmarkGPUQuantize(b *testing.B) {
 				return st, time.Since(start)
 			}
 			for _, trtri := range []bool{false, true} {
+				if trtri && k > 16384 {
+					continue // seconds a run
+				}
 				g.inverseByTRTRI = trtri
 				once()
 				var times []time.Duration
@@ -223,4 +228,50 @@ func BenchmarkGPUQuantizeGramSetup(b *testing.B) {
 	b.ReportMetric(ms(upload), "upload-ms")
 	b.ReportMetric(ms(setup), "setup-ms")
 	b.ReportMetric(ms(total), "total-ms")
+}
+
+// BenchmarkGPUFactorShared times FactorGramOnAll of one H (a 7B's and a 70B's widest input) on
+// one GPU and shared by 2 and 4 (as many as there are): each GPU factors and inverts the halves,
+// the slices of the inverse's top corner are shared. Median of 3 after a warm-up; each case
+// prints a "TABLE" line. Run with -test.benchtime=1x.
+func BenchmarkGPUFactorShared(b *testing.B) {
+	devs := gputest.OpenMany(b, 4)
+	if _, err := cuda.EnablePeerAccess(devs); err != nil { // as a conversion does
+		b.Fatal(err)
+	}
+	team := make([]*GPUSolver, len(devs))
+	for i, dev := range devs {
+		team[i] = newTestSolver(b, dev)
+		team[i].poison = false
+	}
+	for _, k := range []int{11008, 28672} {
+		h := bandedKMSHessian(k)
+		h32 := make([]float32, k*k)
+		for i, v := range h {
+			h32[i] = float32(v)
+		}
+		grams := make([]cuda.DevicePtr, len(devs))
+		for i, dev := range devs {
+			grams[i] = gputest.Floats(b, dev, h32)
+		}
+		for _, parts := range []int{1, 2, 4} {
+			if parts > len(devs) || (parts > 1 && devs[1].Info().Ordinal == devs[0].Info().Ordinal) { // one GPU: nothing to share
+				continue
+			}
+			var times []time.Duration
+			for range 4 {
+				start := time.Now()
+				if _, err := FactorGramOnAll(team[:parts], grams[:parts], k, 1, Options{}); err != nil {
+					b.Fatal(err)
+				}
+				times = append(times, time.Since(start))
+			}
+			times = times[1:]
+			slices.Sort(times)
+			fmt.Printf("TABLE factor k=%-5d on %d GPU(s): median %6.1f ms (runs %v)\n", k, parts, ms(times[1]), times)
+		}
+		for i, dev := range devs {
+			dev.Free(grams[i])
+		}
+	}
 }

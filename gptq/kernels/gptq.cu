@@ -98,6 +98,15 @@ extern "C" __global__ void gptq_set_diagonal(double* a, int k, double v) {
     if (i < k) a[(u64)i * k + i] = v;
 }
 
+// gptq_copy_columns copies the rows×cols column-major matrix src (leading dimension lds) to dst
+// (leading dimension ldd): L⁻¹'s corner from its packed slices. Threads run down the rows of a
+// column; blockIdx.y strides over the columns.
+extern "C" __global__ void gptq_copy_columns(const double* src, int lds, int rows, int cols, double* dst, int ldd) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    for (int c = blockIdx.y; c < cols; c += gridDim.y) dst[(u64)c * ldd + r] = src[(u64)c * lds + r];
+}
+
 // gptq_unreverse writes U = J·L⁻¹·J as float32 (row-major, zero below the diagonal) from the
 // lower triangle of F holding L⁻¹, and sets *bad when an entry is not finite or a diagonal
 // entry is not positive. U(i, j) is F(k−1−i, k−1−j) of column-major F: a transpose, so each
