@@ -3,7 +3,6 @@ package convert
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,23 +41,25 @@ type blockRunner struct {
 	solver  solverSet      // nil: the pure-Go solver; else the first of all (for Supports)
 	solvers chan solverSet // the free ones of all
 	all     []solverSet
-	dev     *cuda.Device   // nil: the forward passes and Hessians on the CPU; else the first GPU
-	devs    []*cuda.Device // every GPU calibrating (GPTQ; AWQ's scaler works on the first)
-	gpu     *gpuCapture    // while calibrating on the GPU
-	device  string
-	schemes map[string]quant.Scheme // module prefix → planned scheme
-	globals map[string]float32      // NVFP4 modules' shared global scales (Options.globals)
-	hess    map[string]*gptq.Hessian
-	method  Method
-	logf    func(string, ...any)
-	stopped atomic.Bool
-	ctx     context.Context  // the conversion's: result stops waiting when it is done
-	awq     *awqScaler       // set for --method awq and awq+gptq: it drives the calibration
-	gpuPeak uint64           // the most GPU memory in use during a calibration on the GPU
-	experts *expertRouting   // which experts are calibrated on which tokens
-	tokens  int              // calibration tokens, for the experts' log lines
-	math    model.GPUOptions // the GPU engine's GEMM math (Options.CalibMath)
-	setup   time.Duration    // making the GPU solvers and calibration engines
+	// moreSolvers makes the solver sets after the first in the background (useGPUs)
+	moreSolvers sync.WaitGroup
+	dev         *cuda.Device   // nil: the forward passes and Hessians on the CPU; else the first GPU
+	devs        []*cuda.Device // every GPU calibrating (GPTQ; AWQ's scaler works on the first)
+	gpu         *gpuCapture    // while calibrating on the GPU
+	device      string
+	schemes     map[string]quant.Scheme // module prefix → planned scheme
+	globals     map[string]float32      // NVFP4 modules' shared global scales (Options.globals)
+	hess        map[string]*gptq.Hessian
+	method      Method
+	logf        func(string, ...any)
+	stopped     atomic.Bool
+	ctx         context.Context  // the conversion's: result stops waiting when it is done
+	awq         *awqScaler       // set for --method awq and awq+gptq: it drives the calibration
+	gpuPeak     uint64           // the most GPU memory in use during a calibration on the GPU
+	experts     *expertRouting   // which experts are calibrated on which tokens
+	tokens      int              // calibration tokens, for the experts' log lines
+	math        model.GPUOptions // the GPU engine's GEMM math (Options.CalibMath)
+	setup       time.Duration    // making the GPU solvers and calibration engines
 	// calibrating is when the calibration's first pass began (set before it starts: read by
 	// phases once the conversion has waited for the runner)
 	calibrating time.Time
@@ -439,29 +440,38 @@ func (r *blockRunner) useGPUs(devs []*cuda.Device) error {
 	for i := range r.all {
 		r.all[i] = make(solverSet, len(devs))
 	}
-	var making errgroup.Group // each GPU's solvers at once: a solver's cuBLAS and cuSOLVER handles take a while
-	for d, dev := range devs {
-		making.Go(func() (err error) {
-			defer timeline.Begin(dev.Info().Ordinal, "GPTQ solvers")()
-			for _, set := range r.all {
-				if set[d], err = gptq.NewGPUSolver(dev); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	}
-	err := making.Wait()
-	for _, set := range r.all {
-		if !slices.Contains(set, nil) {
-			r.solvers <- set
-		}
-	}
 	r.devs = devs // close closes the solvers made, also after an error
-	if err != nil {
+	if err := r.makeSolverSet(0); err != nil {
 		return err
 	}
 	r.solver, r.dev, r.device = r.all[0], devs[0], DeviceCUDA
+	// The others (q, k and v solved at once) are made while the calibration begins: a solver's
+	// cuBLAS and cuSOLVER handles take a while. Until they are, the linears wait for a free set.
+	r.moreSolvers.Go(func() {
+		for i := 1; i < len(r.all); i++ {
+			if err := r.makeSolverSet(i); err != nil {
+				r.logf("GPTQ solvers: %v (fewer linears are solved at once)\n", err)
+				return
+			}
+		}
+	})
+	return nil
+}
+
+// makeSolverSet makes solver set i, a solver on each GPU at once, and frees it for solves.
+func (r *blockRunner) makeSolverSet(i int) error {
+	var making errgroup.Group
+	for d, dev := range r.devs {
+		making.Go(func() (err error) {
+			defer timeline.Begin(dev.Info().Ordinal, "GPTQ solver %d", i)()
+			r.all[i][d], err = gptq.NewGPUSolver(dev)
+			return err
+		})
+	}
+	if err := making.Wait(); err != nil {
+		return err
+	}
+	r.solvers <- r.all[i]
 	return nil
 }
 
@@ -492,6 +502,7 @@ func (r *blockRunner) close() {
 		return
 	}
 	defer timeline.Begin(timeline.Host, "close the solvers")()
+	r.moreSolvers.Wait()
 	var closing sync.WaitGroup // each GPU's solvers at once: freeing device and pinned memory waits on the GPU
 	for d := range r.devs {
 		closing.Go(func() {

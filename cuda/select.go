@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/qpack-dev/qpack/internal/timeline"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -40,7 +41,9 @@ func SelectMany(choice string, ordinals []int) (devs []*Device, note string, err
 	if len(ordinals) > 0 {
 		first = ordinals[0]
 	}
+	end := timeline.Begin(timeline.Host, "driver and GPU %d's context", first)
 	dev, err := Open(first)
+	end()
 	if err != nil {
 		if choice == ChoiceCUDA {
 			return nil, "", fmt.Errorf("--device cuda: %w", err)
@@ -68,6 +71,7 @@ func SelectMany(choice string, ordinals []int) (devs []*Device, note string, err
 	var opening errgroup.Group
 	for i, o := range ordinals {
 		opening.Go(func() (err error) {
+			defer timeline.Begin(o, "context")()
 			if rest[i], err = Open(o); err != nil {
 				return fmt.Errorf("GPU %d: %w", o, err)
 			}

@@ -92,7 +92,7 @@ func (e *GPU) blockName() string {
 }
 
 // calibrateBlock observes and updates the steps of block g (uploaded) in turn, then runs it
-// with its final weights to make the next block's inputs.
+// with its final weights to make the next block's inputs (but for the last block).
 func (e *GPU) calibrateBlock(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, steps [][]Group) error {
 	b := g.b
 	e.current = g
@@ -125,6 +125,9 @@ func (e *GPU) calibrateBlock(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, steps
 	if st != nil {
 		return e.calibrateStaged(g, x, c, st)
 	}
+	if e.lastBlock(g) {
+		return nil
+	}
 	return e.timed(&e.times.Output, func() error {
 		if keep != nil {
 			return e.finishFromMLPState(g, x, keep)
@@ -132,6 +135,10 @@ func (e *GPU) calibrateBlock(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, steps
 		return e.forwardBlock(g, x, nil)
 	})
 }
+
+// lastBlock says that g is the model's last block: its output with the final weights, the
+// input of no block, is not computed (the calibration ends with the block's last update).
+func (e *GPU) lastBlock(g *gpuBlock) bool { return g.b.Index == e.cfg.Layers-1 }
 
 // observeStep runs block g on copies of x, handing c the inputs of the step's groups (in two
 // passes for some steps of a block of experts, observationPasses); keep applies to the last.

@@ -2,7 +2,7 @@
 # GPTQ across GPU counts in one call, qpack alone carried (bin/q.tar.xz: CGO_ENABLED=0 go build -o
 # bin/q/qpack ./cmd/qpack && tar -cJf bin/q.tar.xz -C bin/q qpack), with out/mid.tar.xz and
 # out/calib.txt: mid-llama through GPTQ on 1, 2 and all GPUs, each evaluated; a synthetic
-# Llama-2-7B through GPTQ 128 × 2048 on 1, 2 and all GPUs (a CPU profile and a --trace timeline of each); a
+# Llama-2-7B through GPTQ 128 × 2048 on 1, 2 and all GPUs (a --trace timeline of each); a
 # Llama-2-70B-shaped model of QPACK_70B_LAYERS layers (4; 0: none) on all GPUs and on one (QPACK_7B and
 # QPACK_70B list other --devices, each optionally :MATH for --calib-math; QPACK_MID_MATH lists the
 # --calib-math of mid-llama's one-GPU runs, QPACK_MID_METHOD their --method, gptq by default). Models live
@@ -51,8 +51,8 @@ for e in ${QPACK_7B:-0 0,1 $all}; do # GPU lists for the 7B (DEVICES[:MATH[:base
 	[[ $e == *:base ]] && b=-base e=${e%:base}
 	[[ $e == *:* ]] && m=${e#*:}
 	n=$(echo $d | tr , '\n' | wc -l)
-	app="--cpuprofile $OUT/7b-$n-$m$b.prof"
-	[[ -z $b ]] && app="$app --trace $OUT/7b-$n-$m.trace.json" # the timeline (a baseline build may not have --trace)
+	app= # no CPU profile: writing it adds to the wall time
+	[[ -z $b ]] && app="--trace $OUT/7b-$n-$m.trace.json" # the timeline (a baseline build may not have --trace)
 	conv 7b-$n-$m$b 80 s7 "$app" --devices $d --calib-math $m || break
 done
 for e in ${QPACK_7B_OTHER:-}; do # awqgptq:MATH[:base] (128 × 512) or budget:MATH[:base] (plan 3.5 bpw + GPTQ, 128 × 512) on the first GPU
@@ -68,6 +68,6 @@ done
 rm -rf $work/out-7b-*
 [[ ${QPACK_70B_LAYERS:-4} == 0 ]] || for d in ${QPACK_70B:-$all 0}; do
 	n=$(echo $d | tr , '\n' | wc -l)
-	conv 70b-$n ${QPACK_70B_T:-200} w70 "" --devices $d || break
+	conv 70b-$n ${QPACK_70B_T:-200} w70 "--trace $OUT/70b-$n.trace.json" --devices $d || break
 done
 echo "done, $(left) s left"
