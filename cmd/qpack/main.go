@@ -90,10 +90,12 @@ func stopProfile(c *cli.Context) error {
 		if err := recording.WriteFile(c.String("trace")); err != nil {
 			errs = append(errs, fmt.Errorf("--trace: %w", err))
 		}
+		recording = nil
 	}
 	if profileFile != nil {
 		pprof.StopCPUProfile()
 		errs = append(errs, profileFile.Close())
+		profileFile = nil
 	}
 	return errors.Join(errs...)
 }

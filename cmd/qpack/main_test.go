@@ -266,3 +266,40 @@ func TestDoctorReportsCPUPath(t *testing.T) {
 		}
 	}
 }
+
+// TestTraceFlag: `qpack --trace FILE convert …` writes a trace-event file with the conversion's
+// phases — the plan, the method's setup, each block's solves — on the host's row.
+func TestTraceFlag(t *testing.T) {
+	tiny := "../../testdata/models/tiny"
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.json")
+	_, err := run(t, "--trace", trace, "convert", tiny, "-o", filepath.Join(dir, "q"), "-q", "--device", "cpu", "--method", "gptq",
+		"--calib", tiny+"/heldout.txt", "--calib-samples", "2", "--calib-seqlen", "64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		TraceEvents []struct {
+			Name  string `json:"name"`
+			Phase string `json:"ph"`
+		} `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(data, &file); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, e := range file.TraceEvents {
+		if e.Phase == "X" {
+			seen[e.Name] = true
+		}
+	}
+	for _, want := range []string{"plan", "set up the method", "quantize and write", "solve block 0 [qkv]", "solve block 1 [down]"} {
+		if !seen[want] {
+			t.Errorf("no %q span in the trace; spans: %v", want, seen)
+		}
+	}
+}
