@@ -46,6 +46,7 @@ conv() { # name, seconds, model, qpack's own flags, convert's flags... (the base
 		--calib $work/$m/calib_ids.npy --calib-samples 128 --calib-seqlen 2048 ${QPACK_ARGS:-} "$@" >"$OUT/$name.log" 2>&1
 	grep -E '^(gptq|awq|awq\+gptq) on|^plan:.*(statistics|probe).* s$|wall|^qpack: |panic' "$OUT/$name.log" | cut -c1-420
 }
+[[ ${QPACK_7B:-} == none ]] && QPACK_7B=" " # none: no GPTQ runs of the 7B (only QPACK_7B_OTHER's)
 for e in ${QPACK_7B:-0 0,1 $all}; do # GPU lists for the 7B (DEVICES[:MATH[:base]]), then for the 70B-shaped model
 	d=${e%%:*} m=fp16 b= # the default
 	[[ $e == *:base ]] && b=-base e=${e%:base}
@@ -60,8 +61,8 @@ for e in ${QPACK_7B_OTHER:-}; do # awqgptq:MATH[:base] (128 × 512) or budget:MA
 	[[ $e == *:base ]] && b=-base e=${e%:base}
 	m=${e#*:}
 	case ${e%%:*} in
-	awqgptq) conv 7b-awqgptq-$m$b 80 s7 "--cpuprofile $OUT/7b-awqgptq-$m$b.prof" --devices 0 --calib-math $m --method awq+gptq --calib-seqlen 512 ;;
-	budget) conv 7b-budget-$m$b 100 s7 "--cpuprofile $OUT/7b-budget-$m$b.prof" --devices 0 --calib-math $m --calib-seqlen 512 --format qpack --strategy budget --target-bpw 3.5 \
+	awqgptq) conv 7b-awqgptq-$m$b 80 s7 "" --devices 0 --calib-math $m --method awq+gptq --calib-seqlen 512 ;;
+	budget) conv 7b-budget-$m$b 100 s7 "" --devices 0 --calib-math $m --calib-seqlen 512 --format qpack --strategy budget --target-bpw 3.5 \
 		--ladder int2-g64-asym,int3-g128-asym,int4-g128-asym,int8-g128-asym ;;
 	esac
 done
