@@ -26,11 +26,14 @@ func smallSlices(t *testing.T) {
 // TestGPUFactorMatchesCPU: U from the GPU's Cholesky factor and recursive triangular inverse
 // (two and three levels of halving, dead columns, act-order; corners whole and in slices)
 // equals the CPU's inverseFactor within float64 rounding, entry by entry.
-func TestGPUFactorMatchesCPU(t *testing.T) {
-	t.Run("whole corners", func(t *testing.T) { checkFactorMatchesCPU(t) })
+func TestGPUFactorMatchesCPU(t *testing.T) { wholeAndSliced(t, checkFactorMatchesCPU) }
+
+// wholeAndSliced runs check with the inverse's corners as k makes them, then in small slices.
+func wholeAndSliced(t *testing.T, check func(t *testing.T)) {
+	t.Run("whole corners", check)
 	t.Run("sliced corners", func(t *testing.T) {
 		smallSlices(t)
-		checkFactorMatchesCPU(t)
+		check(t)
 	})
 }
 
@@ -79,13 +82,7 @@ func checkFactorMatchesCPU(t *testing.T) {
 // are, round-robin), every solver's U and float32 H are one solver's bit for bit, damping
 // retries included, and solves with any of them give one solver's tensor; with the inverse's
 // top corner whole, and in slices shared by the solvers. Fresh random inputs.
-func TestGPUFactorOnSeveralGPUs(t *testing.T) {
-	t.Run("whole corner", func(t *testing.T) { checkFactorOnSeveralGPUs(t) })
-	t.Run("shared slices", func(t *testing.T) {
-		smallSlices(t)
-		checkFactorOnSeveralGPUs(t)
-	})
-}
+func TestGPUFactorOnSeveralGPUs(t *testing.T) { wholeAndSliced(t, checkFactorOnSeveralGPUs) }
 
 func checkFactorOnSeveralGPUs(t *testing.T) {
 	devs := gputest.OpenMany(t, 4)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/qpack-dev/qpack/convert"
+	"github.com/qpack-dev/qpack/internal/timeline"
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
@@ -278,28 +279,17 @@ func TestTraceFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(trace)
+	spans, err := timeline.ReadFile(trace)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var file struct {
-		TraceEvents []struct {
-			Name  string `json:"name"`
-			Phase string `json:"ph"`
-		} `json:"traceEvents"`
-	}
-	if err := json.Unmarshal(data, &file); err != nil {
-		t.Fatal(err)
-	}
 	seen := map[string]bool{}
-	for _, e := range file.TraceEvents {
-		if e.Phase == "X" {
-			seen[e.Name] = true
-		}
+	for _, sp := range spans {
+		seen[sp.Name] = sp.Lane == "host"
 	}
 	for _, want := range []string{"plan", "set up the method", "quantize and write", "solve block 0 [qkv]", "solve block 1 [down]"} {
 		if !seen[want] {
-			t.Errorf("no %q span in the trace; spans: %v", want, seen)
+			t.Errorf("no %q span on the host's row; spans: %v", want, seen)
 		}
 	}
 }

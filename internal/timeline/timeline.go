@@ -114,3 +114,43 @@ func (r *Recording) WriteFile(path string) error {
 
 // tid numbers the lanes from 0: the host first, then the GPUs.
 func tid(lane int) int { return lane + 1 }
+
+// Span is one span of a timeline file: its name, its lane's name ("host", "GPU 0", …), and when it
+// began and how long it lasted, from the recording's start.
+type Span struct {
+	Name, Lane      string
+	Start, Duration time.Duration
+}
+
+// ReadFile reads the spans of a timeline file that WriteFile wrote, in the file's order.
+func ReadFile(path string) ([]Span, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("timeline: %w", err)
+	}
+	var file struct {
+		TraceEvents []struct {
+			Name  string            `json:"name"`
+			Phase string            `json:"ph"`
+			TS    float64           `json:"ts"` // microseconds
+			Dur   float64           `json:"dur"`
+			TID   int               `json:"tid"`
+			Args  map[string]string `json:"args"`
+		} `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(data, &file); err != nil {
+		return nil, fmt.Errorf("timeline: %s: %w", path, err)
+	}
+	lanes := map[int]string{}
+	var spans []Span
+	us := func(v float64) time.Duration { return time.Duration(v * 1e3) }
+	for _, e := range file.TraceEvents {
+		switch e.Phase {
+		case "M":
+			lanes[e.TID] = e.Args["name"]
+		case "X":
+			spans = append(spans, Span{e.Name, lanes[e.TID], us(e.TS), us(e.Dur)})
+		}
+	}
+	return spans, nil
+}
