@@ -18,14 +18,20 @@
 //  2. Per-channel parameters come from the whole row; static groups (Options.StaticGroups)
 //     from the original weights, in the original column order.
 //  3. Act-order (Options.ActOrder) quantizes columns by decreasing diag H.
-//  4. λ = Damp·mean(diag H) is added to the diagonal and U, the upper Cholesky factor of
-//     H⁻¹, is computed in float64 (gonum's LAPACK). A failed factorisation is retried with
-//     ten times the damping, up to MaxDamp.
-//  5. Columns are quantized in blocks of 128, each row on its own (rows share only U):
-//     q = quantize(w), err = (w − q)/U_ii, the rest of the block −= err·U[i, ·] (float32);
-//     after the block, all later columns −= Err·U[block, later] (a float32 GEMM).
+//  4. λ = Damp·mean(diag H) is added to the diagonal. The reference's U, the upper Cholesky
+//     factor of H⁻¹, is the inverse of T, the upper triangular factor of H = T·Tᵀ, which one
+//     Cholesky factorisation gives (of H with its columns reversed, in float64, gonum's LAPACK);
+//     no inverse is computed (factor.go). A failed factorisation is retried with ten times the
+//     damping, up to MaxDamp.
+//  5. Columns are quantized in blocks of 128, each row on its own (rows share only T): q =
+//     quantize(w), d = W − q against the original weight W, the rest of the block += d·T_ij/T_jj
+//     (float32); after the block, all later columns += D·T′[block, later] (a float32 GEMM). Each
+//     column is quantized from the same value as in the reference (which spreads
+//     e = (w − q)/U_ii with U), and the loss is Σ e² with e = (w − q)·T_ii.
 //     Groups fitted on the fly read the weights as they were before the current block's own
-//     updates, which is what the reference's find_params(W[:, i:i+gs]) sees.
+//     updates, which is what the reference's find_params(W[:, i:i+gs]) sees: those partial sums
+//     differ between the two forms, and are recovered by a triangular solve with the block's
+//     diagonal block of T (problem.settled).
 //
 // Every integer scheme of package quant (2, 3, 4, 8 bits; per-channel or groups; symmetric
 // or not) is supported, with min-max parameters or the reference's MSE clipping search
@@ -40,7 +46,7 @@
 // diag H, with or without Options.Imatrix). Their lattice types code
 // 8 weights jointly (a grid point and a sign byte; two points for IQ3), so each group of 8 is
 // coded when the loop reaches its first column, from its weights at that moment, by an
-// exhaustive search of the grid at the block's fixed scales weighted by GPTQ's costs 1/U_jj²;
+// exhaustive search of the grid at the block's fixed scales weighted by GPTQ's costs 1/U_jj² = T_jj²;
 // every column's error is then spread as usual (the errors of a group's later columns include
 // the updates from its earlier ones, which makes the sequence exactly the block update for the
 // whole group). They refuse act-order. Other grids are refused.

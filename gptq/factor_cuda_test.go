@@ -14,30 +14,9 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// smallSlices makes the inverse's corners in slices from 256 columns on, 128 a slice, shared by
-// several GPUs from 256 columns on, for the test's duration: what k ≥ 4096 and k ≥ 16384 do, at
-// sizes a test factors quickly.
-func smallSlices(t *testing.T) {
-	from, width, shared := slicedFrom, cornerSlice, sharedFrom
-	slicedFrom, cornerSlice, sharedFrom = 256, 128, 256
-	t.Cleanup(func() { slicedFrom, cornerSlice, sharedFrom = from, width, shared })
-}
-
-// TestGPUFactorMatchesCPU: U from the GPU's Cholesky factor and recursive triangular inverse
-// (two and three levels of halving, dead columns, act-order; corners whole and in slices)
-// equals the CPU's inverseFactor within float64 rounding, entry by entry.
-func TestGPUFactorMatchesCPU(t *testing.T) { wholeAndSliced(t, checkFactorMatchesCPU) }
-
-// wholeAndSliced runs check with the inverse's corners as k makes them, then in small slices.
-func wholeAndSliced(t *testing.T, check func(t *testing.T)) {
-	t.Run("whole corners", check)
-	t.Run("sliced corners", func(t *testing.T) {
-		smallSlices(t)
-		check(t)
-	})
-}
-
-func checkFactorMatchesCPU(t *testing.T) {
+// TestGPUFactorMatchesCPU: T′ from the GPU's Cholesky factor (dead columns, act-order) equals
+// the CPU's columnFactor within float64 rounding, entry by entry.
+func TestGPUFactorMatchesCPU(t *testing.T) {
 	dev, g := openGPUSolver(t)
 	for _, k := range []int{700, 1900, 2600} {
 		h := bandedKMSHessian(k)
@@ -52,10 +31,10 @@ func checkFactorMatchesCPU(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := download(t, dev, f.u, k*k)
+			got := download(t, dev, f.t, k*k)
 			dead, _ := deadColumns(diagonal(h, k))
 			var st Stats
-			want, err := inverseFactor(new(Workspace), h, k, columnOrder(diagonal(h, k), dead, opt.ActOrder), dead, opt.withDefaults(), &st)
+			want, err := columnFactor(new(Workspace), h, k, columnOrder(diagonal(h, k), dead, opt.ActOrder), dead, opt.withDefaults(), &st)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +46,7 @@ func checkFactorMatchesCPU(t *testing.T) {
 			for i, v := range want {
 				if d := math.Abs(float64(got[i]) - float64(v)); d > 1e-6*largest+1e-5*math.Abs(float64(v)) {
 					if bad++; bad <= 3 {
-						t.Errorf("k %d, %+v: U[%d][%d] = %g on the GPU, %g on the CPU", k, opt, i/k, i%k, got[i], v)
+						t.Errorf("k %d, %+v: T′[%d][%d] = %g on the GPU, %g on the CPU", k, opt, i/k, i%k, got[i], v)
 					}
 				}
 			}
@@ -79,12 +58,9 @@ func checkFactorMatchesCPU(t *testing.T) {
 }
 
 // TestGPUFactorOnSeveralGPUs: factored on 2, 3 and 4 solvers at once (on as many GPUs as there
-// are, round-robin), every solver's U and float32 H are one solver's bit for bit, damping
-// retries included, and solves with any of them give one solver's tensor; with the inverse's
-// top corner whole, and in slices shared by the solvers. Fresh random inputs.
-func TestGPUFactorOnSeveralGPUs(t *testing.T) { wholeAndSliced(t, checkFactorOnSeveralGPUs) }
-
-func checkFactorOnSeveralGPUs(t *testing.T) {
+// are, round-robin), every solver's T′ and float32 H are one solver's bit for bit, damping
+// retries included, and solves with any of them give one solver's tensor. Fresh random inputs.
+func TestGPUFactorOnSeveralGPUs(t *testing.T) {
 	devs := gputest.OpenMany(t, 4)
 	team := make([]*GPUSolver, len(devs))
 	for i, dev := range devs {
@@ -117,7 +93,7 @@ func checkFactorOnSeveralGPUs(t *testing.T) {
 		if one.retries != c.retries {
 			t.Errorf("%s: %d retries, want %d", c.name, one.retries, c.retries)
 		}
-		wantU, wantH := download(t, devs[0], one.u, k*k), download(t, devs[0], one.h32, k*k)
+		wantT, wantH := download(t, devs[0], one.t, k*k), download(t, devs[0], one.h32, k*k)
 		want, wst, err := team[0].QuantizeFactored(nil, 0, w, 0, n, one, s, opt)
 		if err != nil {
 			t.Fatal(err)
@@ -131,8 +107,8 @@ func checkFactorOnSeveralGPUs(t *testing.T) {
 				if f.retries != c.retries || f.damp != one.damp {
 					t.Errorf("%s, %d parts, solver %d: %d retries, damping %g; want %d, %g", c.name, parts, i, f.retries, f.damp, c.retries, one.damp)
 				}
-				if !slices.Equal(download(t, devs[i], f.u, k*k), wantU) || !slices.Equal(download(t, devs[i], f.h32, k*k), wantH) {
-					t.Errorf("%s, %d parts, solver %d: U or H differs from one solver's", c.name, parts, i)
+				if !slices.Equal(download(t, devs[i], f.t, k*k), wantT) || !slices.Equal(download(t, devs[i], f.h32, k*k), wantH) {
+					t.Errorf("%s, %d parts, solver %d: T′ or H differs from one solver's", c.name, parts, i)
 				}
 				got, gst, err := team[i].QuantizeFactored(nil, 0, w, 0, n, f, s, opt)
 				if err != nil {

@@ -32,7 +32,7 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 		opt.GlobalScale = quant.NVFP4GlobalScale(absMax(w))
 	}
 	p := &problem{
-		t: newTensor(s, n, k, opt.GlobalScale), lay: newLayout(s, k, perm, opt.StaticGroups),
+		q: newTensor(s, n, k, opt.GlobalScale), lay: newLayout(s, k, perm, opt.StaticGroups),
 		k: k, groups: s.Groups(k), bs: opt.BlockSize, opt: opt,
 	}
 	p.kt, _ = kquant.TypeOf(s)
@@ -42,44 +42,46 @@ func Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (
 		return nil, st, err
 	}
 	factorStart := time.Now()
-	u, err := inverseFactor(opt.Work, h, k, perm, dead, opt, &st)
+	t, err := columnFactor(opt.Work, h, k, perm, dead, opt, &st)
 	st.Factor = time.Since(factorStart)
 	if err != nil {
 		return nil, st, err
 	}
-	p.u = u
+	p.t, p.orig, p.dead = t, w, dead
 	if p.it != nil {
-		p.cost = errorCosts(u, k)
+		p.cost = errorCosts(t, k)
 	}
 	errSq, err := p.run(n)
 	if err != nil {
 		return nil, st, err
 	}
-	p.t.GIdx = p.lay.gIdx()
+	p.q.GIdx = p.lay.gIdx()
 	// With E the scaled errors, ΔW = W − Q = E·U and (H + λI)⁻¹ = UᵀU, so
 	// tr(ΔW (H + λI) ΔWᵀ) = Σ err²: the proxy loss needs no product with H, only the
 	// damping's share λ‖ΔW‖² taken off.
-	st.Loss = max(0, errSq-st.Lambda*squaredError(p.t, w, dead))
+	st.Loss = max(0, errSq-st.Lambda*squaredError(p.q, w, dead))
 	if opt.BaselineLoss {
 		st.Baseline = baselineLoss(w, n, k, h, dead)
 		st.RelativeLoss = st.Loss / st.Baseline
 	}
 	st.Total = time.Since(start)
-	return p.t, st, nil
+	return p.q, st, nil
 }
 
 // problem is one quantization in progress: the working weights in quantization order and the
-// inverse factor they are updated with, shared read-only by the row workers.
+// column factor they are updated with, shared read-only by the row workers.
 type problem struct {
-	t  *quant.Tensor
-	kt *kquant.Type // t's k-quant type, nil for other grids
-	it *iquant.Type // t's IQ type, nil for other grids
-	// cost[i] = 1/U_ii², GPTQ's cost of a unit error in column i (the loss adds (w − q)²/U_ii²):
+	q  *quant.Tensor
+	kt *kquant.Type // q's k-quant type, nil for other grids
+	it *iquant.Type // q's IQ type, nil for other grids
+	// cost[i] = T_ii², GPTQ's cost of a unit error in column i (the loss adds (w − q)²·T_ii²):
 	// the weights with which an IQ group is coded (IQ types only).
 	cost []float32
 	lay  layout
 	w    []float32 // N×K working weights, column i is original column perm[i]
-	u    []float32 // K×K upper Cholesky factor of the damped H⁻¹, in quantization order
+	t    []float32 // K×K column factor T′ (columnFactor), in quantization order
+	orig []float32 // N×K weights as given: d_i = W_i − q_i reads them (dead columns as zero)
+	dead []bool    // by original column
 	k    int
 	// groups is the number of groups per row: the row stride of t.Scales (not for k-quants).
 	groups int
@@ -112,12 +114,12 @@ func (p *problem) run(n int) (float64, error) {
 }
 
 // quantizeRows is the reference's block loop for rows [lo, hi): quantize a block of columns one
-// by one, spreading each column's error over the rest of the block, then push the block's
-// errors to all later columns at once.
+// by one, spreading each column's difference from the original weights over the rest of the
+// block, then push the block's differences to all later columns at once.
 func (p *problem) quantizeRows(lo, hi int) (float64, error) {
 	k, bs := p.k, p.bs
-	errs := make([]float32, (hi-lo)*bs) // Err1: the block's scaled errors, one row per weight row
-	f := newFitter(p.t, p.opt, p.lay.size)
+	diffs := make([]float32, (hi-lo)*bs) // the block's W − Q, one row per weight row
+	f := newFitter(p.q, p.opt, p.lay.size)
 	total := 0.0
 	for i1 := 0; i1 < k; i1 += bs {
 		i2 := min(i1+bs, k)
@@ -126,7 +128,7 @@ func (p *problem) quantizeRows(lo, hi int) (float64, error) {
 			if err := p.fitGroupsStartingIn(f, r, row, i1, i2); err != nil {
 				return 0, err
 			}
-			sum, err := p.quantizeBlock(f, r, row, i1, i2, errs[(r-lo)*bs:])
+			sum, err := p.quantizeBlock(f, r, row, i1, i2, diffs[(r-lo)*bs:])
 			if err != nil {
 				return 0, err
 			}
@@ -135,22 +137,26 @@ func (p *problem) quantizeRows(lo, hi int) (float64, error) {
 			}
 			total += sum
 		}
-		trailingUpdate(p.w, k, lo, hi, errs, bs, p.u, i1, i2)
+		trailingUpdate(p.w, k, lo, hi, diffs, bs, p.t, i1, i2)
 	}
 	return total, nil
 }
 
 // fitGroupsStartingIn fits the on-the-fly groups that start inside the block [i1, i2) of row r.
 // Like the reference, which calls find_params(W[:, i:i+gs]) on the outer W, it reads the
-// weights as they were before this block's own updates. FP4 blocks are fitted later, by
-// quantizeBlock (fitsAtColumn).
+// weights as they were before this block's own updates (settled from i1). FP4 blocks are fitted
+// later, by quantizeBlock (fitsAtColumn).
 func (p *problem) fitGroupsStartingIn(f *fitter, r int, row []float32, i1, i2 int) error {
 	if p.fitsAtColumn() {
 		return nil
 	}
+	var settled []float32
 	for i := i1; i < i2; i++ {
 		if p.lay.onTheFly(i) {
-			if err := p.fitGroupAt(f, r, row, i); err != nil {
+			if settled == nil { // up to the end of the last group starting in the block
+				settled = p.settled(f, r, row, i1, min((i2-1)/p.lay.size*p.lay.size+p.lay.size, p.k))
+			}
+			if err := p.fitGroupAt(f, r, settled[i-i1:], i); err != nil {
 				return err
 			}
 		}
@@ -158,40 +164,76 @@ func (p *problem) fitGroupsStartingIn(f *fitter, r int, row []float32, i1, i2 in
 	return nil
 }
 
-// fitGroupAt fits the group of row r that starts at quantization position i from the working
-// weights row[i:].
-func (p *problem) fitGroupAt(f *fitter, r int, row []float32, i int) error {
+// fitGroupAt fits the group of row r that starts at quantization position i from the weights
+// w[0:], those of positions i on.
+func (p *problem) fitGroupAt(f *fitter, r int, w []float32, i int) error {
 	hi := min(i+p.lay.size, p.k)
-	return f.fit(r, p.lay.group(i), row[i:hi], p.imp[i:hi])
+	return f.fit(r, p.lay.group(i), w[:hi-i], p.imp[i:hi])
+}
+
+// settled returns the weights of positions [from, to) of row r as the reference has them when
+// its column loop reaches from: W − Σ_{l<from} e_l·U_l·, what its group fits read. The working
+// row here holds P = W + Σ_{l<from} d_l·T′_l· instead (the same value at from itself, not
+// after it); with y = P − W on [from, to) solved against T's diagonal block there,
+// y_j ← y_j − Σ_{from≤l<j} y_l·T′_lj, the reference's weights are W + y. (Both sums are
+// D_<·T_<,≥ times the inverse of a triangular factor of the rest: T_≥'s diagonal for P, all of
+// T_≥ for the reference, as U_<,≥ = −T_<<⁻¹·T_<≥·T_≥≥⁻¹.) The result lives in f's scratch.
+func (p *problem) settled(f *fitter, r int, row []float32, from, to int) []float32 {
+	k := p.k
+	f.settled = grow(f.settled, to-from)
+	y := f.settled
+	for j := from; j < to; j++ {
+		y[j-from] = row[j] - p.original(r, j)
+	}
+	for l := from; l < to; l++ {
+		yl, trow := y[l-from], p.t[l*k:(l+1)*k]
+		for j := l + 1; j < to; j++ {
+			y[j-from] -= yl * trow[j]
+		}
+	}
+	for j := from; j < to; j++ {
+		y[j-from] += p.original(r, j)
+	}
+	return y
 }
 
 // quantizeBlock is the column loop of one row inside the block [i1, i2), in float32: quantize
-// column i, err = (w − q)/U[i,i], W[i+1:i2] −= err·U[i, i+1:i2]. It stores the codes in original
-// column order and the errors in errs[0:i2−i1], and returns Σ err² (float64). It fits the
-// groups that fitsAtColumn leaves to it.
-func (p *problem) quantizeBlock(f *fitter, r int, row []float32, i1, i2 int, errs []float32) (float64, error) {
-	t, k := p.t, p.k
+// column i, d = W_i − q (W the weights as given), w[i+1:i2] += d·T′[i, i+1:i2]. It stores the
+// codes in original column order and the differences in diffs[0:i2−i1], and returns Σ e² with
+// e = (w_i − q)·T_ii (float64), the reference's scaled errors. It fits the groups that
+// fitsAtColumn leaves to it.
+func (p *problem) quantizeBlock(f *fitter, r int, row []float32, i1, i2 int, diffs []float32) (float64, error) {
+	t, k := p.q, p.k
 	sum := 0.0
 	atColumn := p.fitsAtColumn()
 	for i := i1; i < i2; i++ {
 		if atColumn && p.lay.onTheFly(i) {
-			if err := p.fitGroupAt(f, r, row, i); err != nil {
+			if err := p.fitGroupAt(f, r, p.settled(f, r, row, i, min(i+p.lay.size, k)), i); err != nil {
 				return 0, err
 			}
 		}
-		code, q := p.round(r, i, row)
-		urow := p.u[i*k : i*k+i2]
-		e := (row[i] - q) / urow[i]
+		code, q := p.round(f, r, i, row)
+		trow := p.t[i*k : i*k+i2]
+		d := p.original(r, i) - q
 		for j := i + 1; j < i2; j++ {
-			row[j] -= e * urow[j]
+			row[j] += d * trow[j]
 		}
-		errs[i-i1] = e
+		diffs[i-i1] = d
 		if p.it == nil {
 			t.Codes[r*k+p.lay.perm[i]] = code
 		}
+		e := (row[i] - q) * trow[i]
 		sum += float64(e) * float64(e)
 	}
 	return sum, nil
+}
+
+// original is the weight of row r at quantization position i as given, zero in a dead column.
+func (p *problem) original(r, i int) float32 {
+	if c := p.lay.perm[i]; !p.dead[c] {
+		return p.orig[r*p.k+c]
+	}
+	return 0
 }
 
 // fitsAtColumn reports whether on-the-fly groups are fitted when the column loop reaches their
@@ -199,33 +241,33 @@ func (p *problem) quantizeBlock(f *fitter, r int, row []float32, i1, i2 int, err
 // than at the start of the block of columns. FP4 blocks are: their scale is searched against
 // the weights it will code (newFitter), and on mid-llama the search on the weights the
 // reference's groups see (before the block's own updates) gave 0.019 more perplexity (docs/fp4.md).
-func (p *problem) fitsAtColumn() bool { return p.t.Scheme.IsFP4() }
+func (p *problem) fitsAtColumn() bool { return p.q.Scheme.IsFP4() }
 
 // round rounds the weight of row r at quantization position i (row holds the row's working
 // weights) with its group's fitted parameters: its code and the value the code stands for. An
 // IQ type codes a whole group of adjacent weights when the loop reaches its first column, from
-// their weights at that moment (all earlier columns' errors spread), weighted by GPTQ's costs;
-// it stores the codes in the tensor itself.
-func (p *problem) round(r, i int, row []float32) (uint8, float32) {
+// their weights at that moment (all earlier columns' errors spread: settled), weighted by GPTQ's
+// costs; it stores the codes in the tensor itself.
+func (p *problem) round(f *fitter, r, i int, row []float32) (uint8, float32) {
 	if p.it != nil {
 		col := p.lay.perm[i] // the identity: IQ types refuse act-order
 		if gw := p.it.GroupWidth(); col%gw == 0 {
-			p.it.CodeGroup(p.t, r, col, row[i:i+gw], p.cost[i:i+gw])
+			p.it.CodeGroup(p.q, r, col, p.settled(f, r, row, i, i+gw), p.cost[i:i+gw])
 		}
-		return 0, p.t.IQValue(r, col)
+		return 0, p.q.IQValue(r, col)
 	}
 	if p.kt != nil {
-		return p.kt.Round(p.t, r, p.lay.perm[i], row[i])
+		return p.kt.Round(p.q, r, p.lay.perm[i], row[i])
 	}
-	return roundOne(p.t, row[i], r*p.groups+p.lay.group(i))
+	return roundOne(p.q, row[i], r*p.groups+p.lay.group(i))
 }
 
-// errorCosts returns 1/U_ii² for each column of the k×k factor u.
-func errorCosts(u []float32, k int) []float32 {
+// errorCosts returns T_ii² for each column of the k×k column factor t.
+func errorCosts(t []float32, k int) []float32 {
 	c := make([]float32, k)
 	for i := range c {
-		d := float64(u[i*k+i])
-		c[i] = float32(1 / (d * d))
+		d := float64(t[i*k+i])
+		c[i] = float32(d * d)
 	}
 	return c
 }
@@ -250,10 +292,10 @@ func roundOne(t *quant.Tensor, w float32, i int) (uint8, float32) {
 // loadWeights fits the parameters that precede all updates (per-channel, static groups) and
 // fills the working weights: W with dead columns zeroed, columns in quantization order.
 func (p *problem) loadWeights(ws *Workspace, w []float32, dead []bool) error {
-	n, k := p.t.N, p.k
+	n, k := p.q.N, p.k
 	ws.w = grow(ws.w, n*k)
 	p.w = ws.w
-	f := newFitter(p.t, p.opt, p.lay.size)
+	f := newFitter(p.q, p.opt, p.lay.size)
 	row := make([]float32, k)
 	for r := range n {
 		if err := f.fitBeforeUpdates(p.lay, w, r, dead, row, p.impOrig); err != nil {

@@ -115,6 +115,8 @@ type fitter struct {
 	it    *iquant.Type      // the IQ type of t, nil for other grids
 	opt   blockwise.Options // the search: Clip or Imatrix
 	codes []uint8           // scratch for the searches, len ≥ group size
+	// settled is scratch for the weights that a fit reads (problem.settled)
+	settled []float32
 }
 
 // newFitter's FP4 fits always search the block scale, weighted by diag H (blockwise's imatrix

@@ -75,7 +75,7 @@ type Stats struct {
 	FailedDamps []float64
 	// DeadColumns counts input channels with H_ii = 0.
 	DeadColumns int
-	// Factor is the time spent on damping and the inverse factor, Total the whole call.
+	// Factor is the time spent on damping and the Cholesky factor, Total the whole call.
 	Factor, Total time.Duration
 	// GPU only: Setup is the time spent checking the weights and putting W and H on the
 	// device, Baseline computing the baseline loss.
@@ -83,10 +83,10 @@ type Stats struct {
 }
 
 // Workspace holds Quantize's large buffers: the K×K float64 factorisation (8·K² bytes), the
-// float32 inverse factor (4·K²) and the N×K working weights (4·N·K).
+// float32 column factor T′ (4·K²) and the N×K working weights (4·N·K).
 type Workspace struct {
 	factor []float64
-	u      []float32
+	t      []float32
 	w      []float32
 }
 

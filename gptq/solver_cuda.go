@@ -25,15 +25,21 @@ var (
 	gptqSource []byte
 )
 
+// solverStagingBytes is a solver's pinned memory. In a calibration it moves the codes and group
+// parameters of a linear's rows (the weights and H are on the device already); pinning costs
+// about 0.4 ms a MiB, and the GPUs of one host pin one after another: with 64 MiB, each of four
+// H100s took 130 ms to make a solver where one alone took 25.
+const solverStagingBytes = 16 << 20
+
 // Constants of kernels/gptq.cu.
 const (
 	gpuBlockSize = 128 // BS
 	gpuRowsPerCB = 8   // WARPS: rows per thread block of gptq_block
 )
 
-// GPUSolver runs GPTQ on one GPU: the same algorithm as Quantize, with the damped inverse
-// factor in float64 (cuSOLVER's Cholesky, then the factor's inverse by recursive halving with
-// cuBLAS: a Factor, which several solves may share), the column loop of each
+// GPUSolver runs GPTQ on one GPU: the same algorithm as Quantize, with the damped Hessian's
+// Cholesky factor in float64 (cuSOLVER; T′ from it is a Factor, which several solves may
+// share), the column loop of each
 // block of 128 columns in one kernel (a warp per row), and each block's trailing update as a
 // cuBLAS float32 GEMM. Groups are fitted min-max, or with the searches of Options.Imatrix and
 // Options.Clip (gptq_fit_search: a warp per group, the CPU's arithmetic in the CPU's order):
@@ -43,17 +49,12 @@ const (
 type GPUSolver struct {
 	dev    *cuda.Device
 	module *cuda.Module
-	fn     struct{ buildFactor, setDiagonal, unreverse, loadWeights, fitFixed, fitSearch, block, squaredError, scaleGram, live, narrow, rowDot, dequantize, firstNonFinite, copyColumns cuda.Function }
+	fn     struct{ buildFactor, unreverse, loadWeights, fitFixed, fitSearch, settle, block, squaredError, scaleGram, live, narrow, rowDot, dequantize, firstNonFinite cuda.Function }
 	blas   *cuda.BLAS
 	solver *cuda.Solver
 	stream cuda.Stream
 	stager *cuda.Stager // uploads W and H through pinned memory
 	bufs   [numGPUSlots]gpuBuffer
-
-	// inverseByTRTRI inverts the Cholesky factor with cuSOLVER's trtri instead of invertLower
-	// (tests and BenchmarkGPUQuantize: on an H100 at K = 14336 trtri took 143 ms, invertLower
-	// 38.5).
-	inverseByTRTRI bool
 
 	poison  bool        // tests: fill outputs and scratch with garbage before each run
 	profile *gpuProfile // when set, each phase is timed with events
@@ -81,11 +82,11 @@ type gpuBuffer struct {
 const (
 	slotH        = iota // K×K float64 Hessian as given
 	slotFactor          // K×K float64 cuSOLVER matrix
-	slotInverse         // K×K float64 L⁻¹ from the triangular solve; then H as float32 (Factor.h32)
-	slotU               // K×K float32 inverse factor
+	slotH32             // K×K float32 H (Factor.h32)
+	slotT               // K×K float32 column factor T′ (Factor.t)
 	slotOrig            // N×K float32 weights as given
 	slotW               // N×K float32 working weights
-	slotErr             // N×128 float32 block errors
+	slotDiff            // N×128 float32 block differences W − Q
 	slotCodes           // N×K uint8
 	slotScales          // N×groups float32
 	slotZeros           // N×groups uint8
@@ -96,8 +97,8 @@ const (
 	slotDead            // K uint8
 	slotRowSq           // N float64
 	slotRowDq           // N float64
-	slotFlags           // status (uint64), potrf info, trtri info, bad (int32 each), at flagNonFinite the first non-finite weight (uint64)
-	slotBaseWH          // N×K float32 W·H, for the baseline loss
+	slotFlags           // status (uint64), potrf info, bad (int32 each), at flagNonFinite the first non-finite weight (uint64)
+	slotBaseWH          // N×K float32: the weights settled for the group fits (gptq_settle), then W·H for the baseline loss
 	slotBaseRows        // N float64 row sums of W·H∘W; loadGram borrows it for diag H
 	slotImpOrig         // K float32 diag H in the original order (Options.Imatrix)
 	slotImpPos          // K float32 diag H in quantization order (Options.Imatrix)
@@ -114,12 +115,10 @@ type gpuProfile struct {
 	pending []pendingSpan
 }
 
-// Profiled phases: the Cholesky factorisation (with building the damped matrix), the
-// triangular inverse (with U's conversion), the column kernels, the trailing GEMMs, the
-// searched group fits (gptq_fit_search), the rest.
+// Profiled phases: the Cholesky factorisation (with building the damped matrix and T′), the
+// column kernels, the trailing GEMMs, the searched group fits (gptq_fit_search), the rest.
 const (
 	phaseCholesky = iota
-	phaseInverse
 	phaseColumns
 	phaseGEMMs
 	phaseFit
@@ -153,11 +152,11 @@ func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver,
 		dst  *cuda.Function
 		name string
 	}{
-		{&g.fn.buildFactor, "gptq_build_factor"}, {&g.fn.setDiagonal, "gptq_set_diagonal"}, {&g.fn.unreverse, "gptq_unreverse"},
+		{&g.fn.buildFactor, "gptq_build_factor"}, {&g.fn.unreverse, "gptq_unreverse"},
 		{&g.fn.loadWeights, "gptq_load_weights"}, {&g.fn.fitFixed, "gptq_fit_fixed"}, {&g.fn.fitSearch, "gptq_fit_search"},
-		{&g.fn.block, "gptq_block"}, {&g.fn.squaredError, "gptq_squared_error"},
+		{&g.fn.settle, "gptq_settle"}, {&g.fn.block, "gptq_block"}, {&g.fn.squaredError, "gptq_squared_error"},
 		{&g.fn.scaleGram, "gptq_scale_gram"}, {&g.fn.live, "gptq_live"}, {&g.fn.narrow, "gptq_narrow"}, {&g.fn.rowDot, "gptq_row_dot"},
-		{&g.fn.dequantize, "gptq_dequantize"}, {&g.fn.firstNonFinite, "gptq_first_non_finite"}, {&g.fn.copyColumns, "gptq_copy_columns"},
+		{&g.fn.dequantize, "gptq_dequantize"}, {&g.fn.firstNonFinite, "gptq_first_non_finite"},
 	} {
 		if *f.dst, err = g.module.Function(f.name); err != nil {
 			return nil, err
@@ -166,7 +165,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver,
 	if g.stream, err = dev.NewStream(); err != nil {
 		return nil, err
 	}
-	if g.stager, err = dev.NewStager(cuda.DefaultStagingBytes); err != nil {
+	if g.stager, err = dev.NewStager(solverStagingBytes); err != nil {
 		return nil, err
 	}
 	if g.blas, err = dev.NewBLAS(); err != nil {
@@ -595,7 +594,7 @@ func (g *GPUSolver) run(p gpuPlan, f *Factor, st *Stats) (*quant.Tensor, error) 
 	if err != nil {
 		return nil, err
 	}
-	ptr[slotU] = f.u
+	ptr[slotT] = f.t
 	if err := g.uploadPlan(p, ptr); err != nil {
 		return nil, err
 	}
@@ -672,8 +671,8 @@ func (g *GPUSolver) DequantizeTo(dst cuda.DevicePtr) error {
 func (g *GPUSolver) allocate(p gpuPlan) ([numGPUSlots]cuda.DevicePtr, error) {
 	n, k, ng := p.n, p.k, p.n*p.s.Groups(p.k)
 	sizes := map[int]int{ // a solve's own buffers: the factorisation's may be read by other solves
-		slotOrig: 4 * n * k, slotW: 4 * n * k,
-		slotErr: 4 * n * gpuBlockSize, slotCodes: n * k, slotScales: 4 * ng, slotZeros: ng,
+		slotOrig: 4 * n * k, slotW: 4 * n * k, slotBaseWH: 4 * n * k,
+		slotDiff: 4 * n * gpuBlockSize, slotCodes: n * k, slotScales: 4 * ng, slotZeros: ng,
 		slotPerm: 4 * k, slotPosGroup: 4 * k, slotColGroup: 4 * k, slotDead: k,
 		slotRowSq: 8 * n, slotRowDq: 8 * n, slotFlags: 32, slotImpOrig: 4 * k, slotImpPos: 4 * k,
 	}
@@ -766,30 +765,42 @@ func (g *GPUSolver) columns(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error {
 		return err
 	}
 	// On-the-fly groups are fitted min-max inside gptq_block, or searched by gptq_fit_search
-	// just before it: either way from the working weights as they stand when the block
-	// begins (the reference's find_params on the outer W), groups that start mid-block
-	// included.
-	onTheFly := int32(0)
-	if !fixed && !p.search {
-		onTheFly = 1
-	}
+	// just before it: either way from the weights settled from the block's first column (the
+	// reference's find_params on the outer W), groups that start mid-block included. gptq_block
+	// settles them itself where the groups starting in the block end in it (min-max fits of
+	// groups that divide 128: the usual case); otherwise gptq_settle writes them first.
+	settled := ptr[slotBaseWH]
 	grid := cuda.Dim3{X: (p.n + gpuRowsPerCB - 1) / gpuRowsPerCB, Y: 1, Z: 1}
 	for i1 := 0; i1 < p.k; i1 += gpuBlockSize {
 		i2 := min(i1+gpuBlockSize, p.k)
-		if size := p.lay.size; !fixed && p.search {
+		onTheFly := int32(0) // gptq_block's fits: none, from settled (1), settled in the kernel (2)
+		if size := p.lay.size; !fixed {
 			if first, next := (i1+size-1)/size, (i2+size-1)/size; next > first { // groups starting in [i1, i2)
-				end := g.span(phaseFit)
-				err := g.fitSearch(p, ptr, ptr[slotW], 0, ptr[slotImpPos], first, next-first)
-				end()
-				if err != nil {
-					return err
+				width := min(next*size, p.k) - i1
+				switch {
+				case !p.search && width <= i2-i1:
+					onTheFly = 2
+				case !p.search:
+					onTheFly = 1
+				}
+				if onTheFly != 2 {
+					end := g.span(phaseFit)
+					err := g.fn.settle.Launch(grid, threads, 0, g.stream, ptr[slotW], ptr[slotT], ptr[slotOrig], ptr[slotDead], ptr[slotPerm],
+						n, k, int32(i1), int32(width), settled)
+					if err == nil && p.search {
+						err = g.fitSearch(p, ptr, settled, 0, ptr[slotImpPos], first, next-first)
+					}
+					end()
+					if err != nil {
+						return err
+					}
 				}
 			}
 		}
 		end := g.span(phaseColumns)
-		err := g.fn.block.Launch(grid, threads, 0, g.stream, ptr[slotW], ptr[slotU], n, k, int32(i1), int32(i2-i1),
-			int32(s.Bits), sym, int32(p.lay.size), groups, onTheFly, ptr[slotPosGroup], ptr[slotPerm],
-			ptr[slotScales], ptr[slotZeros], ptr[slotCodes], ptr[slotErr], ptr[slotRowSq], ptr[slotFlags])
+		err := g.fn.block.Launch(grid, threads, 0, g.stream, ptr[slotW], ptr[slotT], ptr[slotOrig], ptr[slotDead], n, k, int32(i1), int32(i2-i1),
+			int32(s.Bits), sym, int32(p.lay.size), groups, onTheFly, settled, ptr[slotPosGroup], ptr[slotPerm],
+			ptr[slotScales], ptr[slotZeros], ptr[slotCodes], ptr[slotDiff], ptr[slotRowSq], ptr[slotFlags])
 		end()
 		if err != nil {
 			return err
@@ -797,11 +808,11 @@ func (g *GPUSolver) columns(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error {
 		if i2 == p.k {
 			break
 		}
-		// Row-major W[N, K] is column-major K×N; W[:, i2:] −= Err·U[i1:i2, i2:] is, column-major,
-		// W[i2:, :] −= U[i1:i2, i2:]ᵀ (a (K−i2)×count view of U at ld K) · Errᵀ (count×N at ld 128).
+		// Row-major W[N, K] is column-major K×N; W[:, i2:] += D·T′[i1:i2, i2:] is, column-major,
+		// W[i2:, :] += T′[i1:i2, i2:]ᵀ (a (K−i2)×count view of T′ at ld K) · Dᵀ (count×N at ld 128).
 		end = g.span(phaseGEMMs)
-		err = g.blas.Sgemm(cuda.NoTrans, cuda.NoTrans, p.k-i2, p.n, i2-i1, -1, ptr[slotU].Add(4*(i1*p.k+i2)), p.k,
-			ptr[slotErr], gpuBlockSize, 1, ptr[slotW].Add(4*i2), p.k)
+		err = g.blas.Sgemm(cuda.NoTrans, cuda.NoTrans, p.k-i2, p.n, i2-i1, 1, ptr[slotT].Add(4*(i1*p.k+i2)), p.k,
+			ptr[slotDiff], gpuBlockSize, 1, ptr[slotW].Add(4*i2), p.k)
 		end()
 		if err != nil {
 			return err

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
-	"github.com/qpack-dev/qpack/internal/gputest"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -42,10 +41,10 @@ func bandedKMSHessian(k int) []float64 {
 }
 
 // BenchmarkGPUQuantize times the quantization step (int4-g128-sym, W and H already on the
-// GPU, results downloaded): the host plan from diag H, the inverse factor, the column
+// GPU, results downloaded): the host plan from diag H, the Cholesky factor and T′, the column
 // kernels, the GEMMs and the loss, median of 3 after a warm-up; then one profiled run for the
-// breakdown, with either inversion of the Cholesky factor (trtri up to k = 16384); 1024×4096 and 1024×11008 are a 7B
-// linear's row share on four GPUs, 8192×28672 a 70B's down_proj.
+// breakdown. 1024×4096 and 1024×11008 are a 7B linear's row share on four GPUs, 8192×28672 a
+// 70B's down_proj.
 // Run with -test.benchtime=1x; each shape prints a "TABLE" line.
 func BenchmarkGPUQuantize(b *testing.B) {
 	_, g := openGPUSolver(b)
@@ -63,45 +62,42 @@ func BenchmarkGPUQuantize(b *testing.B) {
 			if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
 				b.Fatal(err)
 			}
-			once := func() (Stats, time.Duration) {
-				start := time.Now()
-				st, err := solveLoaded(g, n, k, diag, s, Options{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				return st, time.Since(start)
-			}
-			for _, trtri := range []bool{false, true} {
-				if trtri && k > 16384 {
-					continue // seconds a run
-				}
-				g.inverseByTRTRI = trtri
-				once()
-				var times []time.Duration
-				var st Stats
-				for range 3 {
-					var d time.Duration
-					st, d = once()
-					times = append(times, d)
-				}
-				slices.Sort(times)
-				g.profile = &gpuProfile{}
-				once()
-				ph := g.profile.phases
-				g.profile = nil
-				inverse := "recursive"
-				if trtri {
-					inverse = "trtri"
-				}
-				b.ReportMetric(times[1].Seconds()*1e3, inverse+"-ms")
-				fmt.Printf("TABLE %5dx%-5d %-5s median %6.1f ms (runs %v)  cholesky %5.1f  inverse %5.1f  columns %5.1f  gemms %5.1f  other %4.1f ms  loss %.6g damp %g\n",
-					n, k, inverse, ms(times[1]), times, ms(ph[phaseCholesky]), ms(ph[phaseInverse]), ms(ph[phaseColumns]), ms(ph[phaseGEMMs]), ms(ph[phaseOther]), st.Loss, st.Damp)
-			}
+			times, st, ph := timeSolves(b, g, n, k, diag, s, Options{})
+			b.ReportMetric(times[1].Seconds()*1e3, "ms")
+			fmt.Printf("TABLE %5dx%-5d median %6.1f ms (runs %v)  cholesky %5.1f  columns %5.1f  gemms %5.1f  other %4.1f ms  loss %.6g damp %g\n",
+				n, k, ms(times[1]), times, ms(ph[phaseCholesky]), ms(ph[phaseColumns]), ms(ph[phaseGEMMs]), ms(ph[phaseOther]), st.Loss, st.Damp)
 		})
 	}
 }
 
 func ms(d time.Duration) float64 { return d.Seconds() * 1e3 }
+
+// timeSolves times solveLoaded with W and H loaded in g: three runs after a warm-up, sorted,
+// the last one's stats, then one profiled run's phases.
+func timeSolves(b *testing.B, g *GPUSolver, n, k int, diag []float64, s quant.Scheme, opt Options) ([]time.Duration, Stats, [numPhases]time.Duration) {
+	once := func() (Stats, time.Duration) {
+		start := time.Now()
+		st, err := solveLoaded(g, n, k, diag, s, opt)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return st, time.Since(start)
+	}
+	once()
+	var times []time.Duration
+	var st Stats
+	for range 3 {
+		var d time.Duration
+		st, d = once()
+		times = append(times, d)
+	}
+	slices.Sort(times)
+	g.profile = &gpuProfile{}
+	once()
+	ph := g.profile.phases
+	g.profile = nil
+	return times, st, ph
+}
 
 // solveLoaded factors the H in slotH (diagonal diag) and solves the weights in slotOrig.
 func solveLoaded(g *GPUSolver, n, k int, diag []float64, s quant.Scheme, opt Options) (Stats, error) {
@@ -142,27 +138,7 @@ func BenchmarkGPUQuantizeSearched(b *testing.B) {
 		for _, fit := range []string{"minmax", "weighted", "mse"} {
 			opt := Options{Imatrix: fit == "weighted", Clip: fit == "mse"}
 			b.Run(fmt.Sprintf("%s/%s", s, fit), func(b *testing.B) {
-				once := func() (Stats, time.Duration) {
-					start := time.Now()
-					st, err := solveLoaded(g, n, k, diag, s, opt)
-					if err != nil {
-						b.Fatal(err)
-					}
-					return st, time.Since(start)
-				}
-				once()
-				var times []time.Duration
-				var st Stats
-				for range 3 {
-					var d time.Duration
-					st, d = once()
-					times = append(times, d)
-				}
-				slices.Sort(times)
-				g.profile = &gpuProfile{}
-				once()
-				ph := g.profile.phases
-				g.profile = nil
+				times, st, ph := timeSolves(b, g, n, k, diag, s, opt)
 				if fit == "minmax" {
 					plain = times[1]
 				}
@@ -171,9 +147,9 @@ func BenchmarkGPUQuantizeSearched(b *testing.B) {
 				if plain > 0 {
 					ratio = fmt.Sprintf("%.2f× min-max", float64(times[1])/float64(plain))
 				}
-				fmt.Printf("TABLE %dx%d %-15s %-8s median %7.1f ms (runs %v, %s)  fit %6.1f  columns %5.1f  gemms %5.1f  cholesky %5.1f  inverse %5.1f  other %4.1f ms  loss %.6g\n",
+				fmt.Printf("TABLE %dx%d %-15s %-8s median %7.1f ms (runs %v, %s)  fit %6.1f  columns %5.1f  gemms %5.1f  cholesky %5.1f  other %4.1f ms  loss %.6g\n",
 					n, k, s, fit, ms(times[1]), times, ratio, ms(ph[phaseFit]), ms(ph[phaseColumns]), ms(ph[phaseGEMMs]),
-					ms(ph[phaseCholesky]), ms(ph[phaseInverse]), ms(ph[phaseOther]), st.Loss)
+					ms(ph[phaseCholesky]), ms(ph[phaseOther]), st.Loss)
 			})
 		}
 	}
@@ -228,50 +204,4 @@ func BenchmarkGPUQuantizeGramSetup(b *testing.B) {
 	b.ReportMetric(ms(upload), "upload-ms")
 	b.ReportMetric(ms(setup), "setup-ms")
 	b.ReportMetric(ms(total), "total-ms")
-}
-
-// BenchmarkGPUFactorShared times FactorGramOnAll of one H (a 7B's and a 70B's widest input) on
-// one GPU and shared by 2 and 4 (as many as there are): each GPU factors and inverts the halves,
-// the slices of the inverse's top corner are shared. Median of 3 after a warm-up; each case
-// prints a "TABLE" line. Run with -test.benchtime=1x.
-func BenchmarkGPUFactorShared(b *testing.B) {
-	devs := gputest.OpenMany(b, 4)
-	if _, err := cuda.EnablePeerAccess(devs); err != nil { // as a conversion does
-		b.Fatal(err)
-	}
-	team := make([]*GPUSolver, len(devs))
-	for i, dev := range devs {
-		team[i] = newTestSolver(b, dev)
-		team[i].poison = false
-	}
-	for _, k := range []int{11008, 28672} {
-		h := bandedKMSHessian(k)
-		h32 := make([]float32, k*k)
-		for i, v := range h {
-			h32[i] = float32(v)
-		}
-		grams := make([]cuda.DevicePtr, len(devs))
-		for i, dev := range devs {
-			grams[i] = gputest.Floats(b, dev, h32)
-		}
-		for _, parts := range []int{1, 2, 4} {
-			if parts > len(devs) || (parts > 1 && devs[1].Info().Ordinal == devs[0].Info().Ordinal) { // one GPU: nothing to share
-				continue
-			}
-			var times []time.Duration
-			for range 4 {
-				start := time.Now()
-				if _, err := FactorGramOnAll(team[:parts], grams[:parts], k, 1, Options{}); err != nil {
-					b.Fatal(err)
-				}
-				times = append(times, time.Since(start))
-			}
-			times = times[1:]
-			slices.Sort(times)
-			fmt.Printf("TABLE factor k=%-5d on %d GPU(s): median %6.1f ms (runs %v)\n", k, parts, ms(times[1]), times)
-		}
-		for i, dev := range devs {
-			dev.Free(grams[i])
-		}
-	}
 }

@@ -91,28 +91,13 @@ extern "C" __global__ void gptq_build_factor(const double* h, const int* rev, co
     f[(u64)b * k + a] = v;
 }
 
-// gptq_set_diagonal sets the diagonal of the K×K matrix a to v (the identity that the
-// triangular solve inverts from, after zeroing).
-extern "C" __global__ void gptq_set_diagonal(double* a, int k, double v) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < k) a[(u64)i * k + i] = v;
-}
-
-// gptq_copy_columns copies the rows×cols column-major matrix src (leading dimension lds) to dst
-// (leading dimension ldd): L⁻¹'s corner from its packed slices. Threads run down the rows of a
-// column; blockIdx.y strides over the columns.
-extern "C" __global__ void gptq_copy_columns(const double* src, int lds, int rows, int cols, double* dst, int ldd) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    for (int c = blockIdx.y; c < cols; c += gridDim.y) dst[(u64)c * ldd + r] = src[(u64)c * lds + r];
-}
-
-// gptq_unreverse writes U = J·L⁻¹·J as float32 (row-major, zero below the diagonal) from the
-// lower triangle of F holding L⁻¹, and sets *bad when an entry is not finite or a diagonal
-// entry is not positive. U(i, j) is F(k−1−i, k−1−j) of column-major F: a transpose, so each
-// block of 32×8 threads moves a 32×32 tile through shared memory, reading F's columns and
-// writing U's rows contiguously.
-extern "C" __global__ void gptq_unreverse(const double* f, int k, float* u, int* bad) {
+// gptq_unreverse writes T′ from T = J·L·J (L the lower triangle of F, cuSOLVER's Cholesky
+// factor of the reversed H) as float32, row-major, zero below the diagonal: T′(i, j) =
+// T(i, j)/T(j, j) above the diagonal (the quotient in float64), T(i, i) on it; it sets *bad when
+// an entry is not finite or a diagonal entry not positive. T(i, j) is F(k−1−i, k−1−j) of
+// column-major F: a transpose, so each block of 32×8 threads moves a 32×32 tile through shared
+// memory, reading F's columns and writing T′'s rows contiguously.
+extern "C" __global__ void gptq_unreverse(const double* f, int k, float* t, int* bad) {
     __shared__ float tile[32][33];  // tile[j − j0][i − i0]; padded against bank conflicts
     const int i0 = blockIdx.y * 32, j0 = blockIdx.x * 32;
     const int tx = threadIdx.x, ty = threadIdx.y;  // 32 × 8
@@ -120,15 +105,16 @@ extern "C" __global__ void gptq_unreverse(const double* f, int k, float* u, int*
         int i = i0 + tx, j = j0 + dj;
         float v = 0.f;
         if (i < k && j < k && j >= i) {
-            v = (float)f[(u64)(k - 1 - j) * k + (k - 1 - i)];
+            double x = f[(u64)(k - 1 - j) * k + (k - 1 - i)];
+            v = (float)(j == i ? x : x / f[(u64)(k - 1 - j) * k + (k - 1 - j)]);
             if (!finite(v) || (j == i && !(v > 0.f))) *bad = 1;
         }
         tile[dj][tx] = v;
     }
     __syncthreads();
-    for (int di = ty; di < 32; di += 8) {  // write: consecutive tx are consecutive columns of U
+    for (int di = ty; di < 32; di += 8) {  // write: consecutive tx are consecutive columns of T′
         int i = i0 + di, j = j0 + tx;
-        if (i < k && j < k) u[(u64)i * k + j] = tile[tx][di];
+        if (i < k && j < k) t[(u64)i * k + j] = tile[tx][di];
     }
 }
 
@@ -462,30 +448,20 @@ extern "C" __global__ void __launch_bounds__(256) gptq_fit_search(
     if (!finite(best.scale)) atomicMin(status, at);
 }
 
-// gptq_block quantizes the columns [i1, i1 + count) of every row, one warp per row: first it
-// fits the on-the-fly groups that start in the block from the weights as they are (before this
-// block's own updates, like the reference's find_params on the outer W), then for each column
-// i: q = quantize(w_i), e = (w_i − q)/U[i,i], w_j −= e·U[i,j] for the later columns of the block.
-// Lane l holds the block columns l, l+32, l+64, l+96; the owner of column i computes e and
-// broadcasts it. The block's upper triangle of U sits packed in shared memory (33 KB).
-// Outputs: codes in original column order, e in err[r, 0:count] (row-major N×BS) for the
-// trailing GEMM, and Σ e² added to row_sq[r] (float64).
-extern "C" __global__ void __launch_bounds__(32 * WARPS) gptq_block(
-    const float* w, const float* u, int n, int k, int i1, int count, int bits, int sym, int gsize, int groups,
-    int on_the_fly, const int* pos_group, const int* perm, float* scales, unsigned char* zeros,
-    unsigned char* codes, float* err, double* row_sq, u64* status) {
-    __shared__ float us[PACKED];  // row a of the block: us[start(a) + b − a] = U[i1+a, i1+b], b ≥ a
+// load_triangle packs the upper triangle of T′'s diagonal block at (i1, i1), count columns, into
+// us: row a at us[start(a) + b − a] for b ≥ a, zero past count. Each warp copies rows of the
+// triangle, four loads of a row in flight per lane and several rows unrolled: the copy is
+// latency-bound, and one load after another it took most of gptq_block where a GPU's share of
+// the rows is small. It ends with __syncthreads.
+__device__ __forceinline__ void load_triangle(float* us, const float* tprime, int k, int i1, int count) {
     const int lane = threadIdx.x % 32;
-    // Each warp copies rows of the triangle, four loads of a row in flight per lane and several
-    // rows unrolled: the copy is latency-bound, and one load after another it took most of the
-    // kernel where a GPU's share of the rows is small.
 #pragma unroll 4
     for (int a = threadIdx.x / 32; a < BS; a += WARPS) {
         float v[4];
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             int b = t * 32 + lane;
-            v[t] = (a < count && b < count && b >= a) ? u[(u64)(i1 + a) * k + i1 + b] : 0.f;
+            v[t] = (a < count && b < count && b >= a) ? tprime[(u64)(i1 + a) * k + i1 + b] : 0.f;
         }
         int start = a * BS - a * (a - 1) / 2;
 #pragma unroll
@@ -495,17 +471,142 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) gptq_block(
         }
     }
     __syncthreads();
+}
+
+// original is the weight as given at quantization position i of row r: W[r, perm[i]], zero in a
+// dead column.
+__device__ __forceinline__ float original(const float* orig, const unsigned char* dead, const int* perm, int k, int r, int i) {
+    int col = perm[i];
+    return dead[col] ? 0.f : orig[(u64)r * k + col];
+}
+
+// settle_lanes is gptq_settle for the up to 128 columns a warp holds (lane l: columns l, l+32,
+// l+64, l+96): from the working weights x and the weights as given w0, v = w0 + y with y = x − w0,
+// y_j −= y_l·T′[l, j] for l < j in order (us: T′'s packed triangle, as load_triangle leaves it).
+__device__ __forceinline__ void settle_lanes(float v[4], const float x[4], const float w0[4], const float* us, int width,
+                                             int lane) {
+    float y[4];
+#pragma unroll
+    for (int t = 0; t < 4; t++) y[t] = __fsub_rn(x[t], w0[t]);
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        for (int l = 0; l < 32; l++) {
+            const int i = t * 32 + l;
+            if (i >= width) break;
+            const float* ui = us + (i * BS - i * (i - 1) / 2) - i;  // ui[j] = T′[i, j] for j ≥ i
+            float yl = __shfl_sync(0xffffffffu, y[t], l);
+#pragma unroll
+            for (int tt = t; tt < 4; tt++) {
+                int j = tt * 32 + lane;
+                if (j > i) y[tt] = __fsub_rn(y[tt], __fmul_rn(yl, ui[j]));
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < 4; t++) v[t] = __fadd_rn(y[t], w0[t]);
+}
+
+// gptq_settle writes to out[r, from:from+width] the weights of those positions as the reference
+// has them when its column loop reaches from (gptq.problem.settled): with y = P − W there (P the
+// working weights w, W the weights as given), y_j −= y_l·T′[l, j] for l < j in order, then W + y.
+// One warp per row. Up to 128 columns, lane l holds columns l, l+32, l+64, l+96 and T′'s
+// triangle sits in shared memory, as in gptq_block; wider (groups that do not divide 128),
+// the warp works in out itself, T′ read from global memory.
+extern "C" __global__ void __launch_bounds__(32 * WARPS) gptq_settle(
+    const float* w, const float* tprime, const float* orig, const unsigned char* dead, const int* perm, int n, int k,
+    int from, int width, float* out) {
+    __shared__ float us[PACKED];
+    const int lane = threadIdx.x % 32;
+    if (width <= BS) load_triangle(us, tprime, k, from, width);
+    const int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    if (r >= n) return;
+    const float* row = w + (u64)r * k;
+    float* dst = out + (u64)r * k + from;
+    if (width > BS) {
+        for (int c = lane; c < width; c += 32) dst[c] = __fsub_rn(row[from + c], original(orig, dead, perm, k, r, from + c));
+        for (int l = 0; l < width; l++) {
+            __syncwarp();
+            float yl = dst[l];
+            const float* tl = tprime + (u64)(from + l) * k + from;
+            for (int j = l + 1 + lane; j < width; j += 32) dst[j] = __fsub_rn(dst[j], __fmul_rn(yl, tl[j]));
+        }
+        __syncwarp();
+        for (int c = lane; c < width; c += 32) dst[c] = __fadd_rn(dst[c], original(orig, dead, perm, k, r, from + c));
+        return;
+    }
+    float x[4], w0[4], v[4];
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        int c = t * 32 + lane;
+        w0[t] = c < width ? original(orig, dead, perm, k, r, from + c) : 0.f;
+        x[t] = c < width ? row[from + c] : 0.f;
+    }
+    settle_lanes(v, x, w0, us, width, lane);
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        int c = t * 32 + lane;
+        if (c < width) dst[c] = v[t];
+    }
+}
+
+// gptq_block quantizes the columns [i1, i1 + count) of every row, one warp per row: first it
+// fits the on-the-fly groups that start in the block from the weights settled from i1 (the
+// reference's find_params on the outer W: on_the_fly 1 reads them from settled, as gptq_settle
+// wrote them; 2, where every group starting in the block ends in it, settles them here, as
+// gptq_settle would), then for each column
+// i: q = quantize(w_i), d = W_i − q (W the weights as given, dead columns zero),
+// w_j += d·T′[i,j] for the later columns of the block (gptq.columnFactor).
+// Lane l holds the block columns l, l+32, l+64, l+96; the owner of column i computes d and
+// broadcasts it. The block's upper triangle of T′ sits packed in shared memory (33 KB).
+// Outputs: codes in original column order, d in diff[r, 0:count] (row-major N×BS) for the
+// trailing GEMM, and Σ e² with e = (w_i − q)·T[i,i] added to row_sq[r] (float64).
+extern "C" __global__ void __launch_bounds__(32 * WARPS) gptq_block(
+    const float* w, const float* tprime, const float* orig, const unsigned char* dead, int n, int k, int i1, int count,
+    int bits, int sym, int gsize, int groups, int on_the_fly, const float* settled, const int* pos_group, const int* perm,
+    float* scales, unsigned char* zeros, unsigned char* codes, float* diff, double* row_sq, u64* status) {
+    __shared__ float us[PACKED];  // row a of the block: us[start(a) + b − a] = T′[i1+a, i1+b], b ≥ a
+    const int lane = threadIdx.x % 32;
+    load_triangle(us, tprime, k, i1, count);
     const int r = blockIdx.x * WARPS + threadIdx.x / 32;
     if (r >= n) return;
     const float* row = w + (u64)r * k;
     const int maxq = (1 << bits) - 1;
 
-    if (on_the_fly) {
+    float x[4], w0[4], scale[4], d_own[4];
+    int zero[4], code[4];
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        int c = t * 32 + lane;
+        x[t] = c < count ? row[i1 + c] : 0.f;
+        w0[t] = c < count ? original(orig, dead, perm, k, r, i1 + c) : 0.f;
+        scale[t] = 1.f;
+        zero[t] = 0;
+        d_own[t] = 0.f;
+        code[t] = 0;
+    }
+    if (on_the_fly == 2) {
+        float v[4];
+        settle_lanes(v, x, w0, us, count, lane);
+        for (int p = (i1 + gsize - 1) / gsize * gsize; p < i1 + count; p += gsize) {
+            float lo = 0.f, hi = 0.f;
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                int c = i1 + t * 32 + lane;
+                if (c >= p && c < p + gsize && c < i1 + count) {
+                    lo = fminf(lo, v[t]);
+                    hi = fmaxf(hi, v[t]);
+                }
+            }
+            warp_min_max(lo, hi);
+            if (lane == 0) store_params(r, pos_group[p], groups, lo, hi, maxq, sym, scales, zeros, status);
+        }
+        __syncwarp();
+    } else if (on_the_fly == 1) {
         for (int p = (i1 + gsize - 1) / gsize * gsize; p < i1 + count; p += gsize) {
             int end = min(p + gsize, k);
             float lo = 0.f, hi = 0.f;
             for (int c = p + lane; c < end; c += 32) {
-                float v = row[c];
+                float v = settled[(u64)r * k + c];
                 lo = fminf(lo, v);
                 hi = fmaxf(hi, v);
             }
@@ -514,19 +615,10 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) gptq_block(
         }
         __syncwarp();
     }
-
-    float x[4], scale[4], e_own[4];
-    int zero[4], code[4];
 #pragma unroll
     for (int t = 0; t < 4; t++) {
         int c = t * 32 + lane;
-        x[t] = 0.f;
-        scale[t] = 1.f;
-        zero[t] = 0;
-        e_own[t] = 0.f;
-        code[t] = 0;
         if (c < count) {
-            x[t] = row[i1 + c];
             u64 at = (u64)r * groups + pos_group[i1 + c];
             scale[t] = scales[at];
             zero[t] = zeros[at];
@@ -538,21 +630,22 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) gptq_block(
         for (int l = 0; l < 32; l++) {
             const int i = t * 32 + l;
             if (i >= count) break;
-            const float* ui = us + (i * BS - i * (i - 1) / 2) - i;  // ui[j] = U[i1+i, i1+j] for j ≥ i
-            float e = 0.f;
+            const float* ui = us + (i * BS - i * (i - 1) / 2) - i;  // ui[j] = T′[i1+i, i1+j] for j ≥ i
+            float d = 0.f;
             if (lane == l) {
                 int q = quantize(x[t], scale[t], zero[t], maxq);
                 float deq = __fmul_rn(scale[t], (float)(q - zero[t]));
-                e = __fdiv_rn(__fsub_rn(x[t], deq), ui[i]);
+                d = __fsub_rn(w0[t], deq);
+                float e = __fmul_rn(__fsub_rn(x[t], deq), ui[i]);
                 code[t] = q;
-                e_own[t] = e;
+                d_own[t] = d;
                 sq += (double)e * (double)e;
             }
-            e = __shfl_sync(0xffffffffu, e, l);
+            d = __shfl_sync(0xffffffffu, d, l);
 #pragma unroll
             for (int tt = t; tt < 4; tt++) {
                 int j = tt * 32 + lane;
-                if (j > i) x[tt] = __fsub_rn(x[tt], __fmul_rn(e, ui[j]));
+                if (j > i) x[tt] = __fadd_rn(x[tt], __fmul_rn(d, ui[j]));
             }
         }
     }
@@ -561,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) gptq_block(
         int c = t * 32 + lane;
         if (c < count) {
             codes[(u64)r * k + perm[i1 + c]] = (unsigned char)code[t];
-            err[(u64)r * BS + c] = e_own[t];
+            diff[(u64)r * BS + c] = d_own[t];
         }
     }
     sq = warp_sum(sq);
