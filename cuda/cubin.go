@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+
+	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
 // CubinHeaderPrefix starts every .cubin that ptxgen writes: one text line naming the GPU
@@ -65,6 +67,7 @@ func (i DeviceInfo) Arch() string { return fmt.Sprintf("sm_%d%d", i.ComputeMajor
 // otherwise, or when the driver refuses it, JIT-compiles ptx. Callers pass cubins assembled
 // from ptx (CheckCubin), so either way the same kernels run.
 func (d *Device) LoadModuleFor(ptx []byte, cubins ...[]byte) (*Module, error) {
+	defer timeline.Begin(d.Info().Ordinal, "load kernels")()
 	for _, c := range cubins {
 		arch, _, image, err := parseCubin(c)
 		if err != nil {

@@ -1,6 +1,10 @@
 package cuda
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/qpack-dev/qpack/internal/timeline"
+)
 
 // Transpose says whether a cuBLAS operand is used as stored or transposed (cublasOperation_t).
 type Transpose int32
@@ -45,6 +49,7 @@ const (
 
 // NewBLAS loads cuBLAS (see FindLibraries) and creates a handle on d.
 func (d *Device) NewBLAS() (*BLAS, error) {
+	defer timeline.Begin(d.Info().Ordinal, "cuBLAS handle")()
 	lib, err := mathLibrary("cublas")
 	if err != nil {
 		return nil, err

@@ -3,6 +3,8 @@ package cuda
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
 // Diag says whether a triangular matrix has an implicit unit diagonal (cublasDiagType_t).
@@ -39,6 +41,7 @@ type Solver struct {
 
 // NewSolver loads cuSOLVER (see FindLibraries) and creates a handle on d.
 func (d *Device) NewSolver() (*Solver, error) {
+	defer timeline.Begin(d.Info().Ordinal, "cuSOLVER handle")()
 	lib, err := mathLibrary("cusolver")
 	if err != nil {
 		return nil, err

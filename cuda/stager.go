@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+
+	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
 // Stager copies pageable host memory (Go slices) to and from the device through a pinned
@@ -27,6 +29,7 @@ const DefaultStagingBytes = 64 << 20
 
 // NewStager allocates a stager with bytes of pinned memory (at least 2).
 func (d *Device) NewStager(bytes int) (*Stager, error) {
+	defer timeline.Begin(d.Info().Ordinal, "pinned staging")()
 	if bytes < 2 {
 		return nil, fmt.Errorf("cuda: NewStager(%d): need at least 2 bytes", bytes)
 	}
