@@ -123,7 +123,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	opening := openModel(ck.Dir, opt.Method)
 	defer opening.discard()
 	endSetup := timeline.Begin(timeline.Host, "set up the method")
-	g, runner, err := setupMethod(opt, items, f)
+	g, runner, err := setupMethod(opt, items, f, opening)
 	endSetup()
 	if err != nil {
 		return nil, err
@@ -166,6 +166,7 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 			if err := runUnits(out, units, g.workers()); err != nil {
 				return err
 			}
+			defer timeline.Begin(timeline.Host, "commit the output")()
 			if err := commitOutput(out, hashes, report, metadata); err != nil {
 				return err
 			}
@@ -207,8 +208,9 @@ func commitOutput(out *safetensors.CheckpointWriter, hashes *inputHashes, report
 }
 
 // setupMethod opens the GPU as the device option asks and, for a method that calibrates, makes
-// the runner that will feed the writer (on the GPU when there is one). Either may be nil.
-func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *blockRunner, error) {
+// the runner that will feed the writer (on the GPU when there is one), whose calibration engines
+// are made from the opening model's configuration meanwhile. Either may be nil.
+func setupMethod(opt Options, items []Item, f packing.Format, opening *modelOpening) (*gpu, *blockRunner, error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
 	devices := opt.Devices
 	if opt.Method != GPTQ { // only GPTQ's calibration shares its work among GPUs
@@ -236,7 +238,7 @@ func setupMethod(opt Options, items []Item, f packing.Format) (*gpu, *blockRunne
 	if err == nil && opt.Method.Scales() {
 		err = useAWQ(runner, items, opt, g)
 	} else if err == nil {
-		err = runner.useGPU(g)
+		err = runner.useGPU(g, opening)
 	}
 	if err != nil {
 		g.close()

@@ -43,23 +43,25 @@ type blockRunner struct {
 	all     []solverSet
 	// moreSolvers makes the solver sets after the first in the background (useGPUs)
 	moreSolvers sync.WaitGroup
-	dev         *cuda.Device   // nil: the forward passes and Hessians on the CPU; else the first GPU
-	devs        []*cuda.Device // every GPU calibrating (GPTQ; AWQ's scaler works on the first)
-	gpu         *gpuCapture    // while calibrating on the GPU
-	device      string
-	schemes     map[string]quant.Scheme // module prefix → planned scheme
-	globals     map[string]float32      // NVFP4 modules' shared global scales (Options.globals)
-	hess        map[string]*gptq.Hessian
-	method      Method
-	logf        func(string, ...any)
-	stopped     atomic.Bool
-	ctx         context.Context  // the conversion's: result stops waiting when it is done
-	awq         *awqScaler       // set for --method awq and awq+gptq: it drives the calibration
-	gpuPeak     uint64           // the most GPU memory in use during a calibration on the GPU
-	experts     *expertRouting   // which experts are calibrated on which tokens
-	tokens      int              // calibration tokens, for the experts' log lines
-	math        model.GPUOptions // the GPU engine's GEMM math (Options.CalibMath)
-	setup       time.Duration    // making the GPU solvers and calibration engines
+	// ahead makes the calibration engines in the background (startEngines); nil once taken
+	ahead   *enginesAhead
+	dev     *cuda.Device   // nil: the forward passes and Hessians on the CPU; else the first GPU
+	devs    []*cuda.Device // every GPU calibrating (GPTQ; AWQ's scaler works on the first)
+	gpu     *gpuCapture    // while calibrating on the GPU
+	device  string
+	schemes map[string]quant.Scheme // module prefix → planned scheme
+	globals map[string]float32      // NVFP4 modules' shared global scales (Options.globals)
+	hess    map[string]*gptq.Hessian
+	method  Method
+	logf    func(string, ...any)
+	stopped atomic.Bool
+	ctx     context.Context  // the conversion's: result stops waiting when it is done
+	awq     *awqScaler       // set for --method awq and awq+gptq: it drives the calibration
+	gpuPeak uint64           // the most GPU memory in use during a calibration on the GPU
+	experts *expertRouting   // which experts are calibrated on which tokens
+	tokens  int              // calibration tokens, for the experts' log lines
+	math    model.GPUOptions // the GPU engine's GEMM math (Options.CalibMath)
+	setup   time.Duration    // making the GPU solvers and calibration engines
 	// calibrating is when the calibration's first pass began (set before it starts: read by
 	// phases once the conversion has waited for the runner)
 	calibrating time.Time
@@ -159,6 +161,7 @@ func (r *blockRunner) run(opening *modelOpening, calib *Calibration, trueSequent
 type modelOpening struct {
 	done chan struct{}
 	m    *model.Model
+	cfg  *model.Config // m's, also once m is taken
 	err  error
 }
 
@@ -171,10 +174,17 @@ func openModel(dir string, method Method) *modelOpening {
 	go func() {
 		defer close(o.done)
 		if o.m, o.err = model.Open(dir); o.err == nil {
+			o.cfg = o.m.Config
 			o.m.Prefetch(0) // while the GPUs are set up
 		}
 	}()
 	return o
+}
+
+// config waits for the model and returns its configuration (the model stays for take).
+func (o *modelOpening) config() (*model.Config, error) {
+	<-o.done
+	return o.cfg, o.err
 }
 
 // take waits for the model and hands it to the caller, who closes it.
@@ -423,10 +433,13 @@ func (r *blockRunner) parallelSolves(k int) bool {
 // --imatrix) included (gptq.GPUSolver). What the solver does not take (NF4, k-quants; clip search where the GPU
 // cannot reproduce the CPU's math.Pow) is solved on the CPU with the Hessians gathered on the
 // GPUs.
-func (r *blockRunner) useGPU(g *gpu) error {
+func (r *blockRunner) useGPU(g *gpu, opening *modelOpening) error {
 	if g == nil {
 		r.device = DeviceCPU
 		return nil
+	}
+	if opening != nil {
+		r.ahead = r.startEngines(g.devs, opening)
 	}
 	return r.useGPUs(g.devs)
 }
@@ -501,6 +514,7 @@ func (r *blockRunner) close() {
 	if r == nil {
 		return
 	}
+	r.dropEngines()
 	defer timeline.Begin(timeline.Host, "close the solvers")()
 	r.moreSolvers.Wait()
 	var closing sync.WaitGroup // each GPU's solvers at once: freeing device and pinned memory waits on the GPU

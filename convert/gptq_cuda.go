@@ -65,7 +65,7 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 	}
 	r.gpu = &gpuCapture{}
 	defer r.gpu.free()
-	engines, err := r.newEngines(devs, m.Config)
+	engines, err := r.engines(devs, m.Config)
 	defer closeEngines(engines)
 	if err != nil {
 		return err
@@ -107,19 +107,70 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 // newEngines makes a calibration engine on each GPU, all at once (each loads its kernels and
 // makes its cuBLAS handle); on an error the engines made are returned with it, to be closed.
 func (r *blockRunner) newEngines(devs []*cuda.Device, cfg *model.Config) ([]*model.GPU, error) {
-	defer func(start time.Time) { r.setup += time.Since(start) }(time.Now())
 	engines := make([]*model.GPU, len(devs))
 	var making errgroup.Group
 	for i, dev := range devs {
 		making.Go(func() (err error) {
 			defer timeline.Begin(dev.Info().Ordinal, "calibration engine")()
-			if engines[i], err = model.NewGPU(dev, cfg, r.math); err == nil && r.solver != nil {
-				engines[i].Reserve(solverReserve(cfg, len(devs)))
-			}
+			engines[i], err = model.NewGPU(dev, cfg, r.math)
 			return err
 		})
 	}
 	return engines, making.Wait()
+}
+
+// enginesAhead is the calibration engines made in the background while the GPTQ solvers are:
+// both load kernels and make cuBLAS handles and pinned buffers on every GPU, and made one after
+// the other they held the calibration's start by a few hundred milliseconds.
+type enginesAhead struct {
+	done    chan struct{}
+	devs    []*cuda.Device
+	engines []*model.GPU
+	err     error
+}
+
+// startEngines makes an engine on each of devs once the opening model's configuration is read.
+func (r *blockRunner) startEngines(devs []*cuda.Device, opening *modelOpening) *enginesAhead {
+	a := &enginesAhead{done: make(chan struct{}), devs: devs}
+	go func() {
+		defer close(a.done)
+		var cfg *model.Config
+		if cfg, a.err = opening.config(); a.err == nil {
+			a.engines, a.err = r.newEngines(devs, cfg)
+		}
+	}()
+	return a
+}
+
+// engines returns a calibration engine on each of devs: the ones made ahead when they are for
+// these GPUs, otherwise new ones (those made ahead are closed). The wait counts as setup.
+func (r *blockRunner) engines(devs []*cuda.Device, cfg *model.Config) ([]*model.GPU, error) {
+	defer func(start time.Time) { r.setup += time.Since(start) }(time.Now())
+	var engines []*model.GPU
+	var err error
+	if a := r.ahead; a != nil && slices.Equal(a.devs, devs) {
+		<-a.done
+		r.ahead = nil
+		engines, err = a.engines, a.err
+	} else {
+		r.dropEngines()
+		engines, err = r.newEngines(devs, cfg)
+	}
+	if err == nil && r.solver != nil {
+		for _, e := range engines {
+			e.Reserve(solverReserve(cfg, len(devs)))
+		}
+	}
+	return engines, err
+}
+
+// dropEngines closes the engines made ahead, if no calibration took them.
+func (r *blockRunner) dropEngines() {
+	if a := r.ahead; a != nil {
+		<-a.done
+		r.ahead = nil
+		closeEngines(a.engines)
+	}
 }
 
 // closeEngines closes the engines made, all at once (freeing device and pinned memory waits

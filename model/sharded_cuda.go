@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
 // Calibration on several GPUs is data-parallel: each engine (one per GPU) holds the hidden
@@ -44,6 +45,7 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 		}
 	}()
 	err := eachEngine(engines, func(i int, e *GPU) (err error) {
+		defer timeline.Begin(e.dev.Info().Ordinal, "embed")()
 		xs[i], err = e.Embed(m, seqs[shares[i]:shares[i+1]])
 		return err
 	})
@@ -53,7 +55,9 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 	var ahead *blockUpload // the next block's weights on their way to the engines
 	defer func() { ahead.discard(engines) }()
 	for i := range m.Config.Layers {
+		end := timeline.Begin(timeline.Host, "read block %d", i)
 		b, err := m.Block(i)
+		end()
 		if err != nil {
 			return err
 		}
