@@ -4,7 +4,7 @@
 # out/calib.txt: mid-llama through GPTQ on 1, 2 and all GPUs, each evaluated; a synthetic
 # Llama-2-7B through GPTQ 128 × 2048 on 1, 2 and all GPUs (a --trace timeline of each); a
 # Llama-2-70B-shaped model of QPACK_70B_LAYERS layers (4; 0: none) on all GPUs and on one (QPACK_7B and
-# QPACK_70B list other --devices, each optionally :MATH for --calib-math; QPACK_MID_MATH lists the
+# QPACK_70B list other --devices, each optionally :MATH for --calib-math (QPACK_70B: :base only); QPACK_MID_MATH lists the
 # --calib-math of mid-llama's one-GPU runs, QPACK_MID_METHOD their --method, gptq by default). Models live
 # in /dev/shm. QPACK_BUDGET: seconds this may take (540).
 set -u
@@ -67,8 +67,11 @@ for e in ${QPACK_7B_OTHER:-}; do # awqgptq:MATH[:base] (128 × 512) or budget:MA
 	esac
 done
 rm -rf $work/out-7b-*
-[[ ${QPACK_70B_LAYERS:-4} == 0 ]] || for d in ${QPACK_70B:-$all 0}; do
+[[ ${QPACK_70B_LAYERS:-4} == 0 ]] || for e in ${QPACK_70B:-$all 0}; do # DEVICES[:base]
+	d=${e%:base} b= app=
+	[[ $e == *:base ]] && b=-base
 	n=$(echo $d | tr , '\n' | wc -l)
-	conv 70b-$n ${QPACK_70B_T:-200} w70 "--trace $OUT/70b-$n.trace.json" --devices $d || break
+	[[ -z $b ]] && app="--trace $OUT/70b-$n.trace.json"
+	conv 70b-$n$b ${QPACK_70B_T:-200} w70 "$app" --devices $d || break
 done
 echo "done, $(left) s left"
