@@ -42,7 +42,8 @@ type blockRunner struct {
 	solvers chan solverSet // the free ones of all
 	all     []solverSet
 	// moreSolvers makes the solver sets after the first in the background (useGPUs)
-	moreSolvers sync.WaitGroup
+	moreSolvers   sync.WaitGroup
+	solversClosed sync.Once
 	// ahead makes the calibration engines in the background (startEngines); nil once taken
 	ahead   *enginesAhead
 	dev     *cuda.Device   // nil: the forward passes and Hessians on the CPU; else the first GPU
@@ -145,7 +146,9 @@ func (r *blockRunner) run(opening *modelOpening, calib *Calibration, trueSequent
 		if r.awq != nil {
 			err = r.awq.calibrate(m, calib.seqs, opt)
 		} else if r.dev != nil {
-			err = r.calibrateOnGPU(m, calib.seqs, r, opt)
+			if err = r.calibrateOnGPU(m, calib.seqs, r, opt); err == nil {
+				r.closeSolvers() // every linear is solved: the GPUs' memory goes while the writer finishes
+			}
 		} else {
 			r.calibrating = time.Now()
 			err = model.Calibrate(m, calib.seqs, r, opt)
@@ -515,22 +518,30 @@ func (r *blockRunner) close() {
 		return
 	}
 	r.dropEngines()
-	defer timeline.Begin(timeline.Host, "close the solvers")()
-	r.moreSolvers.Wait()
-	var closing sync.WaitGroup // each GPU's solvers at once: freeing device and pinned memory waits on the GPU
-	for d := range r.devs {
-		closing.Go(func() {
-			for _, set := range r.all {
-				if set[d] != nil { // useGPUs failed before making it
-					set[d].Close()
-				}
-			}
-		})
-	}
-	closing.Wait()
+	r.closeSolvers()
 	if r.awq != nil {
 		r.awq.close()
 	}
+}
+
+// closeSolvers closes the GPTQ solvers made, once: at the end of a GPU calibration that
+// succeeded (while the writer finishes), else when the runner closes.
+func (r *blockRunner) closeSolvers() {
+	r.solversClosed.Do(func() {
+		defer timeline.Begin(timeline.Host, "close the solvers")()
+		r.moreSolvers.Wait()
+		var closing sync.WaitGroup // each GPU's solvers at once: freeing device and pinned memory waits on the GPU
+		for d := range r.devs {
+			closing.Go(func() {
+				for _, set := range r.all {
+					if set[d] != nil { // useGPUs failed before making it
+						set[d].Close()
+					}
+				}
+			})
+		}
+		closing.Wait()
+	})
 }
 
 // solveTimes formats a quantization's time, with its parts on the GPU.

@@ -42,6 +42,7 @@ conv() { # name, seconds, model, qpack's own flags, convert's flags... (the base
 	shift 4
 	[[ $name == *-base ]] && q=$Q0
 	[[ $(left) -gt $((t + 10)) ]] || { echo "$name: skipped, $(left) s left"; return 1; }
+	rm -rf $work/out-$name # an earlier run's output: --overwrite's removal of it is not the conversion's time
 	/usr/bin/time -f "$name: %e s wall, %M KB max resident" timeout "$t" "$q" $app convert $work/$m --device cuda --overwrite -o $work/out-$name --method gptq \
 		--calib $work/$m/calib_ids.npy --calib-samples 128 --calib-seqlen 2048 ${QPACK_ARGS:-} "$@" >"$OUT/$name.log" 2>&1
 	grep -E '^(gptq|awq|awq\+gptq) on|^plan:.*(statistics|probe).* s$|wall|^qpack: |panic' "$OUT/$name.log" | cut -c1-420
