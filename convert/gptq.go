@@ -423,8 +423,9 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 const gpuSolvers = 3
 
 // parallelSolves says whether a group whose Hessians are k×k is solved by every solver at once:
-// when their k²-sized buffers (about 28·k² bytes each: H, its factor and inverse in float64,
-// the inverse factor in float32) take at most an eighth of the GPU's memory together. Other
+// when their k²-sized buffers (24·k² bytes each: H and its factor in float64, H and T′ in
+// float32; 28·k² counted, as when an inverse was made too) take at most an eighth of the GPU's
+// memory together. Other
 // groups (down_proj's Hessian of a 70B model alone is 23 GB) are solved one linear after
 // another by the first solver, so that only it grows to their size.
 func (r *blockRunner) parallelSolves(k int) bool {

@@ -187,8 +187,8 @@ func closeEngines(engines []*model.GPU) {
 }
 
 // solverReserve estimates the GPU memory that GPTQ takes on each GPU at its largest, for the
-// engine to leave free (model.GPU.Reserve): the solver of the widest input (28·k² bytes for H,
-// its factor and inverses; about 13·n·k for a row share's weights, codes and the baseline's
+// engine to leave free (model.GPU.Reserve): the solver of the widest input (28·k² bytes counted
+// for H, its factor, H in float32 and T′, which take 24; about 13·n·k for a row share's weights, codes and the baseline's
 // product), two more solving a narrower group at once, and the widest Gram matrix. A
 // Llama-2-70B-shaped model needs 39 GB of it on one GPU, 32 GB on each of four.
 func solverReserve(cfg *model.Config, shards int) uint64 {
@@ -346,7 +346,7 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 }
 
 // factor factors the group's summed Hessian once on every GPU, for all its linears, with the
-// first solver of each (gptq.FactorGramOnAll: the triangular inverse split among the GPUs).
+// first solver of each (gptq.FactorGramOnAll: every GPU factors its copy, the same bits).
 func (r *blockRunner) factor(grams []*deviceGram) ([]*gptq.Factor, error) {
 	defer timeline.Begin(timeline.Host, "factor H (k = %d)", grams[0].k)()
 	sums := make([]cuda.DevicePtr, len(grams))
