@@ -3,7 +3,7 @@
 // no fused multiply-adds, rounding half to even), so that codes agree except where the
 // different summation order of the trailing GEMM moves a weight across a rounding tie.
 //
-// Matrices: W and U row-major; the factor F of cuSOLVER column-major (F(a, b) at a + b·K).
+// Matrices: W and T′ row-major; the factor F of cuSOLVER column-major (F(a, b) at a + b·K).
 // Positions i are columns in quantization order (perm[i] is the original column).
 // Machine code for the H100 and H200 ships beside the PTX, so that they skip the JIT:
 // qpack-cubin: sm_90
