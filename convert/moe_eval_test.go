@@ -18,7 +18,12 @@ import (
 // the same scheme, and budget plans (GPTQ, format qpack, its default ladder) at 3.5 and 4.5 bits
 // per weight beat uniform GPTQ int3 and int4, at no more bits than their targets. docs/moe.md
 // records the measured values (and why symmetric grids are not the floors' scheme).
-// Needs QPACK_EVAL=1 and ../shared (six conversions and seven evaluations, minutes on 2 cores).
+//
+// GPTQ's share is the mean over the two disjoint 128 × 512 windows calib.txt holds (its first
+// tokens, and those of its second half): on one window it moves by a few points with the
+// rounding alone (int3: 24–31% over neighbouring calibration sizes with one arithmetic, 25–33%
+// with another that computes the same values; docs/moe.md), more than the floor's margin.
+// Needs QPACK_EVAL=1 and ../shared (eight conversions and nine evaluations, minutes on 2 cores).
 func TestSharedTinyMoEFloors(t *testing.T) {
 	if testing.Short() || os.Getenv("QPACK_EVAL") != "1" {
 		t.Skip("set QPACK_EVAL=1 (and no -short) for the tiny-moe quality floors")
@@ -34,7 +39,15 @@ func TestSharedTinyMoEFloors(t *testing.T) {
 		}
 		return ev.Perplexity
 	}
-	convert := func(opt Options) (ppl, bpw float64) {
+	text, err := os.ReadFile(calib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secondHalf := filepath.Join(t.TempDir(), "calib-second-half.txt")
+	if err := os.WriteFile(secondHalf, text[len(text)/2:], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	convertOn := func(calib string, opt Options) (ppl, bpw float64) {
 		t.Helper()
 		opt.Device, opt.InputHash = DeviceCPU, HashNone
 		if opt.Method.Calibrates() {
@@ -47,6 +60,7 @@ func TestSharedTinyMoEFloors(t *testing.T) {
 		}
 		return perplexity(dst), r.QuantBPW
 	}
+	convert := func(opt Options) (ppl, bpw float64) { return convertOn(calib, opt) }
 	fp := perplexity(src)
 	t.Logf("unquantized: perplexity %.4f", fp)
 	uniform := map[int]float64{}
@@ -58,10 +72,12 @@ func TestSharedTinyMoEFloors(t *testing.T) {
 		opt = GPTQ.DefaultOptions()
 		opt.Alloc = Uniform(s)
 		gptq, bpw := convert(opt)
-		removed := (rtn - gptq) / (rtn - fp)
-		t.Logf("%s: RTN %.4f, GPTQ %.4f at %.3f bits/weight: %.0f%% of RTN's excess removed", s, rtn, gptq, bpw, 100*removed)
+		second, _ := convertOn(secondHalf, opt)
+		removed := ((rtn - gptq) + (rtn - second)) / 2 / (rtn - fp)
+		t.Logf("%s: RTN %.4f, GPTQ %.4f (calib.txt's second half: %.4f) at %.3f bits/weight: %.1f%% of RTN's excess removed (%.1f%%, %.1f%%)",
+			s, rtn, gptq, second, bpw, 100*removed, 100*(rtn-gptq)/(rtn-fp), 100*(rtn-second)/(rtn-fp))
 		if removed < 0.30 {
-			t.Errorf("%s: GPTQ removes %.0f%% of RTN's excess over the unquantized model; want at least 30%%", s, 100*removed)
+			t.Errorf("%s: GPTQ removes %.1f%% of RTN's excess over the unquantized model; want at least 30%%", s, 100*removed)
 		}
 		uniform[bits] = gptq
 	}
