@@ -26,8 +26,6 @@ type BLAS struct {
 	setStream func(h, s uintptr) int32
 	sgemm     func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32
 	dgemm     func(h uintptr, ta, tb, m, n, k int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32, beta *float64, c uintptr, ldc int32) int32
-	dtrsm     func(h uintptr, side, uplo, ta, diag, m, n int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32) int32
-	dtrmm     func(h uintptr, side, uplo, ta, diag, m, n int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32, c uintptr, ldc int32) int32
 	sgemmSB   func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, lda int32, sa int64, b uintptr, ldb int32, sb int64, beta *float32, c uintptr, ldc int32, sc int64, batch int32) int32
 	mathMode  func(h uintptr, mode int32) int32
 	gemmEx    func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, at, lda int32, b uintptr, bt, ldb int32, beta *float32, c uintptr, ct, ldc, compute, algo int32) int32
@@ -39,14 +37,6 @@ type BLAS struct {
 	dcopy       func(h uintptr, n int32, x uintptr, incx int32, y uintptr, incy int32) int32
 }
 
-// Side says on which side of B a triangular matrix stands (cublasSideMode_t).
-type Side int32
-
-const (
-	Left  Side = 0
-	Right Side = 1
-)
-
 // NewBLAS loads cuBLAS (see FindLibraries) and creates a handle on d.
 func (d *Device) NewBLAS() (*BLAS, error) {
 	defer timeline.Begin(d.Info().Ordinal, "cuBLAS handle")()
@@ -57,8 +47,7 @@ func (d *Device) NewBLAS() (*BLAS, error) {
 	b := &BLAS{d: d}
 	if err := bindFunctions(lib, map[string]any{
 		"cublasCreate_v2": &b.create, "cublasDestroy_v2": &b.destroy, "cublasSetStream_v2": &b.setStream,
-		"cublasSgemm_v2": &b.sgemm, "cublasDgemm_v2": &b.dgemm, "cublasDtrsm_v2": &b.dtrsm,
-		"cublasDtrmm_v2":            &b.dtrmm,
+		"cublasSgemm_v2": &b.sgemm, "cublasDgemm_v2": &b.dgemm,
 		"cublasSgemmStridedBatched": &b.sgemmSB, "cublasSetMathMode": &b.mathMode,
 		"cublasGemmEx":   &b.gemmEx,
 		"cublasDscal_v2": &b.dscal, "cublasDcopy_v2": &b.dcopy,
@@ -206,31 +195,6 @@ func (b *BLAS) Dgemm(ta, tb Transpose, m, n, k int, alpha float64, a DevicePtr, 
 	return b.d.do(func() error {
 		return blasCheck("cublasDgemm", b.dgemm(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
 			&alpha, uintptr(a), int32(lda), uintptr(bm), int32(ldb), &beta, uintptr(c), int32(ldc)))
-	})
-}
-
-// Dtrsm enqueues the float64 triangular solve op(A)·X = alpha·B (side Left) or
-// X·op(A) = alpha·B (Right) in place of B (m×n); A is triangular (uplo, diag), m×m or n×n.
-func (b *BLAS) Dtrsm(side Side, uplo Fill, ta Transpose, diag Diag, m, n int, alpha float64, a DevicePtr, lda int, bm DevicePtr, ldb int) error {
-	if err := gemmArgs(m, n, 0, lda, ldb, ldb); err != nil {
-		return err
-	}
-	return b.d.do(func() error {
-		return blasCheck("cublasDtrsm", b.dtrsm(b.h, int32(side), int32(uplo), int32(ta), int32(diag), int32(m), int32(n),
-			&alpha, uintptr(a), int32(lda), uintptr(bm), int32(ldb)))
-	})
-}
-
-// Dtrmm enqueues the float64 triangular product C = alpha·op(A)·B (side Left) or alpha·B·op(A)
-// (Right), B and C m×n and A triangular (uplo, diag), m×m or n×n. C may be B itself (in place);
-// no other overlap is allowed.
-func (b *BLAS) Dtrmm(side Side, uplo Fill, ta Transpose, diag Diag, m, n int, alpha float64, a DevicePtr, lda int, bm DevicePtr, ldb int, c DevicePtr, ldc int) error {
-	if err := gemmArgs(m, n, 0, lda, ldb, ldc); err != nil {
-		return err
-	}
-	return b.d.do(func() error {
-		return blasCheck("cublasDtrmm", b.dtrmm(b.h, int32(side), int32(uplo), int32(ta), int32(diag), int32(m), int32(n),
-			&alpha, uintptr(a), int32(lda), uintptr(bm), int32(ldb), uintptr(c), int32(ldc)))
 	})
 }
 

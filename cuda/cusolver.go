@@ -7,14 +7,6 @@ import (
 	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
-// Diag says whether a triangular matrix has an implicit unit diagonal (cublasDiagType_t).
-type Diag int32
-
-const (
-	NonUnit Diag = 0
-	Unit    Diag = 1
-)
-
 // Solver is a cuSOLVER dense handle bound to one device, with the workspaces its calls need
 // (grown on demand, freed by Close). Matrices are column-major. Each call enqueues its work on
 // the handle's stream and writes LAPACK's info (0: success; i > 0: the order-i minor is not
@@ -34,8 +26,6 @@ type Solver struct {
 	setStream func(h, s uintptr) int32
 	potrfSize func(h, p uintptr, uplo int32, n int64, dt int32, a uintptr, lda int64, ct int32, dev, host *uint64) int32
 	potrf     func(h, p uintptr, uplo int32, n int64, dt int32, a uintptr, lda int64, ct int32, dev uintptr, devBytes uint64, host unsafe.Pointer, hostBytes uint64, info uintptr) int32
-	trtriSize func(h uintptr, uplo, diag int32, n int64, dt int32, a uintptr, lda int64, dev, host *uint64) int32
-	trtri     func(h uintptr, uplo, diag int32, n int64, dt int32, a uintptr, lda int64, dev uintptr, devBytes uint64, host unsafe.Pointer, hostBytes uint64, info uintptr) int32
 	create    func(h *uintptr) int32
 }
 
@@ -52,7 +42,6 @@ func (d *Device) NewSolver() (*Solver, error) {
 		"cusolverDnCreateParams": &s.createP, "cusolverDnDestroyParams": &s.destroyP,
 		"cusolverDnSetStream":         &s.setStream,
 		"cusolverDnXpotrf_bufferSize": &s.potrfSize, "cusolverDnXpotrf": &s.potrf,
-		"cusolverDnXtrtri_bufferSize": &s.trtriSize, "cusolverDnXtrtri": &s.trtri,
 	}); err != nil {
 		return nil, err
 	}
@@ -186,28 +175,5 @@ func (s *Solver) Potrf(uplo Fill, n int, dt DataType, a DevicePtr, lda int, info
 		hp, hb := s.hostWork()
 		return solverCheck("cusolverDnXpotrf", s.potrf(s.h, s.params, int32(uplo), int64(n), int32(dt), uintptr(a), int64(lda),
 			int32(dt), uintptr(s.work), uint64(s.size), hp, hb, uintptr(info)))
-	})
-}
-
-// Trtri enqueues the inversion of the n×n triangular matrix a in place (uplo's triangle).
-func (s *Solver) Trtri(uplo Fill, diag Diag, n int, dt DataType, a DevicePtr, lda int, info DevicePtr) error {
-	if err := squareArgs(n, lda, dt); err != nil {
-		return err
-	}
-	var dev, host uint64
-	err := s.d.do(func() error {
-		return solverCheck("cusolverDnXtrtri_bufferSize", s.trtriSize(s.h, int32(uplo), int32(diag), int64(n), int32(dt),
-			uintptr(a), int64(lda), &dev, &host))
-	})
-	if err == nil {
-		err = s.reserve(max(dev, 1), host)
-	}
-	if err != nil {
-		return err
-	}
-	return s.d.do(func() error {
-		hp, hb := s.hostWork()
-		return solverCheck("cusolverDnXtrtri", s.trtri(s.h, int32(uplo), int32(diag), int64(n), int32(dt), uintptr(a), int64(lda),
-			uintptr(s.work), uint64(s.size), hp, hb, uintptr(info)))
 	})
 }

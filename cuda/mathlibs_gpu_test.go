@@ -96,9 +96,9 @@ func TestGemmMatchesPlainGo(t *testing.T) {
 	}
 }
 
-// TestCholeskyAndTriangularInverse: Potrf gives L with L·Lᵀ = A, Trtri then L⁻¹ with
-// L·L⁻¹ = I, in float64 and float32; a matrix that is not positive definite reports info > 0.
-func TestCholeskyAndTriangularInverse(t *testing.T) {
+// TestCholesky: Potrf gives L with L·Lᵀ = A, in float64 and float32; a matrix that is not
+// positive definite reports info > 0.
+func TestCholesky(t *testing.T) {
 	d := openTestDevice(t)
 	s, err := d.NewSolver()
 	if err != nil {
@@ -149,29 +149,17 @@ func TestCholeskyAndTriangularInverse(t *testing.T) {
 			t.Fatal(err)
 		}
 		l := lowerOf(t, d, p, n, dt)
-		if dt == Float64 { // the triangular solve against the identity gives L⁻¹ too
-			checkTrsmInverse(t, d, p, n, l)
-		}
-		if err := s.Trtri(Lower, NonUnit, n, dt, p, n, info.Add(4)); err != nil {
-			t.Fatal(err)
-		}
-		linv := lowerOf(t, d, p, n, dt)
-		if got := download[int32](t, d, info, 2); got[0] != 0 || got[1] != 0 {
+		if got := download[int32](t, d, info, 1); got[0] != 0 {
 			t.Fatalf("dtype %d: info %v", dt, got)
 		}
 		for i := range n {
 			for j := range n {
-				llt, prod := 0.0, 0.0
+				llt := 0.0
 				for q := range n {
 					llt += l[i+q*n] * l[j+q*n]
-					prod += l[i+q*n] * linv[q+j*n]
 				}
-				id := 0.0
-				if i == j {
-					id = 1
-				}
-				if math.Abs(llt-a[i+j*n]) > tol || math.Abs(prod-id) > tol*10 {
-					t.Fatalf("dtype %d (%d,%d): L·Lᵀ = %g (A = %g), L·L⁻¹ = %g", dt, i, j, llt, a[i+j*n], prod)
+				if math.Abs(llt-a[i+j*n]) > tol {
+					t.Fatalf("dtype %d (%d,%d): L·Lᵀ = %g (A = %g)", dt, i, j, llt, a[i+j*n])
 				}
 			}
 		}
@@ -205,42 +193,6 @@ func lowerOf(tb testing.TB, d *Device, p DevicePtr, n int, dt DataType) []float6
 	return out
 }
 
-// checkTrsmInverse solves L·X = I with Dtrsm (L: lower triangle at p) and checks L·X = I.
-func checkTrsmInverse(t *testing.T, d *Device, p DevicePtr, n int, l []float64) {
-	t.Helper()
-	b, err := d.NewBLAS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	id := make([]float64, n*n)
-	for i := range n {
-		id[i+i*n] = 1
-	}
-	x := deviceMatrix(t, d, id)
-	if err := b.Dtrsm(Left, Lower, NoTrans, NonUnit, n, n, 1, p, n, x, n); err != nil {
-		t.Fatal(err)
-	}
-	inv := download[float64](t, d, x, n*n)
-	for i := range n {
-		for j := range n {
-			prod := 0.0
-			for q := range n {
-				prod += l[i+q*n] * inv[q+j*n]
-			}
-			if want := float64(btoi(i == j)); math.Abs(prod-want) > 1e-9 {
-				t.Fatalf("Dtrsm: (L·X)[%d,%d] = %g, want %g", i, j, prod, want)
-			}
-		}
-	}
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
 
 // TestStridedBatchedGemmAndTF32: each product of a strided batch equals its float64 loop, to
 // float32 rounding with the default math and to TF32 rounding after SetTF32(true).
