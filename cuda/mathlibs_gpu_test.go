@@ -193,7 +193,6 @@ func lowerOf(tb testing.TB, d *Device, p DevicePtr, n int, dt DataType) []float6
 	return out
 }
 
-
 // TestStridedBatchedGemmAndTF32: each product of a strided batch equals its float64 loop, to
 // float32 rounding with the default math and to TF32 rounding after SetTF32(true).
 func TestStridedBatchedGemmAndTF32(t *testing.T) {
