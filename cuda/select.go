@@ -3,9 +3,9 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/qpack-dev/qpack/internal/timeline"
-	"golang.org/x/sync/errgroup"
 )
 
 // Device choices of the --device flags.
@@ -37,56 +37,64 @@ func SelectMany(choice string, ordinals []int) (devs []*Device, note string, err
 	default:
 		return nil, "", fmt.Errorf("device %q: want auto, cpu or cuda", choice)
 	}
-	first := 0
-	if len(ordinals) > 0 {
-		first = ordinals[0]
-	}
-	end := timeline.Begin(timeline.Host, "driver and GPU %d's context", first)
-	dev, err := Open(first)
+	end := timeline.Begin(timeline.Host, "driver")
+	infos, err := Devices()
 	end()
+	if err == nil && len(infos) == 0 {
+		err = fmt.Errorf("cuda: %w (the driver sees none)", ErrNoGPU)
+	}
 	if err != nil {
-		if choice == ChoiceCUDA {
-			return nil, "", fmt.Errorf("--device cuda: %w", err)
-		}
-		if errors.Is(err, ErrNoDriver) || errors.Is(err, ErrNoGPU) {
-			return nil, "", nil
-		}
-		return nil, fmt.Sprintf("GPU unavailable, running on the CPU: %v", err), nil
+		return unavailable(choice, err)
 	}
-	devs = []*Device{dev}
 	if len(ordinals) == 0 {
-		infos, err := Devices()
-		if err != nil {
-			dev.Close()
-			return nil, "", err
+		for _, info := range infos {
+			ordinals = append(ordinals, info.Ordinal)
 		}
-		for i := 1; i < len(infos); i++ {
-			ordinals = append(ordinals, i)
-		}
-	} else {
-		ordinals = ordinals[1:]
 	}
-	// The others' contexts are made at once: each takes a few hundred milliseconds of the driver.
-	rest := make([]*Device, len(ordinals))
-	var opening errgroup.Group
+	// Every context is made at once, the first included: each takes a few hundred milliseconds
+	// of the driver, and they overlap.
+	devs = make([]*Device, len(ordinals))
+	errs := make([]error, len(ordinals))
+	var opening sync.WaitGroup
 	for i, o := range ordinals {
-		opening.Go(func() (err error) {
+		opening.Go(func() {
 			defer timeline.Begin(o, "context")()
-			if rest[i], err = Open(o); err != nil {
-				return fmt.Errorf("GPU %d: %w", o, err)
-			}
-			return nil
+			devs[i], errs[i] = Open(o)
 		})
 	}
-	err = opening.Wait()
-	devs = append(devs, rest...)
-	if err != nil {
+	opening.Wait()
+	if errs[0] == nil {
+		err = errors.Join(errs[1:]...)
+	}
+	if err != nil || errs[0] != nil {
 		for _, d := range devs {
 			if d != nil {
 				d.Close()
 			}
 		}
-		return nil, "", err
+	}
+	switch {
+	case errs[0] != nil:
+		return unavailable(choice, errs[0])
+	case err != nil:
+		for i, e := range errs {
+			if e != nil {
+				return nil, "", fmt.Errorf("GPU %d: %w", ordinals[i], e)
+			}
+		}
 	}
 	return devs, "", nil
+}
+
+// unavailable is SelectMany's answer when the first GPU cannot be used (err says why): an
+// error for "cuda"; for "auto", the CPU, with a note unless the reason is simply that there is
+// no NVIDIA driver or no GPU.
+func unavailable(choice string, err error) ([]*Device, string, error) {
+	if choice == ChoiceCUDA {
+		return nil, "", fmt.Errorf("--device cuda: %w", err)
+	}
+	if errors.Is(err, ErrNoDriver) || errors.Is(err, ErrNoGPU) {
+		return nil, "", nil
+	}
+	return nil, fmt.Sprintf("GPU unavailable, running on the CPU: %v", err), nil
 }
