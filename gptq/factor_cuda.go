@@ -51,6 +51,7 @@ func FactorGramOnAll(solvers []*GPUSolver, grams []cuda.DevicePtr, k int, scale 
 	start := time.Now()
 	diags := make([][]float64, len(solvers))
 	err := eachSolver(solvers, func(i int, g *GPUSolver) (err error) {
+		defer g.mark("scale H")()
 		diags[i], err = g.loadGram(grams[i], k, scale)
 		return err
 	})
@@ -96,6 +97,7 @@ func factorAll(solvers []*GPUSolver, diag []float64, k int, opt Options, start t
 		f.lambda = f.damp * meanDiag
 		failed := make([]bool, len(solvers))
 		err := eachSolver(solvers, func(i int, g *GPUSolver) (err error) {
+			defer g.mark("Cholesky")()
 			failed[i], err = g.factor(k, f.lambda)
 			return err
 		})
@@ -114,6 +116,7 @@ func factorAll(solvers []*GPUSolver, diag []float64, k int, opt Options, start t
 	}
 	factors := make([]*Factor, len(solvers))
 	err := eachSolver(solvers, func(i int, g *GPUSolver) error {
+		defer g.mark("H in float32")()
 		// H in float32 for the baseline loss
 		err := g.fn.narrow.Launch(cuda.Dim3{X: (k*k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
 			g.bufs[slotH].ptr, g.bufs[slotH32].ptr, uint64(k*k))

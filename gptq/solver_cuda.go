@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/timeline"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -393,15 +394,14 @@ func (g *GPUSolver) quantizeFactored(w []float32, src cuda.DevicePtr, n int, f *
 	if err := f.usableBy(g, opt); err != nil {
 		return nil, st, err
 	}
+	endPlan := g.mark("plan and weights")
 	p, err := g.plan(n, f.k, f.diag, s, opt)
-	if err != nil {
-		return nil, st, err
-	}
-	if src == 0 {
+	if err == nil && src == 0 {
 		err = g.upload(slotOrig, cuda.Bytes(w))
-	} else {
+	} else if err == nil {
 		err = g.copyResident(src, len(w))
 	}
+	endPlan()
 	if err != nil {
 		return nil, st, err
 	}
@@ -413,6 +413,7 @@ func (g *GPUSolver) quantizeFactored(w []float32, src cuda.DevicePtr, n int, f *
 		return nil, st, err
 	}
 	if p.opt.BaselineLoss {
+		defer g.mark("baseline loss")()
 		baselineStart := time.Now()
 		if st.Baseline, err = g.baseline(p, f); err != nil {
 			return nil, st, err
@@ -609,6 +610,7 @@ func (g *GPUSolver) run(p gpuPlan, f *Factor, st *Stats) (*quant.Tensor, error) 
 	if err := g.columns(p, ptr); err != nil {
 		return nil, err
 	}
+	defer g.mark("results down")()
 	t := g.resultTensor(p)
 	rowSq, rowDq := make([]float64, n), make([]float64, n)
 	status := make([]byte, 32)
@@ -657,6 +659,7 @@ func (g *GPUSolver) DequantizeTo(dst cuda.DevicePtr) error {
 	if p.n == 0 {
 		return errors.New("gptq: DequantizeTo before a solve")
 	}
+	defer g.mark("dequantize")()
 	total := p.n * p.k
 	err := g.fn.dequantize.Launch(cuda.Dim3{X: (total + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
 		g.bufs[slotCodes].ptr, g.bufs[slotScales].ptr, g.bufs[slotZeros].ptr, g.bufs[slotColGroup].ptr,
@@ -825,6 +828,7 @@ func (g *GPUSolver) columns(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr) error {
 	if err != nil {
 		return err
 	}
+	defer g.mark("wait for the columns")()
 	return g.dev.SynchronizeStream(g.stream)
 }
 
@@ -849,6 +853,11 @@ func (g *GPUSolver) fitSearch(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr, src, d
 	return g.fn.fitSearch.Launch(cuda.Dim3{X: (jobs + warps - 1) / warps, Y: 1, Z: 1}, cuda.Dim3{X: 32 * warps, Y: 1, Z: 1}, 0, g.stream,
 		src, dead, imp, int32(p.n), int32(p.k), int32(p.lay.size), int32(p.s.Groups(p.k)), int32(first), int32(count),
 		weighted, useFMA, int32(p.s.Bits), sym, ptr[slotScales], ptr[slotZeros], ptr[slotFlags])
+}
+
+// mark begins a timeline span of the solve's host-side steps on the solver's GPU lane.
+func (g *GPUSolver) mark(name string) (end func()) {
+	return timeline.Begin(g.dev.Info().Ordinal, "%s", name)
 }
 
 // span starts timing a phase (one of gpuProfile's fields) when profiling and returns the
