@@ -462,3 +462,55 @@ func TestGPUZeroOptions(t *testing.T) {
 		t.Errorf("plan with all of H as the diagonal: %v, want an error about its length", err)
 	}
 }
+
+// A warmed solver solves as a fresh one does: the warm-up's synthetic problem leaves nothing
+// behind that a later solve reads (the test solvers poison their buffers before every run, so a
+// stale read shows as a difference). Two solvers warm with one's factor, as a conversion's sets do.
+func TestGPUWarmLeavesSolvesUnchanged(t *testing.T) {
+	dev, fresh := openGPUSolver(t)
+	first, second := newTestSolver(t, dev), newTestSolver(t, dev)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 9))
+	const n, k = 70, 384
+	h := kmsHessian(k)
+	w := randomWeights(r, n, k)
+	for _, c := range []struct {
+		s   quant.Scheme
+		opt Options
+	}{{quant.Scheme{Bits: 4, GroupSize: 128}, Options{BaselineLoss: true}}, {quant.Scheme{Bits: 3, GroupSize: 64, Sym: true}, Options{ActOrder: true}}} {
+		f, err := first.WarmFactor(2*k, c.opt) // larger than the solve: buffers it only partly uses
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range []*GPUSolver{first, second} {
+			if err := g.Warm(2*n, f, c.s, c.opt); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, wst, err := fresh.Quantize(w, n, k, h, c.s, c.opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, g := range []*GPUSolver{first, second} {
+			got, gst, err := g.Quantize(w, n, k, h, c.s, c.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.Codes, want.Codes) || !slices.Equal(got.Scales, want.Scales) || !slices.Equal(got.Zeros, want.Zeros) ||
+				!slices.Equal(got.GIdx, want.GIdx) || gst.Loss != wst.Loss || gst.Baseline != wst.Baseline {
+				t.Errorf("%v %+v: warmed solver %d's result differs from a fresh one's", c.s, c.opt, i)
+			}
+		}
+	}
+	f, err := first.WarmFactor(256, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := first.Quantize(w, n, k, h, quant.Scheme{Bits: 4, GroupSize: 128}, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Warm(8, f, quant.Scheme{Bits: 4, GroupSize: 64}, Options{}); err == nil {
+		t.Error("Warm with a factor its maker has replaced: no error")
+	}
+}
