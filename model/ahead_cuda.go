@@ -127,7 +127,7 @@ func (e *GPU) roomFor(bytes uint64) error {
 	if err != nil {
 		return err
 	}
-	if free < bytes+e.reserve+4<<30 {
+	if free+e.spareBytes() < bytes+e.reserve+4<<30 { // spares of an earlier block, reused
 		return errNoRoom
 	}
 	return nil
@@ -149,6 +149,15 @@ func (e *GPU) copier() (aheadCopier, error) {
 	}
 	e.ahead = aheadCopier{stream, stager}
 	return e.ahead, nil
+}
+
+// PrepareUploadsAhead makes the stream and pinned buffer that uploads ahead use, which are
+// otherwise made when the second block begins: pinning host memory on several GPUs at once
+// held that block's solves by a tenth of a second on four GPUs. Calibrations of more than two
+// blocks call it while setting up.
+func (e *GPU) PrepareUploadsAhead() error {
+	_, err := e.copier()
+	return err
 }
 
 // closeCopier frees the engine's copier, if it made one.

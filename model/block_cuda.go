@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
 // DeviceBatch is the hidden states [S, T, Hidden] of S sequences of T tokens on the GPU.
@@ -39,6 +40,7 @@ type gpuBlock struct {
 	b                          *Block
 	mem                        cuda.DevicePtr
 	memHalf                    cuda.DevicePtr // the linears' wb and shifts (GPUOptions.BF16, F16), 0 otherwise
+	memSize, halfSize          int            // their sizes (allocBlock)
 	inNorm, postNorm           cuda.DevicePtr
 	qNorm, kNorm               cuda.DevicePtr         // qwen3 only
 	q, k, v, o, gate, up, down *gpuLinear             // gate, up, down are nil in a mixture-of-experts block
@@ -102,9 +104,10 @@ func (e *GPU) placeBlock(b *Block) (*gpuBlock, error) {
 		total += (4*len(p.data) + align - 1) / align * align
 	}
 	var err error
-	if g.mem, err = e.dev.Alloc(total); err != nil {
+	if g.mem, err = e.allocBlock(total); err != nil {
 		return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
 	}
+	g.memSize = total
 	g.parts = make([]blockPart, len(parts))
 	for i, p := range parts {
 		*p.dst = g.mem.Add(offsets[i])
@@ -142,7 +145,8 @@ func (e *GPU) roundBlockToHalf(g *gpuBlock) error {
 	shifts := total
 	total += 4 * len(lins)
 	var err error
-	if g.memHalf, err = e.dev.Alloc(max(total, align)); err != nil {
+	g.halfSize = max(total, align)
+	if g.memHalf, err = e.allocBlock(g.halfSize); err != nil {
 		return err
 	}
 	at := 0
@@ -224,16 +228,9 @@ func (e *GPU) roundChanged(g *gpuBlock, groups []Group) error {
 	return nil
 }
 
+// freeBlock gives back g's device memory, kept as spares for later blocks (releaseBlock).
 func (e *GPU) freeBlock(g *gpuBlock) error {
-	if err := e.Synchronize(); err != nil {
-		return err
-	}
-	if g.memHalf != 0 {
-		if err := e.dev.Free(g.memHalf); err != nil {
-			return err
-		}
-	}
-	return e.dev.Free(g.mem)
+	return errors.Join(e.releaseBlock(g.memHalf, g.halfSize), e.releaseBlock(g.mem, g.memSize))
 }
 
 // GPUHook, when non-nil, receives the input x [rows, cols] (device memory, row-major) of each
@@ -511,10 +508,13 @@ func (e *GPU) Embed(m *Model, seqs [][]int) (*DeviceBatch, error) {
 			ids = append(ids, int32(id))
 		}
 	}
+	endTable := timeline.Begin(e.dev.Info().Ordinal, "embedding table up")
 	table, err := e.weights(m, m.Embed)
+	endTable()
 	if err != nil {
 		return nil, err
 	}
+	defer timeline.Begin(e.dev.Info().Ordinal, "token ids up, hidden states")()
 	dIDs, err := e.buffer("ids", 4*S*T)
 	if err != nil {
 		return nil, err

@@ -75,6 +75,7 @@ type GPU struct {
 		flash                                                                                               cuda.Function // flash_attention_d<HeadDim>, when fused
 	}
 	scratch map[string]gpuBuffer // named work buffers, grown on demand
+	spare   spares               // block buffers given back, for later blocks (spare_cuda.go)
 	ropeT   int                  // positions covered by the uploaded rotary tables
 	rope    *ropeTable
 
@@ -191,6 +192,7 @@ func (e *GPU) scalar(i int) cuda.DevicePtr { return e.scalars.Add(4 * i) }
 
 // Close releases the GPU resources.
 func (e *GPU) Close() error {
+	e.closeSpares()
 	for _, b := range e.scratch {
 		e.dev.Free(b.ptr)
 	}
