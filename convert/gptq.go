@@ -44,6 +44,12 @@ type blockRunner struct {
 	// moreSolvers makes the solver sets after the first in the background (useGPUs)
 	moreSolvers   sync.WaitGroup
 	solversClosed sync.Once
+	// warm, when set, warms the solver sets made before they are handed out (warmer); warming
+	// is that and the handing out, which Update waits for
+	warm      func([]solverSet)
+	warming   sync.WaitGroup
+	warmShape warmShape // the most common planned linear
+	tensors   tensorsAhead
 	// ahead makes the calibration engines in the background (startEngines); nil once taken
 	ahead   *enginesAhead
 	dev     *cuda.Device   // nil: the forward passes and Hessians on the CPU; else the first GPU
@@ -99,7 +105,33 @@ func newBlockRunner(opt Options, items []Item, logf func(string, ...any)) (*bloc
 		r.schemes[it.Module] = *it.Scheme
 		r.results[it.Module] = make(chan gptqResult, 1)
 	}
+	r.warmShape = mostCommonShape(items)
 	return r, nil
+}
+
+// warmShape is a planned linear's scheme and shape (out × in), with how many linears have it.
+type warmShape struct {
+	s       quant.Scheme
+	n, k    int
+	linears int
+}
+
+// mostCommonShape is the scheme and shape that the most planned linears of items share (the
+// first of them in items' order on a tie); linears 0 when no item is planned.
+func mostCommonShape(items []Item) warmShape {
+	counts := map[warmShape]int{}
+	var best warmShape
+	for _, it := range items {
+		if it.Scheme == nil {
+			continue
+		}
+		key := warmShape{s: *it.Scheme, n: it.Info.Shape[0], k: it.K()}
+		counts[key]++
+		if counts[key] > best.linears {
+			best, best.linears = key, counts[key]
+		}
+	}
+	return best
 }
 
 // result waits for a module's quantized tensor, or until the conversion is stopped (a unit
@@ -146,9 +178,7 @@ func (r *blockRunner) run(opening *modelOpening, calib *Calibration, trueSequent
 		if r.awq != nil {
 			err = r.awq.calibrate(m, calib.seqs, opt)
 		} else if r.dev != nil {
-			if err = r.calibrateOnGPU(m, calib.seqs, r, opt); err == nil {
-				r.closeSolvers() // every linear is solved: the GPUs' memory goes while the writer finishes
-			}
+			err = r.calibrateOnGPU(m, calib.seqs, r, opt)
 		} else {
 			r.calibrating = time.Now()
 			err = model.Calibrate(m, calib.seqs, r, opt)
@@ -266,6 +296,7 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 	if r.gpu != nil {
 		defer func(start time.Time) { r.gpu.solve += time.Since(start) }(time.Now())
 	}
+	r.warming.Wait() // the first solver set's warm-up
 	defer timeline.Begin(timeline.Host, "solve block %d %v", b.Index, groups)()
 	sources := make([]model.Group, len(groups))
 	users := map[model.Group]int{}
@@ -277,6 +308,12 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 		}
 	}
 	r.onGPU = r.replacesOnGPU(b, groups)
+	if r.onGPU {
+		r.tensors.start(b, groups, func(l *model.Linear) (quant.Scheme, bool) {
+			s, ok := r.schemes[l.Name]
+			return s, ok && r.solver.first().Supports(s, r.opt)
+		})
+	}
 	solves := map[model.Group]solveFunc{}
 	releases := map[model.Group]func(){}
 	defer func() {
@@ -445,6 +482,9 @@ func (r *blockRunner) useGPU(g *gpu, opening *modelOpening) error {
 	if opening != nil {
 		r.ahead = r.startEngines(g.devs, opening)
 	}
+	if r.method.Solves() && r.warmShape.linears > 0 {
+		r.warm = r.warmer(len(g.devs))
+	}
 	return r.useGPUs(g.devs)
 }
 
@@ -462,20 +502,31 @@ func (r *blockRunner) useGPUs(devs []*cuda.Device) error {
 		return err
 	}
 	r.solver, r.dev, r.device = r.all[0], devs[0], DeviceCUDA
-	// The others (q, k and v solved at once) are made while the calibration begins: a solver's
-	// cuBLAS and cuSOLVER handles take a while. Until they are, the linears wait for a free set.
+	// The others (q, k and v solved at once) are made, then all are warmed, while the
+	// calibration begins: a solver's cuBLAS and cuSOLVER handles take a while, and so do the
+	// first factorisation and solve.
+	made := 1
 	r.moreSolvers.Go(func() {
-		for i := 1; i < len(r.all); i++ {
-			if err := r.makeSolverSet(i); err != nil {
+		for ; made < len(r.all); made++ {
+			if err := r.makeSolverSet(made); err != nil {
 				r.logf("GPTQ solvers: %v (fewer linears are solved at once)\n", err)
 				return
 			}
 		}
 	})
+	r.warming.Go(func() {
+		r.moreSolvers.Wait()
+		if r.warm != nil {
+			r.warm(r.all[:made])
+		}
+		for _, set := range r.all[:made] {
+			r.solvers <- set
+		}
+	})
 	return nil
 }
 
-// makeSolverSet makes solver set i, a solver on each GPU at once, and frees it for solves.
+// makeSolverSet makes solver set i, a solver on each GPU at once.
 func (r *blockRunner) makeSolverSet(i int) error {
 	var making errgroup.Group
 	for d, dev := range r.devs {
@@ -485,11 +536,7 @@ func (r *blockRunner) makeSolverSet(i int) error {
 			return err
 		})
 	}
-	if err := making.Wait(); err != nil {
-		return err
-	}
-	r.solvers <- r.all[i]
-	return nil
+	return making.Wait()
 }
 
 // deviceFor names where GPTQ solves a tensor of scheme s.
@@ -530,6 +577,7 @@ func (r *blockRunner) close() {
 func (r *blockRunner) closeSolvers() {
 	r.solversClosed.Do(func() {
 		defer timeline.Begin(timeline.Host, "close the solvers")()
+		r.warming.Wait()
 		r.moreSolvers.Wait()
 		var closing sync.WaitGroup // each GPU's solvers at once: freeing device and pinned memory waits on the GPU
 		for d := range r.devs {

@@ -83,6 +83,9 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 	if err != nil {
 		return err
 	}
+	if cal == model.GPUCalibrator(r) { // GPTQ's pass: every linear is solved
+		go r.closeSolvers() // the solvers' memory goes while the engines' does and the writer finishes
+	}
 	total := time.Since(start)
 	r.gpuPeak = r.gpu.peak()
 	if r.awq != nil && !r.awq.gptq {
@@ -112,7 +115,9 @@ func (r *blockRunner) newEngines(devs []*cuda.Device, cfg *model.Config) ([]*mod
 	for i, dev := range devs {
 		making.Go(func() (err error) {
 			defer timeline.Begin(dev.Info().Ordinal, "calibration engine")()
-			engines[i], err = model.NewGPU(dev, cfg, r.math)
+			if engines[i], err = model.NewGPU(dev, cfg, r.math); err == nil && cfg.Layers > 2 {
+				_ = engines[i].PrepareUploadsAhead() // on failure, tried again when the second block begins
+			}
 			return err
 		})
 	}
@@ -162,6 +167,87 @@ func (r *blockRunner) engines(devs []*cuda.Device, cfg *model.Config) ([]*model.
 		}
 	}
 	return engines, err
+}
+
+// tensorsAhead makes the result tensors of a dense block's later groups (gptq.NewRowsTensor:
+// tens of MB zeroed each, which held a solve's start by a few milliseconds) in the background,
+// while the block's earlier groups are observed and solved.
+type tensorsAhead struct {
+	mu    sync.Mutex
+	block int
+	made  map[string]chan *quant.Tensor // by linear name
+}
+
+// start begins making the tensors of every linear that planned(l) gives a scheme, in block b's
+// groups other than now, once per block (at its first Update).
+func (a *tensorsAhead) start(b *model.Block, now []model.Group, planned func(*model.Linear) (quant.Scheme, bool)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.made != nil && a.block == b.Index {
+		return
+	}
+	a.block, a.made = b.Index, map[string]chan *quant.Tensor{}
+	for _, g := range b.Groups() {
+		if slices.Contains(now, g) {
+			continue
+		}
+		for _, l := range b.Linears(g) {
+			if s, ok := planned(l); ok {
+				made := make(chan *quant.Tensor, 1)
+				a.made[l.Name] = made
+				go func() { made <- gptq.NewRowsTensor(s, l.Out, l.In) }()
+			}
+		}
+	}
+}
+
+// take returns the tensor for linear l of scheme s: the one made ahead, or a new one.
+func (a *tensorsAhead) take(l *model.Linear, s quant.Scheme) *quant.Tensor {
+	a.mu.Lock()
+	made := a.made[l.Name]
+	delete(a.made, l.Name)
+	a.mu.Unlock()
+	if made != nil {
+		if t := <-made; t.Scheme == s && t.N == l.Out && t.K == l.In {
+			return t
+		}
+	}
+	return gptq.NewRowsTensor(s, l.Out, l.In)
+}
+
+// warmer returns how to warm the solver sets of a calibration on shards GPUs: on each GPU at
+// once, the first set's solver factors a synthetic Hessian as wide as the most common planned
+// linear's input, then every set's solver solves that linear's row share with it
+// (gptq.GPUSolver.WarmFactor and Warm), so that the first block does not wait for what the
+// driver, cuBLAS and cuSOLVER do on first use.
+func (r *blockRunner) warmer(shards int) func([]solverSet) {
+	w := r.warmShape
+	n := model.EvenShares(w.n, min(shards, w.n))[1]
+	return func(sets []solverSet) {
+		if !sets[0].first().Supports(w.s, r.opt) { // the CPU solves these
+			return
+		}
+		var warming sync.WaitGroup
+		for d, first := range sets[0] {
+			warming.Go(func() {
+				f, err := first.WarmFactor(w.k, r.opt)
+				if err != nil {
+					r.logf("GPTQ solver warm-up: %v\n", err) // the solves will meet it again if it matters
+					return
+				}
+				var solves sync.WaitGroup
+				for _, set := range sets {
+					solves.Go(func() {
+						if err := set[d].Warm(n, f, w.s, r.opt); err != nil {
+							r.logf("GPTQ solver warm-up: %v\n", err)
+						}
+					})
+				}
+				solves.Wait()
+			})
+		}
+		warming.Wait()
+	}
 }
 
 // dropEngines closes the engines made ahead, if no calibration took them.
@@ -324,7 +410,7 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 	solve := func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (*quant.Tensor, gptq.Stats, error) {
 		if len(set) > 0 && set[0].Supports(s, r.opt) {
 			result := make(chan *quant.Tensor, 1)
-			go func() { result <- gptq.NewRowsTensor(s, l.Out, l.In) }() // zeroing tens of MB: while the GPUs factor
+			go func() { result <- r.tensors.take(l, s) }() // zeroing tens of MB, if not done ahead: while the GPUs factor
 			factorOnce.Do(func() { factors, factorErr = r.factor(grams) })
 			t := <-result
 			if factorErr != nil {
