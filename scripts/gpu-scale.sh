@@ -6,7 +6,9 @@
 # Llama-2-70B-shaped model of QPACK_70B_LAYERS layers (4; 0: none) on all GPUs and on one (QPACK_7B and
 # QPACK_70B list other --devices, each optionally :MATH for --calib-math (QPACK_70B: :base only); QPACK_MID_MATH lists the
 # --calib-math of mid-llama's one-GPU runs, QPACK_MID_METHOD their --method, gptq by default). Models live
-# in /dev/shm. QPACK_BUDGET: seconds this may take (540).
+# in /dev/shm (made once: later runs of the script in the same call reuse them, whatever QPACK_70B_LAYERS); each 7B run
+# with a baseline run of the same name is compared with it, tensor bytes. QPACK_BUDGET: seconds this may
+# take (540).
 set -u
 OUT=${OUT:-/tmp/qpack-gpu-out}
 mkdir -p "$OUT" bin/q
@@ -20,9 +22,9 @@ fi
 gpus=$(nvidia-smi -L | wc -l)
 all=$(seq -s, 0 $((gpus - 1)))
 mkdir -p $work
-(/usr/bin/time -f "synth 7B: %e s" "$Q" synth $work/s7 --vocab 2048 --calib-ids 262144 >/dev/null &&
-	cp testdata/models/tiny/tokenizer.json $work/s7/ &&
-	{ [[ ${QPACK_70B_LAYERS:-4} == 0 ]] || { /usr/bin/time -f "synth 70B-shaped: %e s" "$Q" synth $work/w70 --layers ${QPACK_70B_LAYERS:-4} --hidden 8192 --intermediate 28672 --heads 64 --kv-heads 8 --vocab 32000 --calib-ids 262144 >/dev/null &&
+({ [[ -f $work/s7/tokenizer.json ]] || { /usr/bin/time -f "synth 7B: %e s" "$Q" synth $work/s7 --vocab 2048 --calib-ids 262144 >/dev/null &&
+	cp testdata/models/tiny/tokenizer.json $work/s7/; }; } &&
+	{ [[ ${QPACK_70B_LAYERS:-4} == 0 || -f $work/w70/tokenizer.json ]] || { /usr/bin/time -f "synth 70B-shaped: %e s" "$Q" synth $work/w70 --layers ${QPACK_70B_LAYERS:-4} --hidden 8192 --intermediate 28672 --heads 64 --kv-heads 8 --vocab 32000 --calib-ids 262144 >/dev/null &&
 		cp testdata/models/tiny/tokenizer.json $work/w70/; }; }) >"$OUT/synth.log" 2>&1 &
 synth=$!
 if [[ -f out/mid.tar.xz ]]; then
@@ -66,6 +68,20 @@ for e in ${QPACK_7B_OTHER:-}; do # awqgptq:MATH[:base] (128 × 512) or budget:MA
 	budget) conv 7b-budget-$m$b 100 s7 "" --devices 0 --calib-math $m --calib-seqlen 512 --format qpack --strategy budget --target-bpw 3.5 \
 		--ladder int2-g64-asym,int3-g128-asym,int4-g128-asym,int8-g128-asym ;;
 	esac
+done
+for a in $work/out-7b-*; do # the same tensors as the baseline build's last run of that name?
+	[[ $a != *-base && -d $a-base ]] || continue
+	python3 - "$a" "$a-base" <<'PY'
+import hashlib, os, struct, sys
+def tensors(path):  # a safetensors file past its header (whose metadata names the build)
+    with open(path, 'rb') as f:
+        f.seek(8 + struct.unpack('<Q', f.read(8))[0])
+        return hashlib.sha256(f.read()).hexdigest()
+a, b = sys.argv[1:]
+files = sorted(n for n in os.listdir(a) if n.endswith('.safetensors'))
+same = all(os.path.exists(os.path.join(b, n)) and tensors(os.path.join(a, n)) == tensors(os.path.join(b, n)) for n in files)
+print('%s: tensor bytes of its %d files %s the baseline\'s' % (os.path.basename(a)[4:], len(files), 'equal' if same else 'differ from'))
+PY
 done
 rm -rf $work/out-7b-*
 [[ ${QPACK_70B_LAYERS:-4} == 0 ]] || for e in ${QPACK_70B:-$all 0}; do # DEVICES[:base]
