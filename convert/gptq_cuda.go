@@ -217,7 +217,8 @@ func (a *tensorsAhead) take(l *model.Linear, s quant.Scheme) *quant.Tensor {
 
 // warmer returns how to warm the solver sets of a calibration on shards GPUs: on each GPU at
 // once, the first set's solver factors a synthetic Hessian as wide as the most common planned
-// linear's input, then every set's solver solves that linear's row share with it
+// linear's input, then each set that will solve such linears (all of them where linears that wide
+// are solved at once: parallelSolves) solves that linear's row share with it
 // (gptq.GPUSolver.WarmFactor and Warm), so that the first block does not wait for what the
 // driver, cuBLAS and cuSOLVER do on first use.
 func (r *blockRunner) warmer(shards int) func([]solverSet) {
@@ -226,6 +227,9 @@ func (r *blockRunner) warmer(shards int) func([]solverSet) {
 	return func(sets []solverSet) {
 		if !sets[0].first().Supports(w.s, r.opt) { // the CPU solves these
 			return
+		}
+		if !r.parallelSolves(w.k) { // only the first set solves linears this wide: the others stay small
+			sets = sets[:1]
 		}
 		var warming sync.WaitGroup
 		for d, first := range sets[0] {
