@@ -77,6 +77,11 @@ func uploadAll(engines []*GPU, b *Block) []*gpuBlock {
 		})
 	}
 	if err != nil {
+		for _, e := range engines { // copies still queued there must land before the buffers are reused
+			if e.ahead.stager != nil {
+				e.dev.SynchronizeStream(e.ahead.stream)
+			}
+		}
 		freeShards(engines, gs)
 		return nil
 	}
