@@ -63,20 +63,15 @@ func SelectMany(choice string, ordinals []int) (devs []*Device, note string, err
 		})
 	}
 	opening.Wait()
-	if errs[0] == nil {
-		err = errors.Join(errs[1:]...)
-	}
-	if err != nil || errs[0] != nil {
+	if err := errors.Join(errs...); err != nil {
 		for _, d := range devs {
 			if d != nil {
 				d.Close()
 			}
 		}
-	}
-	switch {
-	case errs[0] != nil:
-		return unavailable(choice, errs[0])
-	case err != nil:
+		if errs[0] != nil {
+			return unavailable(choice, errs[0])
+		}
 		for i, e := range errs {
 			if e != nil {
 				return nil, "", fmt.Errorf("GPU %d: %w", ordinals[i], e)

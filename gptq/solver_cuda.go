@@ -396,33 +396,43 @@ func (g *GPUSolver) quantizeFactored(w []float32, src cuda.DevicePtr, n int, f *
 	}
 	endPlan := g.mark("plan and weights")
 	p, err := g.plan(n, f.k, f.diag, s, opt)
-	if err == nil && src == 0 {
-		err = g.upload(slotOrig, cuda.Bytes(w))
-	} else if err == nil {
-		err = g.copyResident(src, len(w))
+	if err == nil {
+		if src == 0 {
+			err = g.upload(slotOrig, cuda.Bytes(w))
+		} else {
+			err = g.copyResident(src, len(w))
+		}
 	}
 	endPlan()
 	if err != nil {
 		return nil, st, err
 	}
 	st.Setup = time.Since(start)
-	g.resident = src != 0
-	t, err := g.run(p, f, &st)
-	g.resident = false
+	t, err := g.solvePlaced(p, f, &st, src != 0)
 	if err != nil {
 		return nil, st, err
 	}
-	if p.opt.BaselineLoss {
-		defer g.mark("baseline loss")()
-		baselineStart := time.Now()
-		if st.Baseline, err = g.baseline(p, f); err != nil {
-			return nil, st, err
-		}
-		st.RelativeLoss = st.Loss / st.Baseline
-		st.BaselineTime = time.Since(baselineStart)
-	}
 	st.Total = time.Since(start)
 	return t, st, nil
+}
+
+// solvePlaced runs plan p with factor f on the weights in slotOrig (resident: an engine's copy,
+// scanned for non-finite weights on the device), then the baseline loss when p's options ask for it.
+func (g *GPUSolver) solvePlaced(p gpuPlan, f *Factor, st *Stats, resident bool) (*quant.Tensor, error) {
+	g.resident = resident
+	t, err := g.run(p, f, st)
+	g.resident = false
+	if err != nil || !p.opt.BaselineLoss {
+		return t, err
+	}
+	defer g.mark("baseline loss")()
+	start := time.Now()
+	if st.Baseline, err = g.baseline(p, f); err != nil {
+		return nil, err
+	}
+	st.RelativeLoss = st.Loss / st.Baseline
+	st.BaselineTime = time.Since(start)
+	return t, nil
 }
 
 // copyResident copies the weights on the device at src (count float32) into slotOrig.

@@ -77,14 +77,8 @@ func (g *GPUSolver) Warm(n int, f *Factor, s quant.Scheme, opt Options) error {
 	if err != nil {
 		return err
 	}
-	g.resident = true // the first-non-finite scan, as for an engine's weights
-	_, err = g.run(p, f, &Stats{})
-	g.resident = false
-	if err == nil && p.opt.BaselineLoss {
-		_, err = g.baseline(p, f)
+	if _, err := g.solvePlaced(p, f, &Stats{}, true); err != nil { // resident, as an engine's weights are
+		return err
 	}
-	if err == nil {
-		err = g.DequantizeTo(orig)
-	}
-	return err
+	return g.DequantizeTo(orig)
 }

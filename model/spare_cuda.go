@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"sync"
 
 	"github.com/qpack-dev/qpack/cuda"
@@ -37,9 +38,7 @@ func (e *GPU) allocBlock(size int) (cuda.DevicePtr, error) {
 		if s.size == size {
 			e.spare.bufs = append(e.spare.bufs[:i], e.spare.bufs[i+1:]...)
 			e.spare.mu.Unlock()
-			err := e.dev.SynchronizeEvent(s.done)
-			e.dev.DestroyEvent(s.done)
-			if err != nil {
+			if err := e.settle(s); err != nil {
 				e.dev.Free(s.ptr)
 				return 0, err
 			}
@@ -90,20 +89,24 @@ func (e *GPU) spareBytes() uint64 {
 	return n
 }
 
+// settle waits until spare s's last reader is done and drops its event.
+func (e *GPU) settle(s spareBuffer) error {
+	err := e.dev.SynchronizeEvent(s.done)
+	e.dev.DestroyEvent(s.done)
+	return err
+}
+
 // freeSpares frees bufs once their last readers are done.
 func (e *GPU) freeSpares(bufs []spareBuffer) error {
-	var first error
+	var errs []error
 	for _, s := range bufs {
-		err := e.dev.SynchronizeEvent(s.done)
-		e.dev.DestroyEvent(s.done)
+		err := e.settle(s)
 		if err == nil {
 			err = e.dev.Free(s.ptr)
 		}
-		if first == nil {
-			first = err
-		}
+		errs = append(errs, err)
 	}
-	return first
+	return errors.Join(errs...)
 }
 
 // closeSpares frees every spare (Close).
