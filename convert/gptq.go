@@ -174,7 +174,8 @@ func (r *blockRunner) run(opening *modelOpening, calib *Calibration, trueSequent
 			m.Close()
 		}()
 		r.tokens = calib.Samples * calib.SeqLen
-		opt := model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true, Experts: r.experts.observation()}
+		opt := model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true, Experts: r.experts.observation(),
+			RecycleBlocks: r.awq == nil} // GPTQ's runner keeps none of a block's slices past its Update (AWQ hands some to the writer)
 		if r.awq != nil {
 			err = r.awq.calibrate(m, calib.seqs, opt)
 		} else if r.dev != nil {

@@ -80,26 +80,29 @@ type Block struct {
 	Gate, Up, Down          *Linear // the dense MLP; nil in a mixture-of-experts block
 	MoE                     *MoE    // the experts; nil in a dense block
 
-	cfg  *Config
-	rope *ropeTable
+	cfg   *Config
+	rope  *ropeTable
+	owned [][]float32 // the slices read into memory the model may reuse (Model.RecycleBlock)
 }
 
-func loadBlock(cfg *Config, w Weights, rope *ropeTable, i int) (*Block, error) {
+// loadBlock reads block i through r (norms and dense linears; experts from r.w directly).
+func loadBlock(cfg *Config, r *tensorReader, rope *ropeTable, i int) (*Block, error) {
 	p := "model.layers." + strconv.Itoa(i) + "."
 	b := &Block{Index: i, cfg: cfg, rope: rope}
+	w := r.w
 	h, q, kv := cfg.Hidden, cfg.Heads*cfg.HeadDim, cfg.KVHeads*cfg.HeadDim
 	var err error
-	if b.InputNorm, err = loadTensor(w, p+"input_layernorm.weight", h); err != nil {
+	if b.InputNorm, err = r.tensor(p+"input_layernorm.weight", h); err != nil {
 		return nil, err
 	}
-	if b.PostAttnNorm, err = loadTensor(w, p+"post_attention_layernorm.weight", h); err != nil {
+	if b.PostAttnNorm, err = r.tensor(p+"post_attention_layernorm.weight", h); err != nil {
 		return nil, err
 	}
 	if cfg.QKNorm {
-		if b.QNorm, err = loadTensor(w, p+"self_attn.q_norm.weight", cfg.HeadDim); err != nil {
+		if b.QNorm, err = r.tensor(p+"self_attn.q_norm.weight", cfg.HeadDim); err != nil {
 			return nil, err
 		}
-		if b.KNorm, err = loadTensor(w, p+"self_attn.k_norm.weight", cfg.HeadDim); err != nil {
+		if b.KNorm, err = r.tensor(p+"self_attn.k_norm.weight", cfg.HeadDim); err != nil {
 			return nil, err
 		}
 	}
@@ -121,20 +124,25 @@ func loadBlock(cfg *Config, w Weights, rope *ropeTable, i int) (*Block, error) {
 			linear{&b.Up, "mlp.up_proj", cfg.Intermediate, h}, linear{&b.Down, "mlp.down_proj", h, cfg.Intermediate})
 	}
 	for _, l := range linears {
-		if *l.dst, err = loadLinear(w, p+l.module, l.out, l.in); err != nil {
+		if *l.dst, err = r.linear(p+l.module, l.out, l.in); err != nil {
 			return nil, err
 		}
 	}
+	b.owned = r.owned
 	return b, nil
 }
 
 func loadLinear(w Weights, module string, out, in int) (*Linear, error) {
+	return (&tensorReader{w: w}).linear(module, out, in)
+}
+
+func (r *tensorReader) linear(module string, out, in int) (*Linear, error) {
 	l := &Linear{Name: module, Out: out, In: in}
 	var err error
-	if l.W, err = loadTensor(w, module+".weight", out, in); err != nil {
+	if l.W, err = r.tensor(module+".weight", out, in); err != nil {
 		return nil, err
 	}
-	if l.Bias, err = loadOptional(w, module+".bias", out); err != nil {
+	if l.Bias, err = r.optional(module+".bias", out); err != nil {
 		return nil, err
 	}
 	return l, nil

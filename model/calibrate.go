@@ -30,6 +30,10 @@ type CalibrateOptions struct {
 	// ReleaseBlocks drops each block's weights once the next block's inputs are computed, so
 	// only one block is resident at a time; m is then not the updated model afterwards.
 	ReleaseBlocks bool
+	// RecycleBlocks, with ReleaseBlocks, gives each released block's memory to the later blocks'
+	// reads (Model.RecycleBlock): for a calibrator that keeps none of a block's slices past its
+	// last Update.
+	RecycleBlocks bool
 	// ObserveOnly runs each block once: its groups are observed during the pass that makes the
 	// next block's inputs, and Update is called once per block with every group afterwards.
 	// Weights that Update replaces therefore never reach a later block's inputs: for a
@@ -42,6 +46,16 @@ type CalibrateOptions struct {
 	// instead of TrueSequential's choice; a group may appear in several steps (AWQ scales a
 	// block with all its groups observed, then GPTQ quantizes it group by group: awq+gptq).
 	Steps func(b *Block) [][]Group
+}
+
+// release drops block i of m after its calibration, as opt asks.
+func (opt CalibrateOptions) release(m *Model, i int) {
+	switch {
+	case opt.ReleaseBlocks && opt.RecycleBlocks:
+		m.RecycleBlock(i)
+	case opt.ReleaseBlocks:
+		m.ReleaseBlock(i)
+	}
 }
 
 // Calibrate runs m block by block over the calibration sequences, the sequential pipeline of
@@ -78,9 +92,7 @@ func Calibrate(m *Model, seqs [][]int, c Calibrator, opt CalibrateOptions) error
 		if err != nil {
 			return err
 		}
-		if opt.ReleaseBlocks {
-			m.ReleaseBlock(i)
-		}
+		opt.release(m, i)
 	}
 	return nil
 }

@@ -18,9 +18,19 @@ type Model struct {
 
 	weights Weights
 	rope    *ropeTable
-	mu      sync.Mutex
+	mu      sync.Mutex // blocks, loads, closed
 	blocks  []*Block
-	closed  bool // Close has released the weights: no block can be read any more
+	loads   map[int]*blockLoad  // blocks being read, each by the first caller that asked for it
+	spare   map[int][][]float32 // recycled blocks' weight memory, by length, for later reads
+	reading sync.WaitGroup      // the reads under way: Close waits for them before the weights go
+	closed  bool                // Close has released the weights: no block can be read any more
+}
+
+// blockLoad is one block being read; done is closed once b or err is set.
+type blockLoad struct {
+	done chan struct{}
+	b    *Block
+	err  error
 }
 
 // Linear is y = x·Wᵀ + Bias with W [Out, In] as PyTorch stores it.
@@ -68,24 +78,46 @@ func Load(cfg *Config, w Weights) (*Model, error) {
 	return m, nil
 }
 
-// Block returns decoder block i, reading its weights on first use.
+// Block returns decoder block i, reading its weights on first use. Blocks are read without
+// holding the model's lock, so several can be read at once (Prefetch) and a block already read
+// is returned while another is being read; callers asking for a block being read wait for it.
 func (m *Model) Block(i int) (*Block, error) {
 	if i < 0 || i >= m.Config.Layers {
 		return nil, fmt.Errorf("model: block %d out of range [0, %d)", i, m.Config.Layers)
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.blocks[i] == nil {
-		if m.closed {
-			return nil, fmt.Errorf("model: block %d read after the model was closed", i)
-		}
-		b, err := loadBlock(m.Config, m.weights, m.rope, i)
-		if err != nil {
-			return nil, err
-		}
-		m.blocks[i] = b
+	if b := m.blocks[i]; b != nil {
+		m.mu.Unlock()
+		return b, nil
 	}
-	return m.blocks[i], nil
+	ld := m.loads[i]
+	if ld != nil {
+		m.mu.Unlock()
+		<-ld.done
+		return ld.b, ld.err
+	}
+	if m.closed {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("model: block %d read after the model was closed", i)
+	}
+	ld = &blockLoad{done: make(chan struct{})}
+	if m.loads == nil {
+		m.loads = map[int]*blockLoad{}
+	}
+	m.loads[i] = ld
+	m.reading.Add(1)
+	m.mu.Unlock()
+
+	ld.b, ld.err = loadBlock(m.Config, &tensorReader{w: m.weights, spare: m.takeSpare}, m.rope, i)
+	m.mu.Lock()
+	delete(m.loads, i) // after an error, the next caller tries again
+	if ld.err == nil {
+		m.blocks[i] = ld.b
+	}
+	m.mu.Unlock()
+	m.reading.Done()
+	close(ld.done)
+	return ld.b, ld.err
 }
 
 // Prefetch starts reading block i in the background (nothing past the last block), so that the
@@ -106,6 +138,36 @@ func (m *Model) ReleaseBlock(i int) {
 	if i >= 0 && i < len(m.blocks) {
 		m.blocks[i] = nil
 	}
+}
+
+// RecycleBlock is ReleaseBlock for a caller that keeps none of the block's slices (weights,
+// norms): their memory is given to later blocks' reads, which then convert into it instead of
+// into new pages.
+func (m *Model) RecycleBlock(i int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if i < 0 || i >= len(m.blocks) || m.blocks[i] == nil {
+		return
+	}
+	if m.spare == nil {
+		m.spare = map[int][][]float32{}
+	}
+	for _, v := range m.blocks[i].owned {
+		m.spare[len(v)] = append(m.spare[len(v)], v)
+	}
+	m.blocks[i] = nil
+}
+
+// takeSpare returns a recycled slice of n values, or nil.
+func (m *Model) takeSpare(n int) []float32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	free := m.spare[n]
+	if len(free) == 0 {
+		return nil
+	}
+	m.spare[n] = free[:len(free)-1]
+	return free[len(free)-1]
 }
 
 // residentBlocks says which blocks are in memory now.

@@ -1,10 +1,13 @@
 package model
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/qpack-dev/qpack/npy"
@@ -155,6 +158,115 @@ func TestBlockReleasesItsMappedTensors(t *testing.T) {
 	for _, name := range want {
 		if !w.released[name] {
 			t.Errorf("%s was not released after the block read it", name)
+		}
+	}
+}
+
+// countingWeights is MapWeights that counts the reads of each tensor.
+type countingWeights struct {
+	*MapWeights
+	mu    sync.Mutex
+	reads map[string]int
+}
+
+func (w *countingWeights) Float32(name string) ([]float32, error) {
+	w.mu.Lock()
+	w.reads[name]++
+	w.mu.Unlock()
+	return w.MapWeights.Float32(name)
+}
+
+// TestBlocksAreReadOnceWhenAskedAtOnce: blocks asked for by several goroutines at once (the
+// calibration and its prefetches) are read once each, every caller gets the same block, and two
+// blocks may be read at the same time.
+func TestBlocksAreReadOnceWhenAskedAtOnce(t *testing.T) {
+	cfg := mustConfig(t, gpuTestConfigs[0].json)
+	w := &countingWeights{MapWeights: randomWeights(cfg, false, !cfg.TieEmbeddings, freshRand(t)), reads: map[string]int{}}
+	m, err := Load(cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const callers = 4
+	got := make([][]*Block, cfg.Layers)
+	var mu sync.Mutex
+	var all sync.WaitGroup
+	for i := range cfg.Layers {
+		for range callers {
+			all.Go(func() {
+				b, err := m.Block(i)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				got[i] = append(got[i], b)
+				mu.Unlock()
+			})
+		}
+	}
+	all.Wait()
+	for i, bs := range got {
+		for _, b := range bs {
+			if b != bs[0] {
+				t.Errorf("block %d: callers got different blocks", i)
+			}
+		}
+		if n := w.reads[fmt.Sprintf("model.layers.%d.self_attn.q_proj.weight", i)]; n != 1 {
+			t.Errorf("block %d was read %d times, want once", i, n)
+		}
+	}
+}
+
+// TestRecycledBlockMemoryIsReadInto: a recycled block's memory is read into by the next block of
+// the same shapes, whose values are those a fresh read gives; a released block's is not reused.
+func TestRecycledBlockMemoryIsReadInto(t *testing.T) {
+	m, err := Open(tinyDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	fresh, err := Open(tinyDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	b0, err := m.Block(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := map[*float32]bool{}
+	for _, l := range b0.AllLinears() {
+		old[&l.W[0]] = true
+	}
+	m.RecycleBlock(0)
+	b1, err := m.Block(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range b1.AllLinears() {
+		if !old[&l.W[0]] {
+			t.Errorf("block 1's %s was not read into block 0's recycled memory", l.Name)
+		}
+	}
+	want, err := fresh.Block(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range b1.AllLinears() {
+		if !slices.Equal(l.W, want.AllLinears()[i].W) {
+			t.Errorf("%s read into recycled memory differs from a fresh read", l.Name)
+		}
+	}
+	if !slices.Equal(b1.InputNorm, want.InputNorm) {
+		t.Error("block 1's input norm read into recycled memory differs from a fresh read")
+	}
+	m.ReleaseBlock(1)
+	if b0, err = m.Block(0); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range b0.AllLinears() {
+		if old[&l.W[0]] {
+			t.Errorf("block 0's %s was read into memory recycled earlier", l.Name)
 		}
 	}
 }

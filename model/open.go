@@ -32,8 +32,10 @@ func Open(dir string) (*Model, error) {
 // are memory-mapped, and unmapping them under a reader would crash the process.
 func (m *Model) Close() error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.closed = true
+	m.spare = nil
+	m.mu.Unlock()
+	m.reading.Wait() // the blocks being read read the weights
 	if c, ok := m.weights.(io.Closer); ok {
 		return c.Close()
 	}

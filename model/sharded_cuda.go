@@ -79,9 +79,7 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 		if err != nil {
 			return fmt.Errorf("model: calibration of block %d: %w", i, err)
 		}
-		if opt.ReleaseBlocks {
-			m.ReleaseBlock(i)
-		}
+		opt.release(m, i)
 	}
 	return nil
 }

@@ -237,6 +237,23 @@ func (c *Checkpoint) Float32(name string) ([]float32, error) {
 	return c.Checkpoint.Float32(name)
 }
 
+// Float32Into is Float32 into dst, which must hold exactly the tensor's values (the embedded
+// safetensors.Checkpoint's would read a quantized module's packed tensors as its weight).
+func (c *Checkpoint) Float32Into(name string, dst []float32) ([]float32, error) {
+	prefix, ok := c.moduleOf(name)
+	if !ok {
+		return c.Checkpoint.Float32Into(name, dst)
+	}
+	t, err := c.Unpack(prefix)
+	if err != nil {
+		return nil, err
+	}
+	if len(dst) != t.N*t.K {
+		return nil, fmt.Errorf("tensor %q: destination holds %d values, tensor has %d", name, len(dst), t.N*t.K)
+	}
+	return t.Dequantize(dst), nil
+}
+
 // Shape returns a logical tensor's shape; a quantized module's is its [N, K].
 func (c *Checkpoint) Shape(name string) ([]int, bool) {
 	prefix, ok := c.moduleOf(name)
