@@ -74,6 +74,10 @@ type blockRunner struct {
 	calibrating time.Time
 	solving     time.Duration // in updateGroup's solves and weight replacements (the rest of Update is Hessian handling)
 	onGPU       bool          // during an Update: the solved weights replace the engines' copies on the GPUs (replacesOnGPU)
+	// delivering brings solved linears' results down from the GPUs and hands them to the writer
+	// while the calibration goes on (deliver); undelivered is the first error met there
+	delivering  sync.WaitGroup
+	undelivered error
 
 	mu      sync.Mutex
 	results map[string]chan gptqResult
@@ -184,6 +188,10 @@ func (r *blockRunner) run(opening *modelOpening, calib *Calibration, trueSequent
 			r.calibrating = time.Now()
 			err = model.Calibrate(m, calib.seqs, r, opt)
 		}
+	}
+	r.delivering.Wait()
+	if err == nil {
+		err = r.deliveryError()
 	}
 	if err != nil {
 		r.fail(err)
@@ -298,6 +306,9 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 		defer func(start time.Time) { r.gpu.solve += time.Since(start) }(time.Now())
 	}
 	r.warming.Wait() // the first solver set's warm-up
+	if err := r.deliveryError(); err != nil {
+		return err
+	}
 	defer timeline.Begin(timeline.Host, "solve block %d %v", b.Index, groups)()
 	sources := make([]model.Group, len(groups))
 	users := map[model.Group]int{}
@@ -366,8 +377,21 @@ func (r *blockRunner) dropHessian(block int, g model.Group) {
 }
 
 // solveFunc runs GPTQ on one linear with its group's Hessian; global is an NVFP4 linear's
-// shared global scale (0: its own). set holds the GPU solvers to use (nil on the CPU).
-type solveFunc func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (*quant.Tensor, gptq.Stats, error)
+// shared global scale (0: its own). set holds the GPU solvers to use (nil on the CPU). It returns
+// once the linear is solved (and, with r.onGPU, its weights replaced on the GPUs), with how to get
+// its results, which may still be on the GPUs: they must be got, once.
+type solveFunc func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (solveResults, error)
+
+// solveResults gives a solved linear's tensor and stats.
+type solveResults func() (*quant.Tensor, gptq.Stats, error)
+
+// solvedNow is a solve's results that are at hand already.
+func solvedNow(t *quant.Tensor, st gptq.Stats, err error) (solveResults, error) {
+	if err != nil {
+		return nil, err
+	}
+	return func() (*quant.Tensor, gptq.Stats, error) { return t, st, nil }, nil
+}
 
 // solverSet is one GPTQ solver on each GPU of the runner, in its order: a linear's rows are
 // shared among them (solveRows).
@@ -394,8 +418,8 @@ func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), er
 	}
 	delete(r.hess, key)
 	hm := h.Matrix() // mirrored once, before the group's solves read it at once
-	solve := func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (*quant.Tensor, gptq.Stats, error) {
-		return r.quantize(l.W, l.Out, l.In, hm, s, global, set.first())
+	solve := func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (solveResults, error) {
+		return solvedNow(r.quantize(l.W, l.Out, l.In, hm, s, global, set.first()))
 	}
 	return solve, func() {}, nil
 }
@@ -406,24 +430,22 @@ func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), er
 // (parallelSolves: q, k and v's solves each leave the GPU mostly idle; on the CPU one solve
 // already takes every core); results are used in the group's order.
 func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc) error {
-	type solved struct {
-		l   *model.Linear
-		s   quant.Scheme
-		t   *quant.Tensor
-		st  gptq.Stats
-		err error
-	}
-	var work []*solved
+	var work []*solvedLinear
 	for _, l := range b.Linears(g) {
 		if s, planned := r.schemes[l.Name]; planned {
-			work = append(work, &solved{l: l, s: s})
+			work = append(work, &solvedLinear{l: l, s: s})
 		}
 	}
 	// Each linear's dequantized weights replace its own (in place: W is no longer needed) as soon
-	// as it is solved, while the others' solves go on.
-	solveAndReplace := func(x *solved, set solverSet) {
-		if x.t, x.st, x.err = solve(x.l, x.s, r.globals[x.l.Name], set); x.err == nil && !r.onGPU {
-			x.err = x.l.SetWeight(x.t.Dequantize(x.l.W))
+	// as it is solved, while the others' solves go on: on the GPUs (r.onGPU), or the host's copy,
+	// which needs the results now.
+	solveAndReplace := func(x *solvedLinear, set solverSet) {
+		if x.results, x.err = solve(x.l, x.s, r.globals[x.l.Name], set); x.err == nil && !r.onGPU {
+			var t *quant.Tensor
+			if t, x.st, x.err = x.results(); x.err == nil {
+				x.results, _ = solvedNow(t, x.st, nil)
+				x.err = x.l.SetWeight(t.Dequantize(x.l.W))
+			}
 		}
 	}
 	start := time.Now()
@@ -432,7 +454,7 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		for _, x := range work {
 			set := <-r.solvers
 			wg.Go(func() {
-				defer func() { r.solvers <- set }()
+				defer func() { r.solvers <- set }() // its next use waits for the results (gptq.GPUSolver.SolveFactored)
 				solveAndReplace(x, set)
 			})
 		}
@@ -443,18 +465,57 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		}
 	}
 	r.solving += time.Since(start)
+	r.delivering.Go(func() { r.deliver(work) })
+	for _, x := range work {
+		if x.err != nil {
+			return fmt.Errorf("tensor %s.weight: %w", x.l.Name, x.err)
+		}
+	}
+	return nil
+}
+
+// solvedLinear is a linear of a group being updated.
+type solvedLinear struct {
+	l       *model.Linear
+	s       quant.Scheme
+	results solveResults // nil when the solve failed
+	t       *quant.Tensor
+	st      gptq.Stats
+	err     error
+}
+
+// deliver gets the results of a group's solved linears, which the GPUs bring down while the next
+// forward pass runs (the codes of a 7B block take a few milliseconds a linear), and hands them to
+// the writer; the first error is kept for Update and the calibration's end to report.
+func (r *blockRunner) deliver(work []*solvedLinear) {
+	for _, x := range work {
+		if x.err == nil {
+			x.t, x.st, x.err = x.results()
+		}
+	}
 	for _, x := range work {
 		l := x.l
 		if x.err != nil {
 			err := fmt.Errorf("tensor %s.weight: %w", l.Name, x.err)
 			r.results[l.Name] <- gptqResult{err: err}
-			return err
+			r.mu.Lock()
+			if r.undelivered == nil {
+				r.undelivered = err
+			}
+			r.mu.Unlock()
+			return
 		}
 		r.logf("gptq %s %s on %s: relative loss %.5f, damping %g (%d retries), %s\n",
 			l.Name, x.s, r.deviceFor(x.s), x.st.RelativeLoss, x.st.Damp, x.st.Retries, solveTimes(x.st))
 		r.results[l.Name] <- gptqResult{t: x.t, stats: x.st}
 	}
-	return nil
+}
+
+// deliveryError is the first error met in bringing results down (deliver).
+func (r *blockRunner) deliveryError() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.undelivered
 }
 
 // gpuSolvers is how many GPTQ solvers (each with its stream and buffers) the runner keeps on a GPU.

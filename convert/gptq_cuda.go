@@ -169,9 +169,9 @@ func (r *blockRunner) engines(devs []*cuda.Device, cfg *model.Config) ([]*model.
 	return engines, err
 }
 
-// tensorsAhead makes the result tensors of a dense block's later groups (gptq.NewRowsTensor:
-// tens of MB zeroed each, which held a solve's start by a few milliseconds) in the background,
-// while the block's earlier groups are observed and solved.
+// tensorsAhead makes the result tensors of a dense block's later groups (newResultTensor: tens of
+// MB each, which held a solve's start by a few milliseconds) in the background, while the block's
+// earlier groups are observed and solved.
 type tensorsAhead struct {
 	mu    sync.Mutex
 	block int
@@ -195,7 +195,7 @@ func (a *tensorsAhead) start(b *model.Block, now []model.Group, planned func(*mo
 			if s, ok := planned(l); ok {
 				made := make(chan *quant.Tensor, 1)
 				a.made[l.Name] = made
-				go func() { made <- gptq.NewRowsTensor(s, l.Out, l.In) }()
+				go func() { made <- newResultTensor(s, l.Out, l.In) }()
 			}
 		}
 	}
@@ -212,7 +212,20 @@ func (a *tensorsAhead) take(l *model.Linear, s quant.Scheme) *quant.Tensor {
 			return t
 		}
 	}
-	return gptq.NewRowsTensor(s, l.Out, l.In)
+	return newResultTensor(s, l.Out, l.In)
+}
+
+// newResultTensor is gptq.NewRowsTensor with its memory touched: fresh pages are faulted in by
+// the kernel on their first write, which was the codes' copy from the GPU, on the solve's path
+// (a 7B block's codes are 0.2 GB), and is now the goroutine that makes the tensor ahead.
+func newResultTensor(s quant.Scheme, n, k int) *quant.Tensor {
+	t := gptq.NewRowsTensor(s, n, k)
+	for _, b := range [][]byte{t.Codes, cuda.Bytes(t.Scales), t.Zeros} {
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 0
+		}
+	}
+	return t
 }
 
 // warmer returns how to warm the solver sets of a calibration on shards GPUs: on each GPU at
@@ -411,26 +424,26 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 	var hostOnce, factorOnce sync.Once
 	var hostErr, factorErr error
 	var factors []*gptq.Factor // H factored on each GPU, for the first linear the GPUs solve
-	solve := func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (*quant.Tensor, gptq.Stats, error) {
+	solve := func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (solveResults, error) {
 		if len(set) > 0 && set[0].Supports(s, r.opt) {
 			result := make(chan *quant.Tensor, 1)
-			go func() { result <- r.tensors.take(l, s) }() // zeroing tens of MB, if not done ahead: while the GPUs factor
+			go func() { result <- r.tensors.take(l, s) }() // touching tens of MB, if not done ahead: while the GPUs factor
 			factorOnce.Do(func() { factors, factorErr = r.factor(grams) })
 			t := <-result
 			if factorErr != nil {
-				return nil, gptq.Stats{}, fmt.Errorf("block %d, Hessian of %s: %w", block, g, factorErr)
+				return nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, factorErr)
 			}
-			t, st, err := r.solveRows(l, s, t, factors, set)
+			results, err := r.solveRows(l, s, t, factors, set)
 			if err != nil {
 				err = fmt.Errorf("block %d, input of %s: %w", block, g, err)
 			}
-			return t, st, err
+			return results, err
 		}
 		hostOnce.Do(func() { host, hostErr = r.hostHessian(r.gpu.shards[0].e.Device(), grams[0]) }) // NF4, k-quants (or the clip search off amd64): the CPU solves
 		if hostErr != nil {
-			return nil, gptq.Stats{}, fmt.Errorf("block %d, Hessian of %s: %w", block, g, hostErr)
+			return nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, hostErr)
 		}
-		return gptq.Quantize(l.W, l.Out, l.In, host, s, r.optFor(global))
+		return solvedNow(gptq.Quantize(l.W, l.Out, l.In, host, s, r.optFor(global)))
 	}
 	return solve, release, nil
 }
@@ -588,16 +601,16 @@ func (c *gpuCapture) keepDeviceWeights() error {
 
 // solveRows runs GPTQ on linear l with the group's factored Hessian, on one GPU, or on several,
 // each taking a share of l's rows with set's solver for its GPU, that GPU's factor and the
-// engine's copy of its rows, straight into t (gptq.NewRowsTensor; gptq.GPUSolver.QuantizeFactored). The
-// engine's copy equals l.W (AWQ folds its scales into both first), so it is copied on the device instead of
-// sent over the bus again. With r.onGPU each share's dequantized rows then replace the engine's
-// copy there and are copied to the other engines (replaceRows).
-func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, t *quant.Tensor, factors []*gptq.Factor, set solverSet) (*quant.Tensor, gptq.Stats, error) {
+// engine's copy of its rows, straight into t (gptq.NewRowsTensor; gptq.GPUSolver.SolveFactored).
+// The engine's copy equals l.W (AWQ folds its scales into both first), so it is copied on the
+// device instead of sent over the bus again. With r.onGPU each share's dequantized rows then
+// replace the engine's copy there and are copied to the other engines (replaceRows). It returns
+// then, with how to get t: the codes and group parameters come down from the GPUs when asked for.
+func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, t *quant.Tensor, factors []*gptq.Factor, set solverSet) (solveResults, error) {
 	n, k := l.Out, l.In
 	parts := min(len(factors), n)
 	at := model.EvenShares(n, parts)
-	rows := make([]*quant.Tensor, parts)
-	sts := make([]gptq.Stats, parts)
+	solved := make([]*gptq.Solved, parts)
 	errs := make([]error, parts)
 	var wg sync.WaitGroup
 	for i := range parts {
@@ -608,20 +621,45 @@ func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, t *quant.Tensor
 			if ok {
 				src = src.Add(4 * lo * k)
 			}
-			rows[i], sts[i], errs[i] = set[i].QuantizeFactored(t, lo, l.W[lo*k:hi*k], src, hi-lo, factors[i], s, r.opt)
+			solved[i], errs[i] = set[i].SolveFactored(t, lo, l.W[lo*k:hi*k], src, hi-lo, factors[i], s, r.opt)
 			if errs[i] == nil && r.onGPU {
 				errs[i] = set[i].DequantizeTo(src)
 			}
 		})
 	}
 	wg.Wait()
+	results := func() (*quant.Tensor, gptq.Stats, error) { return joinShares(t, solved) }
+	err := errors.Join(errs...)
+	if err == nil && r.onGPU && len(r.gpu.shards) > 1 {
+		if err = r.gpu.replaceRows(l, at); err != nil {
+			err = fmt.Errorf("%s: %w", l.Name, err)
+		}
+	}
+	if err != nil {
+		results() // the shares solved bring their results down: their solvers wait for that
+		return nil, err
+	}
+	return results, nil
+}
+
+// joinShares brings down the results of a linear's row shares (nil where a share's solve failed),
+// all at once, and makes t of them.
+func joinShares(t *quant.Tensor, solved []*gptq.Solved) (*quant.Tensor, gptq.Stats, error) {
+	rows := make([]*quant.Tensor, len(solved))
+	sts := make([]gptq.Stats, len(solved))
+	errs := make([]error, len(solved))
+	var wg sync.WaitGroup
+	for i, sv := range solved {
+		if sv != nil {
+			wg.Go(func() { rows[i], sts[i], errs[i] = sv.Results() })
+		}
+	}
+	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return nil, gptq.Stats{}, err
 	}
-	if r.onGPU && len(r.gpu.shards) > 1 {
-		if err := r.gpu.replaceRows(l, at); err != nil {
-			return nil, gptq.Stats{}, fmt.Errorf("%s: %w", l.Name, err)
-		}
+	if slices.Contains(solved, nil) {
+		return nil, gptq.Stats{}, errors.New("a share of the rows was not solved")
 	}
 	for _, p := range rows[1:] {
 		if !slices.Equal(p.GIdx, rows[0].GIdx) {

@@ -49,6 +49,9 @@ func FactorGramOnAll(solvers []*GPUSolver, grams []cuda.DevicePtr, k int, scale 
 		return nil, fmt.Errorf("gptq: %d solvers for %d Gram matrices", len(solvers), len(grams))
 	}
 	start := time.Now()
+	for _, g := range solvers {
+		g.settle() // a solve's results may still be coming down through its stream and pinned buffer
+	}
 	diags := make([][]float64, len(solvers))
 	err := eachSolver(solvers, func(i int, g *GPUSolver) (err error) {
 		defer g.mark("scale H")()

@@ -66,6 +66,8 @@ type GPUSolver struct {
 	// resident: the weights are checked on the device (QuantizeGramResident: the engine's copy,
 	// equal to w, which the host need not scan again before every solve)
 	resident bool
+	// finishing is closed when the last SolveFactored's Results has returned (nil: none pending)
+	finishing chan struct{}
 }
 
 // rowsOf is rows [row, row+n) of a tensor that QuantizeGramRows fills.
@@ -186,6 +188,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver,
 
 // Close releases the solver's memory, handles, stream and kernels.
 func (g *GPUSolver) Close() error {
+	g.settle()
 	g.generation++
 	var errs []error
 	if g.stager != nil {
@@ -236,6 +239,7 @@ func QuantizeGPU(dev *cuda.Device, w []float32, n, k int, h []float64, s quant.S
 // (per-channel, static) agree exactly, and so do on-the-fly ones given the same weights. The
 // block size must be 128.
 func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	g.settle()
 	start := time.Now()
 	if err := checkInputs(w, n, k, h, s, opt); err != nil {
 		return nil, Stats{}, err
@@ -250,7 +254,7 @@ func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme,
 	if err != nil {
 		return nil, Stats{}, err
 	}
-	return g.quantizeFactored(w, 0, n, f[0], s, opt, start)
+	return finished(g.solveRows(nil, 0, w, 0, n, f[0], s, opt, start))
 }
 
 // Supports reports whether the GPU solver handles scheme s with options opt: integer grids,
@@ -295,6 +299,7 @@ func (g *GPUSolver) QuantizeGramResident(w []float32, src cuda.DevicePtr, n, k i
 // instead of joining theirs. It returns those rows as a tensor sharing dst's memory, with the
 // column order (GIdx) that the caller gives dst. dst nil: a tensor of the n rows alone.
 func (g *GPUSolver) QuantizeGramRows(dst *quant.Tensor, row int, w []float32, src cuda.DevicePtr, n, k int, gram cuda.DevicePtr, scale float64, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
+	g.settle()
 	start := time.Now()
 	if err := g.checkSolve(dst, row, w, src, n, k, s, opt); err != nil {
 		return nil, Stats{}, err
@@ -303,18 +308,38 @@ func (g *GPUSolver) QuantizeGramRows(dst *quant.Tensor, row int, w []float32, sr
 	if err != nil {
 		return nil, Stats{}, err
 	}
-	return g.solveRows(dst, row, w, src, n, f, s, opt, start)
+	return finished(g.solveRows(dst, row, w, src, n, f, s, opt, start))
 }
 
 // QuantizeFactored is QuantizeGramRows with the Hessian factored already (FactorGram,
 // FactorGramOnAll) on this solver's GPU, by this solver or another of that GPU: the solves of
 // a group's linears (q, k and v), and their row shares on several GPUs, share one factorisation.
 func (g *GPUSolver) QuantizeFactored(dst *quant.Tensor, row int, w []float32, src cuda.DevicePtr, n int, f *Factor, s quant.Scheme, opt Options) (*quant.Tensor, Stats, error) {
-	start := time.Now()
-	if err := g.checkSolve(dst, row, w, src, n, f.k, s, opt); err != nil {
+	solved, err := g.SolveFactored(dst, row, w, src, n, f, s, opt)
+	if err != nil {
 		return nil, Stats{}, err
 	}
-	return g.solveRows(dst, row, w, src, n, f, s, opt, start)
+	return solved.Results()
+}
+
+// SolveFactored is QuantizeFactored up to the results: it returns once the weights are quantized
+// on the device (and the baseline loss known), for DequantizeTo to follow at once, and leaves the
+// codes and group parameters there until Results brings them down into dst. A calibration's next
+// forward pass need not wait for that copy: it runs while Results does, from another goroutine.
+// Results must be called; the solver's next use but DequantizeTo waits for it.
+func (g *GPUSolver) SolveFactored(dst *quant.Tensor, row int, w []float32, src cuda.DevicePtr, n int, f *Factor, s quant.Scheme, opt Options) (*Solved, error) {
+	g.settle()
+	start := time.Now()
+	if err := g.checkSolve(dst, row, w, src, n, f.k, s, opt); err != nil {
+		return nil, err
+	}
+	solved, err := g.solveRows(dst, row, w, src, n, f, s, opt, start)
+	if err != nil {
+		return nil, err
+	}
+	solved.done = make(chan struct{})
+	g.finishing = solved.done
+	return solved, nil
 }
 
 // checkSolve checks a solve's weights (their shape only when they are on the device: run checks
@@ -335,12 +360,12 @@ func (g *GPUSolver) checkSolve(dst *quant.Tensor, row int, w []float32, src cuda
 
 // solveRows puts rows [row, row+n) of dst (all of a new tensor when dst is nil) into place
 // for solveFactored.
-func (g *GPUSolver) solveRows(dst *quant.Tensor, row int, w []float32, src cuda.DevicePtr, n int, f *Factor, s quant.Scheme, opt Options, start time.Time) (*quant.Tensor, Stats, error) {
+func (g *GPUSolver) solveRows(dst *quant.Tensor, row int, w []float32, src cuda.DevicePtr, n int, f *Factor, s quant.Scheme, opt Options, start time.Time) (*Solved, error) {
 	if dst != nil {
 		g.into = &rowsOf{dst, row}
 		defer func() { g.into = nil }()
 	}
-	return g.quantizeFactored(w, src, n, f, s, opt, start)
+	return g.solveFactored(w, src, n, f, s, opt, start)
 }
 
 // NewRowsTensor makes the n×k tensor of scheme s (an integer grid) that QuantizeGramRows calls fill.
@@ -387,12 +412,15 @@ func (g *GPUSolver) loadGram(gram cuda.DevicePtr, k int, scale float64) ([]float
 	return diag, nil
 }
 
-// quantizeFactored runs GPTQ on the weights w (or their copy on the device at src) with
-// factor f; start is when the caller began, for the times in the stats.
-func (g *GPUSolver) quantizeFactored(w []float32, src cuda.DevicePtr, n int, f *Factor, s quant.Scheme, opt Options, start time.Time) (*quant.Tensor, Stats, error) {
-	st := Stats{Damp: f.damp, Lambda: f.lambda, Retries: f.retries, FailedDamps: slices.Clone(f.failedDamps), Factor: f.elapsed}
+// solveFactored runs GPTQ on the weights w (or their copy on the device at src) with factor f, up
+// to the results, which it leaves to Solved.Results; start is when the caller began, for the
+// times in the stats.
+func (g *GPUSolver) solveFactored(w []float32, src cuda.DevicePtr, n int, f *Factor, s quant.Scheme, opt Options, start time.Time) (*Solved, error) {
+	solved := &Solved{start: start}
+	st := &solved.st
+	*st = Stats{Damp: f.damp, Lambda: f.lambda, Retries: f.retries, FailedDamps: slices.Clone(f.failedDamps), Factor: f.elapsed}
 	if err := f.usableBy(g, opt); err != nil {
-		return nil, st, err
+		return solved, err
 	}
 	endPlan := g.mark("plan and weights")
 	p, err := g.plan(n, f.k, f.diag, s, opt)
@@ -405,34 +433,78 @@ func (g *GPUSolver) quantizeFactored(w []float32, src cuda.DevicePtr, n int, f *
 	}
 	endPlan()
 	if err != nil {
-		return nil, st, err
+		return solved, err
 	}
 	st.Setup = time.Since(start)
-	t, err := g.solvePlaced(p, f, &st, src != 0)
-	if err != nil {
-		return nil, st, err
+	solved.baseline = p.opt.BaselineLoss
+	if solved.results, err = g.solvePlaced(p, f, st, src != 0); err != nil {
+		return solved, err
 	}
-	st.Total = time.Since(start)
-	return t, st, nil
+	return solved, nil
+}
+
+// Solved is a solve whose weights are quantized on the device and whose results are still
+// there (SolveFactored).
+type Solved struct {
+	results  func() (*quant.Tensor, error)
+	st       Stats
+	baseline bool // the baseline loss was asked for
+	start    time.Time
+	done     chan struct{} // closed when Results returns (SolveFactored's)
+}
+
+// Results brings the solve's codes and group parameters down into its tensor (a new one, or the
+// rows of SolveFactored's dst) and checks them (non-finite weights, scales beyond F16, error
+// feedback that diverged): the tensor and the stats, losses and times complete.
+func (s *Solved) Results() (*quant.Tensor, Stats, error) {
+	if s.done != nil {
+		defer close(s.done)
+	}
+	t, err := s.results()
+	if err != nil {
+		return nil, s.st, err
+	}
+	if s.baseline {
+		s.st.RelativeLoss = s.st.Loss / s.st.Baseline
+	}
+	s.st.Total = time.Since(s.start)
+	return t, s.st, nil
+}
+
+// finished is the Results of a solve that may have failed.
+func finished(s *Solved, err error) (*quant.Tensor, Stats, error) {
+	if err != nil {
+		return nil, s.st, err // (solveRows gives a Solved with its stats also on an error)
+	}
+	return s.Results()
+}
+
+// settle waits for the Results of the solver's last SolveFactored, which use its stream and
+// buffers: every use of the solver but DequantizeTo begins with it.
+func (g *GPUSolver) settle() {
+	if g.finishing != nil {
+		<-g.finishing
+		g.finishing = nil
+	}
 }
 
 // solvePlaced runs plan p with factor f on the weights in slotOrig (resident: an engine's copy,
-// scanned for non-finite weights on the device), then the baseline loss when p's options ask for it.
-func (g *GPUSolver) solvePlaced(p gpuPlan, f *Factor, st *Stats, resident bool) (*quant.Tensor, error) {
+// scanned for non-finite weights on the device), then the baseline loss when p's options ask for
+// it, and returns how to bring the results down (their copies are queued after the baseline's work).
+func (g *GPUSolver) solvePlaced(p gpuPlan, f *Factor, st *Stats, resident bool) (results func() (*quant.Tensor, error), err error) {
 	g.resident = resident
-	t, err := g.run(p, f, st)
+	results, err = g.run(p, f, st)
 	g.resident = false
 	if err != nil || !p.opt.BaselineLoss {
-		return t, err
+		return results, err
 	}
 	defer g.mark("baseline loss")()
 	start := time.Now()
 	if st.Baseline, err = g.baseline(p, f); err != nil {
 		return nil, err
 	}
-	st.RelativeLoss = st.Loss / st.Baseline
 	st.BaselineTime = time.Since(start)
-	return t, nil
+	return results, nil
 }
 
 // copyResident copies the weights on the device at src (count float32) into slotOrig.
@@ -597,9 +669,9 @@ func int32s(v []int) []int32 {
 	return out
 }
 
-// run quantizes the weights in slotOrig with the Hessian in slotH.
-func (g *GPUSolver) run(p gpuPlan, f *Factor, st *Stats) (*quant.Tensor, error) {
-	n, groups := p.n, p.s.Groups(p.k)
+// run quantizes the weights in slotOrig with factor f on the device and returns how to bring the
+// results down (download).
+func (g *GPUSolver) run(p gpuPlan, f *Factor, st *Stats) (results func() (*quant.Tensor, error), err error) {
 	st.DeadColumns = p.deadCount
 	ptr, err := g.allocate(p)
 	if err != nil {
@@ -620,8 +692,19 @@ func (g *GPUSolver) run(p gpuPlan, f *Factor, st *Stats) (*quant.Tensor, error) 
 	if err := g.columns(p, ptr); err != nil {
 		return nil, err
 	}
+	g.solved = p
+	t, row := g.resultTensor(p), 0
+	if g.into != nil {
+		row = g.into.row
+	}
+	return func() (*quant.Tensor, error) { return g.download(p, ptr, t, row, st) }, nil
+}
+
+// download brings the results of plan p from the buffers ptr into t (rows from row on, for the
+// errors' row numbers), checks them and sets st's loss.
+func (g *GPUSolver) download(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr, t *quant.Tensor, row int, st *Stats) (*quant.Tensor, error) {
 	defer g.mark("results down")()
-	t := g.resultTensor(p)
+	n, groups := p.n, p.s.Groups(p.k)
 	rowSq, rowDq := make([]float64, n), make([]float64, n)
 	status := make([]byte, 32)
 	for _, c := range []struct {
@@ -636,11 +719,7 @@ func (g *GPUSolver) run(p gpuPlan, f *Factor, st *Stats) (*quant.Tensor, error) 
 		}
 	}
 	if at := binary.LittleEndian.Uint64(status[flagNonFinite:]); at != math.MaxUint64 {
-		row := int(at) / p.k
-		if g.into != nil {
-			row += g.into.row
-		}
-		return nil, fmt.Errorf("gptq: weight at row %d, column %d is not finite", row, int(at)%p.k)
+		return nil, fmt.Errorf("gptq: weight at row %d, column %d is not finite", row+int(at)/p.k, int(at)%p.k)
 	}
 	if at := binary.LittleEndian.Uint64(status); at != math.MaxUint64 {
 		r, gr := int(at)/groups, int(at)%groups
@@ -656,7 +735,6 @@ func (g *GPUSolver) run(p gpuPlan, f *Factor, st *Stats) (*quant.Tensor, error) 
 	}
 	t.GIdx = p.lay.gIdx()
 	st.Loss = max(0, errSq-st.Lambda*sqErr)
-	g.solved = p
 	return t, g.finishProfile()
 }
 

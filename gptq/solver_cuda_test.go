@@ -514,3 +514,78 @@ func TestGPUWarmLeavesSolvesUnchanged(t *testing.T) {
 		t.Error("Warm with a factor its maker has replaced: no error")
 	}
 }
+
+// TestGPUResultsLater: SolveFactored's results brought down after DequantizeTo, while another
+// solve on the same solver waits for them (started before they are asked for), equal a fresh
+// solver's Quantize for both solves, and DequantizeTo's weights equal the tensor's dequantized.
+func TestGPUResultsLater(t *testing.T) {
+	dev, fresh := openGPUSolver(t)
+	g := newTestSolver(t, dev)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 10))
+	const n, k = 70, 384
+	h := kmsHessian(k)
+	w1, w2 := randomWeights(r, n, k), randomWeights(r, n, k)
+	s, opt := quant.Scheme{Bits: 4, GroupSize: 128}, Options{BaselineLoss: true, ActOrder: true}
+	if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := factorAll([]*GPUSolver{g}, diagonal(h, k), k, opt, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := dev.Alloc(4 * n * k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Free(dst)
+	first, err := g.SolveFactored(nil, 0, w1, 0, n, fs[0], s, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.DequantizeTo(dst); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		t   *quant.Tensor
+		st  Stats
+		err error
+	}
+	second := make(chan result, 1)
+	go func() { // waits in SolveFactored for first's results
+		sv, err := g.SolveFactored(nil, 0, w2, 0, n, fs[0], s, opt)
+		if err != nil {
+			second <- result{err: err}
+			return
+		}
+		tt, st, err := sv.Results()
+		second <- result{tt, st, err}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	got1, st1, err := first.Results()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := got1.Dequantize(nil); !slices.Equal(download(t, dev, dst, n*k), want) {
+		t.Error("DequantizeTo before the results came down: weights differ from the tensor's")
+	}
+	got2 := <-second
+	if got2.err != nil {
+		t.Fatal(got2.err)
+	}
+	for i, c := range []struct {
+		w   []float32
+		got *quant.Tensor
+		st  Stats
+	}{{w1, got1, st1}, {w2, got2.t, got2.st}} {
+		want, wst, err := fresh.Quantize(c.w, n, k, h, s, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(c.got.Codes, want.Codes) || !slices.Equal(c.got.Scales, want.Scales) || !slices.Equal(c.got.Zeros, want.Zeros) ||
+			!slices.Equal(c.got.GIdx, want.GIdx) || c.st.Loss != wst.Loss || c.st.Baseline != wst.Baseline || c.st.RelativeLoss != wst.RelativeLoss {
+			t.Errorf("solve %d: results brought down later differ from a fresh solver's", i+1)
+		}
+	}
+}

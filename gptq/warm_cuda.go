@@ -19,6 +19,7 @@ import (
 // would a gathered one, and returns the factor for Warm (this solver's and those of others on
 // its GPU, until it factors again).
 func (g *GPUSolver) WarmFactor(k int, opt Options) (*Factor, error) {
+	g.settle()
 	defer g.mark("warm up the factorisation")()
 	if k <= 0 {
 		return nil, fmt.Errorf("gptq: warm-up width %d must be positive", k)
@@ -52,6 +53,7 @@ func (g *GPUSolver) WarmFactor(k int, opt Options) (*Factor, error) {
 // baseline loss when opt asks for it, and the dequantized weights) and throws the result away.
 // The solver's buffers keep the size of that problem: give the shape it will solve most.
 func (g *GPUSolver) Warm(n int, f *Factor, s quant.Scheme, opt Options) error {
+	g.settle()
 	defer g.mark("warm up")()
 	k := f.k
 	if n <= 0 {
@@ -77,7 +79,11 @@ func (g *GPUSolver) Warm(n int, f *Factor, s quant.Scheme, opt Options) error {
 	if err != nil {
 		return err
 	}
-	if _, err := g.solvePlaced(p, f, &Stats{}, true); err != nil { // resident, as an engine's weights are
+	results, err := g.solvePlaced(p, f, &Stats{}, true) // resident, as an engine's weights are
+	if err == nil {
+		_, err = results()
+	}
+	if err != nil {
 		return err
 	}
 	return g.DequantizeTo(orig)
