@@ -440,12 +440,13 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 	// as it is solved, while the others' solves go on: on the GPUs (r.onGPU), or the host's copy,
 	// which needs the results now.
 	solveAndReplace := func(x *solvedLinear, set solverSet) {
-		if x.results, x.err = solve(x.l, x.s, r.globals[x.l.Name], set); x.err == nil && !r.onGPU {
-			var t *quant.Tensor
-			if t, x.st, x.err = x.results(); x.err == nil {
-				x.results, _ = solvedNow(t, x.st, nil)
-				x.err = x.l.SetWeight(t.Dequantize(x.l.W))
-			}
+		x.results, x.err = solve(x.l, x.s, r.globals[x.l.Name], set)
+		if x.err != nil || r.onGPU {
+			return
+		}
+		t, st, err := x.results()
+		if x.results, x.err = solvedNow(t, st, err); err == nil {
+			x.err = x.l.SetWeight(t.Dequantize(x.l.W))
 		}
 	}
 	start := time.Now()
@@ -465,13 +466,15 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		}
 	}
 	r.solving += time.Since(start)
-	r.delivering.Go(func() { r.deliver(work) })
+	var err error
 	for _, x := range work {
 		if x.err != nil {
-			return fmt.Errorf("tensor %s.weight: %w", x.l.Name, x.err)
+			err = fmt.Errorf("tensor %s.weight: %w", x.l.Name, x.err)
+			break
 		}
 	}
-	return nil
+	r.delivering.Go(func() { r.deliver(work) }) // also after an error: the solved ones' results free their solvers
+	return err
 }
 
 // solvedLinear is a linear of a group being updated.
@@ -497,7 +500,7 @@ func (r *blockRunner) deliver(work []*solvedLinear) {
 		l := x.l
 		if x.err != nil {
 			err := fmt.Errorf("tensor %s.weight: %w", l.Name, x.err)
-			r.results[l.Name] <- gptqResult{err: err}
+			r.hand(l.Name, gptqResult{err: err})
 			r.mu.Lock()
 			if r.undelivered == nil {
 				r.undelivered = err
@@ -507,7 +510,16 @@ func (r *blockRunner) deliver(work []*solvedLinear) {
 		}
 		r.logf("gptq %s %s on %s: relative loss %.5f, damping %g (%d retries), %s\n",
 			l.Name, x.s, r.deviceFor(x.s), x.st.RelativeLoss, x.st.Damp, x.st.Retries, solveTimes(x.st))
-		r.results[l.Name] <- gptqResult{t: x.t, stats: x.st}
+		r.hand(l.Name, gptqResult{t: x.t, stats: x.st})
+	}
+}
+
+// hand gives the writer a module's result, unless it has one already: the error of a calibration
+// that failed meanwhile (fail).
+func (r *blockRunner) hand(module string, res gptqResult) {
+	select {
+	case r.results[module] <- res:
+	default:
 	}
 }
 

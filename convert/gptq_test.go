@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qpack-dev/qpack/gptq"
 	"github.com/qpack-dev/qpack/internal/testenv"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
@@ -169,6 +170,52 @@ func TestGPTQResultStopsWaiting(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("result still waits for GPTQ after the conversion was stopped")
+	}
+}
+
+// TestDeliverHandsResultsAndErrors: deliver gets each solved linear's results and hands them to
+// the writer in order; a result whose module the calibration's failure has answered already does
+// not block it; a failed result is the writer's error and the runner's delivery error.
+func TestDeliverHandsResultsAndErrors(t *testing.T) {
+	r := &blockRunner{results: map[string]chan gptqResult{}, logf: func(string, ...any) {}}
+	for _, m := range []string{"a", "b", "c"} {
+		r.results[m] = make(chan gptqResult, 1)
+	}
+	r.results["b"] <- gptqResult{err: errors.New("calibration failed")} // fail's answer
+	s := quant.Scheme{Bits: 4, GroupSize: 128}
+	ta, tb := &quant.Tensor{Scheme: s, N: 1}, &quant.Tensor{Scheme: s, N: 2}
+	asked := 0
+	solved := func(tt *quant.Tensor, err error) solveResults {
+		return func() (*quant.Tensor, gptq.Stats, error) { asked++; return tt, gptq.Stats{Loss: 1}, err }
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.deliver([]*solvedLinear{
+			{l: &model.Linear{Name: "a"}, s: s, results: solved(ta, nil)},
+			{l: &model.Linear{Name: "b"}, s: s, results: solved(tb, nil)},
+			{l: &model.Linear{Name: "c"}, s: s, results: solved(nil, errors.New("diverged"))},
+		})
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("deliver blocked on a module the calibration's failure had answered")
+	}
+	if asked != 3 {
+		t.Errorf("deliver got %d results of 3", asked)
+	}
+	if got := <-r.results["a"]; got.t != ta || got.err != nil {
+		t.Errorf("a: got %+v, want its tensor", got)
+	}
+	if got := <-r.results["b"]; got.err == nil || got.err.Error() != "calibration failed" {
+		t.Errorf("b: got %+v, want the calibration's error kept", got)
+	}
+	if got := <-r.results["c"]; got.err == nil || !strings.Contains(got.err.Error(), "diverged") {
+		t.Errorf("c: got %+v, want its error", got)
+	}
+	if err := r.deliveryError(); err == nil || !strings.Contains(err.Error(), "tensor c.weight: diverged") {
+		t.Errorf("delivery error %v, want c's", err)
 	}
 }
 
