@@ -436,7 +436,6 @@ func (g *GPUSolver) solveFactored(w []float32, src cuda.DevicePtr, n int, f *Fac
 		return solved, err
 	}
 	st.Setup = time.Since(start)
-	solved.baseline = p.opt.BaselineLoss
 	if solved.results, err = g.solvePlaced(p, f, st, src != 0); err != nil {
 		return solved, err
 	}
@@ -446,11 +445,10 @@ func (g *GPUSolver) solveFactored(w []float32, src cuda.DevicePtr, n int, f *Fac
 // Solved is a solve whose weights are quantized on the device and whose results are still
 // there (SolveFactored).
 type Solved struct {
-	results  func() (*quant.Tensor, error)
-	st       Stats
-	baseline bool // the baseline loss was asked for
-	start    time.Time
-	done     chan struct{} // closed when Results returns (SolveFactored's)
+	results func() (*quant.Tensor, error)
+	st      Stats
+	start   time.Time
+	done    chan struct{} // closed when Results returns (SolveFactored's)
 }
 
 // Results brings the solve's codes and group parameters down into its tensor (a new one, or the
@@ -463,9 +461,6 @@ func (s *Solved) Results() (*quant.Tensor, Stats, error) {
 	t, err := s.results()
 	if err != nil {
 		return nil, s.st, err
-	}
-	if s.baseline {
-		s.st.RelativeLoss = s.st.Loss / s.st.Baseline
 	}
 	s.st.Total = time.Since(s.start)
 	return t, s.st, nil
@@ -701,7 +696,7 @@ func (g *GPUSolver) run(p gpuPlan, f *Factor, st *Stats) (results func() (*quant
 }
 
 // download brings the results of plan p from the buffers ptr into t (rows from row on, for the
-// errors' row numbers), checks them and sets st's loss.
+// errors' row numbers), checks them and sets st's loss (relative to the baseline's, when p asks for it).
 func (g *GPUSolver) download(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr, t *quant.Tensor, row int, st *Stats) (*quant.Tensor, error) {
 	defer g.mark("results down")()
 	n, groups := p.n, p.s.Groups(p.k)
@@ -735,6 +730,9 @@ func (g *GPUSolver) download(p gpuPlan, ptr [numGPUSlots]cuda.DevicePtr, t *quan
 	}
 	t.GIdx = p.lay.gIdx()
 	st.Loss = max(0, errSq-st.Lambda*sqErr)
+	if p.opt.BaselineLoss { // solvePlaced computed the baseline before the results came down
+		st.RelativeLoss = st.Loss / st.Baseline
+	}
 	return t, g.finishProfile()
 }
 

@@ -61,7 +61,8 @@ func (l *Linear) SetWeight(w []float32) error {
 // Load prepares a model of the given architecture; it reads the embeddings, the final norm and
 // lm_head now and the decoder blocks when first used.
 func Load(cfg *Config, w Weights) (*Model, error) {
-	m := &Model{Config: cfg, weights: w, rope: newRopeTable(cfg), blocks: make([]*Block, cfg.Layers)}
+	m := &Model{Config: cfg, weights: w, rope: newRopeTable(cfg), blocks: make([]*Block, cfg.Layers),
+		loads: map[int]*blockLoad{}, spare: map[int][][]float32{}}
 	var err error
 	if m.Embed, err = loadTensor(w, "model.embed_tokens.weight", cfg.Vocab, cfg.Hidden); err != nil {
 		return nil, err
@@ -101,9 +102,6 @@ func (m *Model) Block(i int) (*Block, error) {
 		return nil, fmt.Errorf("model: block %d read after the model was closed", i)
 	}
 	ld = &blockLoad{done: make(chan struct{})}
-	if m.loads == nil {
-		m.loads = map[int]*blockLoad{}
-	}
 	m.loads[i] = ld
 	m.reading.Add(1)
 	m.mu.Unlock()
@@ -148,9 +146,6 @@ func (m *Model) RecycleBlock(i int) {
 	defer m.mu.Unlock()
 	if i < 0 || i >= len(m.blocks) || m.blocks[i] == nil {
 		return
-	}
-	if m.spare == nil {
-		m.spare = map[int][][]float32{}
 	}
 	for _, v := range m.blocks[i].owned {
 		m.spare[len(v)] = append(m.spare[len(v)], v)

@@ -177,8 +177,7 @@ func (w *countingWeights) Float32(name string) ([]float32, error) {
 }
 
 // TestBlocksAreReadOnceWhenAskedAtOnce: blocks asked for by several goroutines at once (the
-// calibration and its prefetches) are read once each, every caller gets the same block, and two
-// blocks may be read at the same time.
+// calibration and its prefetches) are read once each, and every caller gets the same block.
 func TestBlocksAreReadOnceWhenAskedAtOnce(t *testing.T) {
 	cfg := mustConfig(t, gpuTestConfigs[0].json)
 	w := &countingWeights{MapWeights: randomWeights(cfg, false, !cfg.TieEmbeddings, freshRand(t)), reads: map[string]int{}}

@@ -33,7 +33,7 @@ func Open(dir string) (*Model, error) {
 func (m *Model) Close() error {
 	m.mu.Lock()
 	m.closed = true
-	m.spare = nil
+	clear(m.spare)
 	m.mu.Unlock()
 	m.reading.Wait() // the blocks being read read the weights
 	if c, ok := m.weights.(io.Closer); ok {
