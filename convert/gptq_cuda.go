@@ -460,7 +460,8 @@ func (r *blockRunner) factor(grams []*deviceGram) ([]*gptq.Factor, error) {
 }
 
 // take removes the group's Gram matrices (one per shard, all gathered) from the shards once
-// their accumulations have finished, each made whole (model.GPU.FinishGram).
+// their accumulations have finished, each made whole (model.GPU.FinishGram) unless sumShards
+// will add up their upper triangles first.
 func (c *gpuCapture) take(key string) ([]*deviceGram, error) {
 	grams := make([]*deviceGram, len(c.shards))
 	for i, sh := range c.shards {
@@ -474,30 +475,120 @@ func (c *gpuCapture) take(key string) ([]*deviceGram, error) {
 			}
 			return nil, errors.New("no calibration inputs reached it")
 		}
-		if err := sh.e.FinishGram(grams[i].sum, grams[i].k); err != nil {
-			return nil, err
+	}
+	upper := c.sumsUpper()
+	err := c.eachShard(func(i int, sh *gpuShard) error {
+		if !upper { // summed whole, or not at all: made whole now
+			if err := sh.e.FinishGram(grams[i].sum, grams[i].k); err != nil {
+				return err
+			}
 		}
-		if err := sh.e.Synchronize(); err != nil { // the Gram's last accumulation
-			return nil, err
-		}
+		return sh.e.Synchronize() // the Gram's last accumulation
+	})
+	if err != nil {
+		return nil, err
 	}
 	return grams, nil
 }
 
-// sumShards makes each shard's Gram matrix the sum over all shards, on all GPUs at once: GPU c
-// adds up band c of the partial sums' rows in shard order (the others' bands copied from their
-// memory directly, over NVLink or PCIe where the GPUs allow it), then every GPU copies every
-// band's total from the GPU that made it. Each GPU moves 2·(n−1)/n of a matrix, where the first
-// GPU alone moved 2·(n−1) of them, and every sum is added in the order one GPU would add them.
+// sumsUpper says whether sumShards adds up the Gram matrices' upper triangles in place, every
+// GPU reading and writing the others' memory directly (sumUpper): with several GPUs that all
+// reach each other's memory, and no more of them than one kernel takes.
+func (c *gpuCapture) sumsUpper() bool {
+	if len(c.shards) < 2 || len(c.shards) > model.MaxSumShards {
+		return false
+	}
+	for _, a := range c.shards {
+		for _, b := range c.shards {
+			if !a.e.Device().Reaches(b.e.Device()) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// sumShards makes each shard's Gram matrix the sum over all shards, every sum added in shard
+// order, as one GPU adding the others' copies would: with sumUpper where the GPUs reach each
+// other's memory, else with sumCopied.
 func (c *gpuCapture) sumShards(grams []*deviceGram) error {
 	if len(grams) == 1 {
 		return nil
 	}
 	defer func(start time.Time) { c.sums += time.Since(start) }(time.Now())
-	k, total := grams[0].k, 0
+	total := 0
 	for _, gr := range grams {
 		total += gr.n
 	}
+	var err error
+	if c.sumsUpper() {
+		err = c.sumUpper(grams)
+	} else {
+		err = c.sumCopied(grams)
+	}
+	if err != nil {
+		return err
+	}
+	for _, gr := range grams {
+		gr.n = total
+	}
+	return nil
+}
+
+// sumUpper adds up the upper triangles of the partial Gram matrices (as accumulated, before
+// FinishGram) in place on all GPUs at once: GPU c sums the columns of band c of every matrix,
+// reading the others' over NVLink or PCIe and writing the total into every one of them
+// (model.GPU.SumUpperShards), the bands balanced by their triangles' area; each GPU then
+// mirrors its own. Each GPU reads and writes (n−1)/n of a triangle over the links, half of what
+// copying whole bands moves, in one kernel instead of 2·(n−1) copies and n−1 additions.
+func (c *gpuCapture) sumUpper(grams []*deviceGram) error {
+	k := grams[0].k
+	sums := make([]cuda.DevicePtr, len(grams))
+	for i, gr := range grams {
+		sums[i] = gr.sum
+	}
+	bands := upperBands(k, len(grams))
+	err := c.eachShard(func(i int, sh *gpuShard) error {
+		defer timeline.Begin(sh.e.Device().Info().Ordinal, "sum Hessian band")()
+		if err := sh.e.SumUpperShards(sums, k, bands[i], bands[i+1]); err != nil {
+			return err
+		}
+		return sh.e.Synchronize()
+	})
+	if err != nil {
+		return err
+	}
+	// Every band is summed in every matrix: each GPU mirrors its own.
+	return c.eachShard(func(i int, sh *gpuShard) error {
+		defer timeline.Begin(sh.e.Device().Info().Ordinal, "mirror summed Hessian")()
+		if err := sh.e.FinishGram(grams[i].sum, k); err != nil {
+			return err
+		}
+		return sh.e.Synchronize()
+	})
+}
+
+// upperBands splits the k columns of an upper triangle (column j holds j+1 values) into parts
+// contiguous bands of about equal area: the boundaries, 0 first and k last.
+func upperBands(k, parts int) []int {
+	at := make([]int, parts+1)
+	area := float64(k) * float64(k+1) / 2
+	for i := 1; i < parts; i++ {
+		// the b with b(b+1)/2 = i/parts of the area
+		b := int(math.Round((math.Sqrt(1+8*area*float64(i)/float64(parts)) - 1) / 2))
+		at[i] = min(max(b, at[i-1]), k)
+	}
+	at[parts] = k
+	return at
+}
+
+// sumCopied sums whole Gram matrices (after FinishGram) on all GPUs at once: GPU c
+// adds up band c of the partial sums' rows in shard order (the others' bands copied from their
+// memory, directly where the GPUs allow it, else staged by the driver), then every GPU copies
+// every band's total from the GPU that made it. Each GPU moves 2·(n−1)/n of a matrix, where the
+// first GPU alone moved 2·(n−1) of them.
+func (c *gpuCapture) sumCopied(grams []*deviceGram) error {
+	k := grams[0].k
 	bands := model.EvenShares(k, len(grams))
 	band := func(gr *deviceGram, i int) (cuda.DevicePtr, int) {
 		return gr.sum.Add(4 * bands[i] * k), (bands[i+1] - bands[i]) * k
@@ -541,7 +632,6 @@ func (c *gpuCapture) sumShards(grams []*deviceGram) error {
 				return err
 			}
 		}
-		grams[i].n = total
 		return sh.e.Synchronize()
 	})
 }

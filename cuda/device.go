@@ -106,7 +106,8 @@ type Device struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	pinned map[uintptr]int // base → size of host memory from AllocHost
+	pinned  map[uintptr]int // base → size of host memory from AllocHost
+	reaches map[int32]bool  // other GPUs whose memory kernels here may address (EnablePeerAccess)
 
 	convertOnce sync.Once
 	convert     *convertKernels

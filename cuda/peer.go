@@ -37,10 +37,27 @@ func EnablePeerAccess(devs []*Device) (direct int, err error) {
 			if err != nil {
 				return direct, fmt.Errorf("GPU %d to GPU %d: %w", a.info.Ordinal, b.info.Ordinal, err)
 			}
+			a.mu.Lock()
+			if a.reaches == nil {
+				a.reaches = map[int32]bool{}
+			}
+			a.reaches[b.dev] = true
+			a.mu.Unlock()
 			direct++
 		}
 	}
 	return direct, nil
+}
+
+// Reaches says whether kernels running on d may read and write other's memory: other is the same
+// GPU, or EnablePeerAccess enabled d's access to it.
+func (d *Device) Reaches(other *Device) bool {
+	if d.dev == other.dev {
+		return true
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.reaches[other.dev]
 }
 
 // context returns the device's context, or ErrClosed.

@@ -70,9 +70,9 @@ type GPU struct {
 	blocksAhead int          // blocks whose weights came ahead (tests)
 	module      *cuda.Module
 	fn          struct {
-		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare cuda.Function
-		channelStatsPartial, channelStatsFinish, toBF16, mirrorUpper, scaleColumns, divideRows              cuda.Function
-		flash                                                                                               cuda.Function // flash_attention_d<HeadDim>, when fused
+		embed, rmsNorm, addBias, add, siluMul, ropeHeads, mergeHeads, causalSoftmax, tokenNLL, tokenCompare    cuda.Function
+		channelStatsPartial, channelStatsFinish, toBF16, mirrorUpper, sumUpperShards, scaleColumns, divideRows cuda.Function
+		flash                                                                                                  cuda.Function // flash_attention_d<HeadDim>, when fused
 	}
 	scratch map[string]gpuBuffer // named work buffers, grown on demand
 	spare   spares               // block buffers given back, for later blocks (spare_cuda.go)
@@ -127,7 +127,7 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte, cubins ..
 		{&e.fn.siluMul, "silu_mul"}, {&e.fn.ropeHeads, "rope_heads"}, {&e.fn.mergeHeads, "merge_heads"},
 		{&e.fn.causalSoftmax, "causal_softmax"}, {&e.fn.tokenNLL, "token_nll"}, {&e.fn.tokenCompare, "token_compare"},
 		{&e.fn.channelStatsPartial, "channel_stats_partial"}, {&e.fn.channelStatsFinish, "channel_stats_finish"},
-		{&e.fn.toBF16, "to_bf16"}, {&e.fn.mirrorUpper, "mirror_upper"},
+		{&e.fn.toBF16, "to_bf16"}, {&e.fn.mirrorUpper, "mirror_upper"}, {&e.fn.sumUpperShards, "sum_upper_shards"},
 		{&e.fn.scaleColumns, "scale_columns"}, {&e.fn.divideRows, "divide_rows"},
 	} {
 		if *f.dst, err = e.module.Function(f.name); err != nil {

@@ -360,6 +360,36 @@ func (r *rendezvous) arrive(b *Block, groups []Group) error {
 
 func (r *rendezvous) abandon() { r.once.Do(func() { close(r.gone) }) }
 
+// MaxSumShards is the most Gram matrices SumUpperShards adds at once.
+const MaxSumShards = 8
+
+// SumUpperShards queues, on the engine's stream, the sum of the upper triangles (row ≤ column)
+// of columns [c0, c1) of the k×k column-major Gram matrices grams (one per GPU, in shard order,
+// every one readable from this engine's GPU: peer access), added in that order and written into
+// every one of them. Engines running it for disjoint column bands at once make every matrix's
+// upper triangle the total; FinishGram then mirrors it.
+func (e *GPU) SumUpperShards(grams []cuda.DevicePtr, k, c0, c1 int) error {
+	if len(grams) < 1 || len(grams) > MaxSumShards || c0 < 0 || c1 > k || c0 > c1 {
+		return fmt.Errorf("model: summing columns [%d, %d) of %d Gram matrices of %d columns", c0, c1, len(grams), k)
+	}
+	if c0 == c1 {
+		return nil
+	}
+	var p [MaxSumShards]cuda.DevicePtr
+	copy(p[:], grams)
+	const threads, maxColumns = 256, 65535 // a grid's most blocks in y
+	for c := c0; c < c1; c += maxColumns {
+		end := min(c+maxColumns, c1)
+		grid := cuda.Dim3{X: (end + threads - 1) / threads, Y: end - c, Z: 1} // rows 0…c of column c
+		err := e.fn.sumUpperShards.Launch(grid, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, e.stream,
+			p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], int32(len(grams)), int32(k), int32(c))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // AddFloats adds the n float32 values at src to those at dst, on the engine's stream.
 func (e *GPU) AddFloats(dst, src cuda.DevicePtr, n int) error {
 	return e.elementwise(e.fn.add, n, dst, src, int64(n))

@@ -104,3 +104,94 @@ func TestGPUShardedCalibrationMatchesCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUSumUpperShards: 2, 3 and 4 engines (one per GPU where there are as many, with peer
+// access, or several on one GPU), each summing a band of columns of fresh random matrices
+// (unequal bands, an empty one included) at once, then each mirroring its own: every matrix's
+// upper triangle is the float32 sum in shard order, bit for bit, and its lower triangle the
+// mirror.
+func TestGPUSumUpperShards(t *testing.T) {
+	r := freshRand(t)
+	cfg := mustConfig(t, gpuTestConfigs[0].json)
+	for _, shards := range []int{2, 3, 4} {
+		for _, k := range []int{1, 77, 300} {
+			t.Run(fmt.Sprintf("shards=%d/k=%d", shards, k), func(t *testing.T) {
+				devs := gputest.OpenMany(t, shards)
+				if _, err := cuda.EnablePeerAccess(devs); err != nil {
+					t.Fatal(err)
+				}
+				for _, a := range devs {
+					for _, b := range devs {
+						if !a.Reaches(b) {
+							t.Skipf("GPU %d does not reach GPU %d's memory", a.Info().Ordinal, b.Info().Ordinal)
+						}
+					}
+				}
+				host := make([][]float32, shards)
+				ptrs := make([]cuda.DevicePtr, shards)
+				es := make([]*GPU, shards)
+				for i, dev := range devs {
+					e, err := newGPU(dev, cfg, GPUOptions{}, gputest.PTX(t, modelPTX, *gpuPTX), gputest.Cubins(*gpuPTX, modelCubinSM90)...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { e.Close() })
+					es[i] = e
+					host[i] = make([]float32, k*k)
+					for j := range host[i] {
+						host[i][j] = float32(r.NormFloat64() * 100)
+					}
+					ptrs[i] = gputest.Floats(t, dev, host[i])
+				}
+				bands := make([]int, shards+1) // unequal, the first empty
+				for i := 2; i <= shards; i++ {
+					bands[i] = i * k / shards
+				}
+				errs := make(chan error, shards)
+				for i, e := range es {
+					go func() {
+						err := e.SumUpperShards(ptrs, k, bands[i], bands[i+1])
+						if err == nil {
+							err = e.Synchronize()
+						}
+						errs <- err
+					}()
+				}
+				for range es {
+					if err := <-errs; err != nil {
+						t.Fatal(err)
+					}
+				}
+				for i, e := range es {
+					if err := e.FinishGram(ptrs[i], k); err != nil {
+						t.Fatal(err)
+					}
+					if err := e.Synchronize(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for i, dev := range devs {
+					got := make([]float32, k*k)
+					if err := dev.CopyFromDevice(cuda.Bytes(got), ptrs[i]); err != nil {
+						t.Fatal(err)
+					}
+					for c := range k {
+						for row := range k {
+							upper := row + c*k
+							if row > c {
+								upper = c + row*k
+							}
+							want := host[0][upper]
+							for _, h := range host[1:] {
+								want += h[upper]
+							}
+							if got[row+c*k] != want {
+								t.Fatalf("matrix %d (%d, %d): %g, want %g", i, row, c, got[row+c*k], want)
+							}
+						}
+					}
+				}
+			})
+		}
+	}
+}

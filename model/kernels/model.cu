@@ -79,6 +79,27 @@ extern "C" __global__ void mirror_upper(float* a, int n) {
     }
 }
 
+// sum_upper_shards: for the columns c0 + blockIdx.y of the n×n column-major Gram matrices p0…p7
+// (one per GPU, the first `shards` of them, each readable here: peer access), the upper triangle
+// (row ≤ column) becomes the sum of all of them, added in shard order (((p0 + p1) + p2) + …, the
+// order one GPU adding the others' copies would take), written back into every one. Each GPU runs
+// it for its own band of columns, so no element is read by one GPU while another writes it.
+extern "C" __global__ void sum_upper_shards(float* p0, float* p1, float* p2, float* p3, float* p4, float* p5,
+                                            float* p6, float* p7, int shards, int n, int c0) {
+    const int c = c0 + blockIdx.y;
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r > c || c >= n) return;
+    float* p[8] = {p0, p1, p2, p3, p4, p5, p6, p7};
+    const long long i = r + (long long)c * n;
+    float s = p0[i];
+#pragma unroll
+    for (int j = 1; j < 8; j++)
+        if (j < shards) s += p[j][i];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < shards) p[j][i] = s;
+}
+
 // add: x += y elementwise (the residual connections).
 extern "C" __global__ void add(float* x, const float* y, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
