@@ -12,6 +12,7 @@ import (
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/gptq"
+	"github.com/qpack-dev/qpack/internal/shares"
 	"github.com/qpack-dev/qpack/internal/timeline"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
@@ -236,7 +237,7 @@ func newResultTensor(s quant.Scheme, n, k int) *quant.Tensor {
 // driver, cuBLAS and cuSOLVER do on first use.
 func (r *blockRunner) warmer(shards int) func([]solverSet) {
 	w := r.warmShape
-	n := model.EvenShares(w.n, min(shards, w.n))[1]
+	n := shares.Even(w.n, min(shards, w.n))[1]
 	return func(sets []solverSet) {
 		if !sets[0].first().Supports(w.s, r.opt) { // the CPU solves these
 			return
@@ -547,7 +548,7 @@ func (c *gpuCapture) sumUpper(grams []*deviceGram) error {
 	for i, gr := range grams {
 		sums[i] = gr.sum
 	}
-	bands := upperBands(k, len(grams))
+	bands := shares.Upper(k, len(grams))
 	err := c.eachShard(func(i int, sh *gpuShard) error {
 		defer timeline.Begin(sh.e.Device().Info().Ordinal, "sum Hessian band")()
 		if err := sh.e.SumUpperShards(sums, k, bands[i], bands[i+1]); err != nil {
@@ -568,20 +569,6 @@ func (c *gpuCapture) sumUpper(grams []*deviceGram) error {
 	})
 }
 
-// upperBands splits the k columns of an upper triangle (column j holds j+1 values) into parts
-// contiguous bands of about equal area: the boundaries, 0 first and k last.
-func upperBands(k, parts int) []int {
-	at := make([]int, parts+1)
-	area := float64(k) * float64(k+1) / 2
-	for i := 1; i < parts; i++ {
-		// the b with b(b+1)/2 = i/parts of the area
-		b := int(math.Round((math.Sqrt(1+8*area*float64(i)/float64(parts)) - 1) / 2))
-		at[i] = min(max(b, at[i-1]), k)
-	}
-	at[parts] = k
-	return at
-}
-
 // sumCopied sums whole Gram matrices (after FinishGram) on all GPUs at once: GPU c
 // adds up band c of the partial sums' rows in shard order (the others' bands copied from their
 // memory, directly where the GPUs allow it, else staged by the driver), then every GPU copies
@@ -589,7 +576,7 @@ func upperBands(k, parts int) []int {
 // first GPU alone moved 2·(n−1) of them.
 func (c *gpuCapture) sumCopied(grams []*deviceGram) error {
 	k := grams[0].k
-	bands := model.EvenShares(k, len(grams))
+	bands := shares.Even(k, len(grams))
 	band := func(gr *deviceGram, i int) (cuda.DevicePtr, int) {
 		return gr.sum.Add(4 * bands[i] * k), (bands[i+1] - bands[i]) * k
 	}
@@ -699,7 +686,7 @@ func (c *gpuCapture) keepDeviceWeights() error {
 func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, t *quant.Tensor, factors []*gptq.Factor, set solverSet) (solveResults, error) {
 	n, k := l.Out, l.In
 	parts := min(len(factors), n)
-	at := model.EvenShares(n, parts)
+	at := shares.Even(n, parts)
 	solved := make([]*gptq.Solved, parts)
 	errs := make([]error, parts)
 	var wg sync.WaitGroup

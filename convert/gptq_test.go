@@ -256,26 +256,3 @@ func TestCalibMathChoices(t *testing.T) {
 		}
 	}
 }
-
-// TestUpperBands: the bands of an upper triangle's columns cover them in order, and for
-// triangles wide enough hold about equal areas (within one column's).
-func TestUpperBands(t *testing.T) {
-	for _, k := range []int{1, 2, 7, 300, 4096, 11008} {
-		for _, parts := range []int{1, 2, 3, 4, 8} {
-			at := upperBands(k, parts)
-			if len(at) != parts+1 || at[0] != 0 || at[parts] != k {
-				t.Fatalf("k=%d, %d parts: %v", k, parts, at)
-			}
-			mean := float64(k) * float64(k+1) / 2 / float64(parts)
-			for i := range parts {
-				if at[i+1] < at[i] {
-					t.Fatalf("k=%d, %d parts: not in order: %v", k, parts, at)
-				}
-				area := float64(at[i+1]*(at[i+1]+1)-at[i]*(at[i]+1)) / 2
-				if k >= 64*parts && math.Abs(area-mean) > float64(k) {
-					t.Errorf("k=%d, %d parts: band %d holds %.0f values, the mean is %.0f: %v", k, parts, i, area, mean, at)
-				}
-			}
-		}
-	}
-}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/shares"
 	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
@@ -35,7 +36,7 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 	if len(seqs) < len(engines) {
 		return fmt.Errorf("model: calibration: %d sequences cannot be shared by %d GPUs", len(seqs), len(engines))
 	}
-	shares := EvenShares(len(seqs), len(engines))
+	share := shares.Even(len(seqs), len(engines))
 	xs := make([]*DeviceBatch, len(engines))
 	defer func() {
 		for _, x := range xs {
@@ -46,7 +47,7 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 	}()
 	err := eachEngine(engines, func(i int, e *GPU) (err error) {
 		defer timeline.Begin(e.dev.Info().Ordinal, "embed")()
-		xs[i], err = e.Embed(m, seqs[shares[i]:shares[i+1]])
+		xs[i], err = e.Embed(m, seqs[share[i]:share[i+1]])
 		return err
 	})
 	if err != nil {
@@ -82,19 +83,6 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 		opt.release(m, i)
 	}
 	return nil
-}
-
-// EvenShares splits n things (sequences, rows) into parts contiguous shares whose sizes differ
-// by at most one: share i is [at[i], at[i+1]).
-func EvenShares(n, parts int) (at []int) {
-	at = make([]int, parts+1)
-	for i := range parts {
-		at[i+1] = at[i] + n/parts
-		if i < n%parts {
-			at[i+1]++
-		}
-	}
-	return at
 }
 
 // calibrateShards runs block b's calibration on every engine (gs: its weights there), the steps'

@@ -2,26 +2,12 @@ package model
 
 import (
 	"errors"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/qpack-dev/qpack/cuda"
 )
-
-func TestEvenShares(t *testing.T) {
-	for _, c := range []struct {
-		n, parts int
-		want     []int
-	}{
-		{8, 1, []int{0, 8}}, {8, 2, []int{0, 4, 8}}, {10, 4, []int{0, 3, 6, 8, 10}}, {3, 3, []int{0, 1, 2, 3}},
-	} {
-		if got := EvenShares(c.n, c.parts); !slices.Equal(got, c.want) {
-			t.Errorf("EvenShares(%d, %d) = %v, want %v", c.n, c.parts, got, c.want)
-		}
-	}
-}
 
 // TestRendezvousRunsEachUpdateOnce: n goroutines arriving at several steps; each step's
 // update runs once, after all n arrived, and everyone leaves with its result.
