@@ -26,6 +26,8 @@ type BLAS struct {
 	setStream func(h, s uintptr) int32
 	sgemm     func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32
 	dgemm     func(h uintptr, ta, tb, m, n, k int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32, beta *float64, c uintptr, ldc int32) int32
+	dtrsm     func(h uintptr, side, uplo, trans, diag, m, n int32, alpha *float64, a uintptr, lda int32, b uintptr, ldb int32) int32
+	dsyrk     func(h uintptr, uplo, trans, n, k int32, alpha *float64, a uintptr, lda int32, beta *float64, c uintptr, ldc int32) int32
 	sgemmSB   func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, lda int32, sa int64, b uintptr, ldb int32, sb int64, beta *float32, c uintptr, ldc int32, sc int64, batch int32) int32
 	mathMode  func(h uintptr, mode int32) int32
 	gemmEx    func(h uintptr, ta, tb, m, n, k int32, alpha *float32, a uintptr, at, lda int32, b uintptr, bt, ldb int32, beta *float32, c uintptr, ct, ldc, compute, algo int32) int32
@@ -47,7 +49,7 @@ func (d *Device) NewBLAS() (*BLAS, error) {
 	b := &BLAS{d: d}
 	if err := bindFunctions(lib, map[string]any{
 		"cublasCreate_v2": &b.create, "cublasDestroy_v2": &b.destroy, "cublasSetStream_v2": &b.setStream,
-		"cublasSgemm_v2": &b.sgemm, "cublasDgemm_v2": &b.dgemm,
+		"cublasSgemm_v2": &b.sgemm, "cublasDgemm_v2": &b.dgemm, "cublasDtrsm_v2": &b.dtrsm, "cublasDsyrk_v2": &b.dsyrk,
 		"cublasSgemmStridedBatched": &b.sgemmSB, "cublasSetMathMode": &b.mathMode,
 		"cublasGemmEx":   &b.gemmEx,
 		"cublasDscal_v2": &b.dscal, "cublasDcopy_v2": &b.dcopy,
@@ -195,6 +197,34 @@ func (b *BLAS) Dgemm(ta, tb Transpose, m, n, k int, alpha float64, a DevicePtr, 
 	return b.d.do(func() error {
 		return blasCheck("cublasDgemm", b.dgemm(b.h, int32(ta), int32(tb), int32(m), int32(n), int32(k),
 			&alpha, uintptr(a), int32(lda), uintptr(bm), int32(ldb), &beta, uintptr(c), int32(ldc)))
+	})
+}
+
+// sideRight is CUBLAS_SIDE_RIGHT: the triangular matrix multiplies from the right.
+const sideRight = 1
+
+// DtrsmRightLowerTrans enqueues B = alpha·B·L⁻ᵀ for the m×n matrix B and the n×n lower
+// triangular L (non-unit diagonal): with L the Cholesky factor of a matrix's top-left block,
+// the factor's rows below it, from the matrix's.
+func (b *BLAS) DtrsmRightLowerTrans(m, n int, alpha float64, l DevicePtr, ldl int, bm DevicePtr, ldb int) error {
+	if err := gemmArgs(m, n, n, ldl, ldb, ldb); err != nil {
+		return err
+	}
+	return b.d.do(func() error {
+		return blasCheck("cublasDtrsm", b.dtrsm(b.h, sideRight, int32(Lower), int32(Trans), 0, int32(m), int32(n),
+			&alpha, uintptr(l), int32(ldl), uintptr(bm), int32(ldb)))
+	})
+}
+
+// DsyrkLower enqueues C = alpha·A·Aᵀ + beta·C on the lower triangle of the n×n matrix C, for
+// the n×k matrix A.
+func (b *BLAS) DsyrkLower(n, k int, alpha float64, a DevicePtr, lda int, beta float64, c DevicePtr, ldc int) error {
+	if err := gemmArgs(n, n, k, lda, lda, ldc); err != nil {
+		return err
+	}
+	return b.d.do(func() error {
+		return blasCheck("cublasDsyrk", b.dsyrk(b.h, int32(Lower), int32(NoTrans), int32(n), int32(k),
+			&alpha, uintptr(a), int32(lda), &beta, uintptr(c), int32(ldc)))
 	})
 }
 

@@ -123,6 +123,106 @@ func TestGPUFactorOnSeveralGPUs(t *testing.T) {
 	}
 }
 
+// TestGPUFactorSharedAmongGPUs: with the factorisation shared among 2, 3 and 4 solvers
+// (factorShared; on as many GPUs as there are, with peer access, or several on one), every
+// solver's T′ is the others' bit for bit and one solver's whole factorisation's within float64
+// rounding (dead columns, act-order, odd widths), damping retries are decided as one solver
+// decides them, and solves with any of the factors give the same tensor. Fresh random inputs.
+func TestGPUFactorSharedAmongGPUs(t *testing.T) {
+	defer func(m int) { splitFactorMin = m }(splitFactorMin)
+	splitFactorMin = 1
+	devs := gputest.OpenMany(t, 4)
+	if _, err := cuda.EnablePeerAccess(devs); err != nil {
+		t.Fatal(err)
+	}
+	team := make([]*GPUSolver, len(devs))
+	for i, dev := range devs {
+		team[i] = newTestSolver(t, dev)
+	}
+	if !sharesFactor(team, 2) {
+		t.Skip("the GPUs do not all reach each other's memory")
+	}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 23))
+	const n = 50
+	s := quant.Scheme{Bits: 4, GroupSize: 64}
+	banded := bandedKMSHessian(1301)
+	killColumns(banded, 1301, 5, 1000)
+	for _, c := range []struct {
+		name    string
+		k       int
+		h       []float64
+		opt     Options
+		retries int
+	}{
+		{"random", 701, testHessian(t, r, 701), Options{}, 0},
+		{"banded, dead columns, act-order", 1301, banded, Options{ActOrder: true}, 0},
+		{"indefinite", 640, indefiniteHessian(640, 1.05), Options{}, 1},
+	} {
+		k := c.k
+		h32 := make([]float32, k*k)
+		for i, v := range c.h {
+			h32[i] = float32(v)
+			c.h[i] = float64(h32[i]) // what the GPUs get
+		}
+		w := randomWeights(r, n, k)
+		grams := make([]cuda.DevicePtr, len(devs))
+		for i, dev := range devs {
+			grams[i] = gputest.Floats(t, dev, h32)
+		}
+		whole, err := team[0].FactorGram(grams[0], k, 1, c.opt) // one solver: not shared
+		if err != nil {
+			t.Fatal(err)
+		}
+		if whole.retries != c.retries {
+			t.Errorf("%s: %d retries on one solver, want %d", c.name, whole.retries, c.retries)
+		}
+		want := download(t, devs[0], whole.t, k*k) // TestGPUFactorMatchesCPU checks it against the CPU
+		largest := 0.0
+		for _, v := range want {
+			largest = max(largest, math.Abs(float64(v)))
+		}
+		for parts := 2; parts <= len(team); parts++ {
+			factors, err := FactorGramOnAll(team[:parts], grams[:parts], k, 1, c.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := download(t, devs[0], factors[0].t, k*k)
+			bad := 0
+			for i, v := range want {
+				if d := math.Abs(float64(first[i]) - float64(v)); d > 1e-6*largest+1e-5*math.Abs(float64(v)) {
+					if bad++; bad <= 3 {
+						t.Errorf("%s, %d parts: T′[%d][%d] = %g shared, %g whole", c.name, parts, i/k, i%k, first[i], v)
+					}
+				}
+			}
+			solved, _, err := team[0].QuantizeFactored(nil, 0, w, 0, n, factors[0], s, c.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, f := range factors {
+				if f.retries != whole.retries || f.damp != whole.damp {
+					t.Errorf("%s, %d parts, solver %d: %d retries, damping %g; one solver's %d, %g", c.name, parts, i, f.retries, f.damp, whole.retries, whole.damp)
+				}
+				if i == 0 {
+					continue
+				}
+				if !slices.Equal(download(t, devs[i], f.t, k*k), first) {
+					t.Errorf("%s, %d parts: solver %d's T′ differs from solver 0's", c.name, parts, i)
+				}
+				got, _, err := team[i].QuantizeFactored(nil, 0, w, 0, n, f, s, c.opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got.Codes, solved.Codes) || !slices.Equal(got.Scales, solved.Scales) {
+					t.Errorf("%s, %d parts: solver %d's solve differs from solver 0's", c.name, parts, i)
+				}
+			}
+		}
+	}
+}
+
 // TestGPUFactorSharedBySolvers: solvers of one GPU solving different weights with one factor at
 // once (q, k and v) each give what QuantizeGram gives alone; stale or mismatched factors are
 // refused.

@@ -50,7 +50,7 @@ const (
 type GPUSolver struct {
 	dev    *cuda.Device
 	module *cuda.Module
-	fn     struct{ buildFactor, unreverse, loadWeights, fitFixed, fitSearch, settle, block, squaredError, scaleGram, live, narrow, rowDot, dequantize, firstNonFinite cuda.Function }
+	fn     struct{ buildFactor, unreverse, copyBlock, loadWeights, fitFixed, fitSearch, settle, block, squaredError, scaleGram, live, narrow, rowDot, dequantize, firstNonFinite cuda.Function }
 	blas   *cuda.BLAS
 	solver *cuda.Solver
 	stream cuda.Stream
@@ -155,7 +155,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver,
 		dst  *cuda.Function
 		name string
 	}{
-		{&g.fn.buildFactor, "gptq_build_factor"}, {&g.fn.unreverse, "gptq_unreverse"},
+		{&g.fn.buildFactor, "gptq_build_factor"}, {&g.fn.unreverse, "gptq_unreverse"}, {&g.fn.copyBlock, "gptq_copy_block"},
 		{&g.fn.loadWeights, "gptq_load_weights"}, {&g.fn.fitFixed, "gptq_fit_fixed"}, {&g.fn.fitSearch, "gptq_fit_search"},
 		{&g.fn.settle, "gptq_settle"}, {&g.fn.block, "gptq_block"}, {&g.fn.squaredError, "gptq_squared_error"},
 		{&g.fn.scaleGram, "gptq_scale_gram"}, {&g.fn.live, "gptq_live"}, {&g.fn.narrow, "gptq_narrow"}, {&g.fn.rowDot, "gptq_row_dot"},

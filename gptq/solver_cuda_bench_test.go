@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/gputest"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -204,4 +205,58 @@ func BenchmarkGPUQuantizeGramSetup(b *testing.B) {
 	b.ReportMetric(ms(upload), "upload-ms")
 	b.ReportMetric(ms(setup), "setup-ms")
 	b.ReportMetric(ms(total), "total-ms")
+}
+
+// BenchmarkGPUFactorShared times FactorGramOnAll of a banded Hessian on 1, 2 and 4 GPUs (as
+// many as there are, with peer access), each GPU factoring its copy whole and sharing the
+// factorisation (factorShared), median of 5 after a warm-up. Run with -test.benchtime=1x; each
+// case prints a "TABLE" line.
+func BenchmarkGPUFactorShared(b *testing.B) {
+	devs := gputest.OpenMany(b, 4)
+	if _, err := cuda.EnablePeerAccess(devs); err != nil {
+		b.Fatal(err)
+	}
+	team := make([]*GPUSolver, len(devs))
+	for i, dev := range devs {
+		team[i] = newTestSolver(b, dev)
+		team[i].poison = false
+	}
+	defer func(m int) { splitFactorMin = m }(splitFactorMin)
+	for _, k := range []int{4096, 8192, 11008, 14336, 28672} {
+		h := bandedKMSHessian(k)
+		h32 := make([]float32, k*k)
+		for i, v := range h {
+			h32[i] = float32(v)
+		}
+		grams := make([]cuda.DevicePtr, len(devs))
+		for i, dev := range devs {
+			grams[i] = gputest.Floats(b, dev, h32)
+		}
+		for _, parts := range []int{1, 2, 4} {
+			for _, shared := range []bool{false, true} {
+				if parts == 1 && shared {
+					continue
+				}
+				b.Run(fmt.Sprintf("k=%d/gpus=%d/shared=%v", k, parts, shared), func(b *testing.B) {
+					splitFactorMin = math.MaxInt
+					if shared {
+						splitFactorMin = 1
+					}
+					var times []time.Duration
+					for run := range 6 {
+						start := time.Now()
+						if _, err := FactorGramOnAll(team[:parts], grams[:parts], k, 1, Options{}); err != nil {
+							b.Fatal(err)
+						}
+						if run > 0 {
+							times = append(times, time.Since(start))
+						}
+					}
+					slices.Sort(times)
+					b.ReportMetric(ms(times[2]), "ms")
+					fmt.Printf("TABLE k %5d  GPUs %d  shared %-5v  median %6.1f ms  (runs %v)\n", k, parts, shared, ms(times[2]), times)
+				})
+			}
+		}
+	}
 }

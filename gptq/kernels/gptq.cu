@@ -118,6 +118,17 @@ extern "C" __global__ void gptq_unreverse(const double* f, int k, float* t, int*
     }
 }
 
+// gptq_copy_block copies the rows [row0, row0 + rows) of the columns [col0, col0 + gridDim.y)
+// of a column-major float64 matrix with leading dimension ld from src to dst, where dst may be
+// another GPU's copy (peer access): what a GPU solved of a factorisation shared among GPUs,
+// pushed into the others' matrices.
+extern "C" __global__ void gptq_copy_block(const double* src, double* dst, int ld, int row0, int rows, int col0) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    u64 at = (u64)(col0 + blockIdx.y) * ld + row0 + r;
+    dst[at] = src[at];
+}
+
 // gptq_load_weights fills the working weights: w[r, i] = W[r, perm[i]], dead columns zero.
 extern "C" __global__ void gptq_load_weights(const float* orig, const int* perm, const unsigned char* dead, int n,
                                              int k, float* w) {
