@@ -92,22 +92,25 @@ func (d *driver) deviceInfo(ordinal int) (DeviceInfo, error) {
 }
 
 // Device is one GPU and its retained primary context. Every method runs its driver calls
-// through do, which serializes them and makes the context current on the calling OS thread, so
-// a Device may be used from any goroutine.
+// through do, which makes the context current on the calling OS thread, so a Device may be used
+// from any goroutine. Calls from several goroutines run at once (the driver API is thread-safe):
+// one goroutine's long call — creating a cuBLAS handle, pinning host memory, a library's first
+// use of a kernel — does not hold up the others' copies and launches on their streams.
 type Device struct {
 	info DeviceInfo
 	drv  *driver
 	dev  int32
 
-	mu      sync.Mutex     // serializes driver calls; guards ctx and pinned
+	mu      sync.RWMutex   // driver calls hold it shared, Close exclusively; guards ctx and reaches
 	ctx     uintptr        // 0 once closed
 	waiting sync.WaitGroup // blocking waits in progress outside mu (see wait)
 
 	closeOnce sync.Once
 	closeErr  error
 
-	pinned  map[uintptr]int // base → size of host memory from AllocHost
-	reaches map[int32]bool  // other GPUs whose memory kernels here may address (EnablePeerAccess)
+	pinnedMu sync.Mutex
+	pinned   map[uintptr]int // base → size of host memory from AllocHost (under pinnedMu)
+	reaches  map[int32]bool  // other GPUs whose memory kernels here may address (EnablePeerAccess)
 
 	convertOnce sync.Once
 	convert     *convertKernels
@@ -152,11 +155,17 @@ func Open(ordinal int) (*Device, error) {
 // that hop (two thread wake-ups) cost 10-25 µs per call, more than a kernel launch itself.
 // A panic in f becomes an error.
 func (d *Device) do(f func() error) (err error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	if d.ctx == 0 {
 		return ErrClosed
 	}
+	return d.call(d.ctx, f)
+}
+
+// call runs f with context ctx current on the calling goroutine's OS thread; a panic in f
+// becomes an error.
+func (d *Device) call(ctx uintptr, f func() error) (err error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer func() {
@@ -164,7 +173,7 @@ func (d *Device) do(f func() error) (err error) {
 			err = fmt.Errorf("cuda: panic in a driver call: %v", r)
 		}
 	}()
-	if err := d.drv.check("cuCtxSetCurrent", d.drv.cuCtxSetCurrent(d.ctx)); err != nil {
+	if err := d.drv.check("cuCtxSetCurrent", d.drv.cuCtxSetCurrent(ctx)); err != nil {
 		return err
 	}
 	return f()
@@ -189,42 +198,38 @@ func (d *Device) Synchronize() error {
 // current but without holding the device lock, so that while one goroutine waits for its
 // stream, others can queue copies and kernels on theirs. Close waits for waits in progress.
 func (d *Device) wait(f func() error) (err error) {
-	d.mu.Lock()
+	d.mu.RLock()
 	ctx := d.ctx
 	if ctx != 0 {
 		d.waiting.Add(1)
 	}
-	d.mu.Unlock()
+	d.mu.RUnlock()
 	if ctx == 0 {
 		return ErrClosed
 	}
 	defer d.waiting.Done()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("cuda: panic in a driver call: %v", r)
-		}
-	}()
-	if err := d.drv.check("cuCtxSetCurrent", d.drv.cuCtxSetCurrent(ctx)); err != nil {
-		return err
-	}
-	return f()
+	return d.call(ctx, f)
 }
 
 // Close waits for outstanding work and releases the primary context.
 // Memory not freed is released with the context when no one else retains it.
 func (d *Device) Close() error {
 	d.closeOnce.Do(func() {
-		d.waiting.Wait()
-		d.closeErr = d.do(func() error {
+		d.mu.Lock() // no new calls; those under way have returned
+		defer d.mu.Unlock()
+		d.waiting.Wait() // nor waits: a new one needs mu
+		if d.ctx == 0 {
+			d.closeErr = ErrClosed
+			return
+		}
+		d.closeErr = d.call(d.ctx, func() error {
 			err := d.drv.check("cuCtxSynchronize", d.drv.cuCtxSynchronize())
 			if e := d.drv.check("cuDevicePrimaryCtxRelease_v2", d.drv.cuDevicePrimaryCtxRelease(d.dev)); err == nil {
 				err = e
 			}
-			d.ctx = 0
 			return err
 		})
+		d.ctx = 0
 	})
 	return d.closeErr
 }

@@ -81,7 +81,9 @@ func (d *Device) AllocHost(bytes int) ([]byte, error) {
 		if err := d.drv.check("cuMemHostAlloc", d.drv.cuMemHostAlloc(&p, uint64(bytes), 0)); err != nil {
 			return err
 		}
+		d.pinnedMu.Lock()
 		d.pinned[uintptr(p)] = bytes
+		d.pinnedMu.Unlock()
 		return nil
 	})
 	if err != nil {
@@ -96,17 +98,20 @@ func (d *Device) FreeHost(buf []byte) error {
 		return fmt.Errorf("cuda: FreeHost of an empty slice")
 	}
 	p := unsafe.Pointer(&buf[0])
-	return d.do(func() error {
-		if _, ok := d.pinned[uintptr(p)]; !ok {
-			return fmt.Errorf("cuda: FreeHost: %p is not the start of memory from AllocHost", p)
-		}
-		delete(d.pinned, uintptr(p))
-		return d.drv.check("cuMemFreeHost", d.drv.cuMemFreeHost(p))
-	})
+	d.pinnedMu.Lock()
+	_, ok := d.pinned[uintptr(p)]
+	delete(d.pinned, uintptr(p))
+	d.pinnedMu.Unlock()
+	if !ok {
+		return fmt.Errorf("cuda: FreeHost: %p is not the start of memory from AllocHost", p)
+	}
+	return d.do(func() error { return d.drv.check("cuMemFreeHost", d.drv.cuMemFreeHost(p)) })
 }
 
-// isPinned reports whether buf lies inside one allocation from AllocHost (inside do).
+// isPinned reports whether buf lies inside one allocation from AllocHost.
 func (d *Device) isPinned(buf []byte) bool {
+	d.pinnedMu.Lock()
+	defer d.pinnedMu.Unlock()
 	start := uintptr(unsafe.Pointer(&buf[0]))
 	for base, size := range d.pinned {
 		if start >= base && start+uintptr(len(buf)) <= base+uintptr(size) {

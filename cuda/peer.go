@@ -55,15 +55,15 @@ func (d *Device) Reaches(other *Device) bool {
 	if d.dev == other.dev {
 		return true
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	return d.reaches[other.dev]
 }
 
 // context returns the device's context, or ErrClosed.
 func (d *Device) context() (uintptr, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	if d.ctx == 0 {
 		return 0, ErrClosed
 	}
