@@ -499,14 +499,11 @@ func (c *gpuCapture) sumsUpper() bool {
 	if len(c.shards) < 2 || len(c.shards) > model.MaxSumShards {
 		return false
 	}
-	for _, a := range c.shards {
-		for _, b := range c.shards {
-			if !a.e.Device().Reaches(b.e.Device()) {
-				return false
-			}
-		}
+	devs := make([]*cuda.Device, len(c.shards))
+	for i, sh := range c.shards {
+		devs[i] = sh.e.Device()
 	}
-	return true
+	return cuda.AllReach(devs)
 }
 
 // sumShards makes each shard's Gram matrix the sum over all shards, every sum added in shard

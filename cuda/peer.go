@@ -60,6 +60,18 @@ func (d *Device) Reaches(other *Device) bool {
 	return d.reaches[other.dev]
 }
 
+// AllReach says whether every one of devs reaches every other's memory (Reaches).
+func AllReach(devs []*Device) bool {
+	for _, a := range devs {
+		for _, b := range devs {
+			if !a.Reaches(b) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // context returns the device's context, or ErrClosed.
 func (d *Device) context() (uintptr, error) {
 	d.mu.RLock()

@@ -246,14 +246,11 @@ func sharesFactor(solvers []*GPUSolver, k int) bool {
 	if len(solvers) < 2 || k < splitFactorMin {
 		return false
 	}
-	for _, a := range solvers {
-		for _, b := range solvers {
-			if !a.dev.Reaches(b.dev) {
-				return false
-			}
-		}
+	devs := make([]*cuda.Device, len(solvers))
+	for i, g := range solvers {
+		devs[i] = g.dev
 	}
-	return true
+	return cuda.AllReach(devs)
 }
 
 // factorShared is factor on several GPUs at once, the work shared where it is largest. With the
