@@ -25,6 +25,7 @@ import (
 // solvers read it (gpuSolveFunc).
 type gpuCapture struct {
 	shards []*gpuShard   // one per GPU calibrating
+	upper  bool          // sumShards adds the upper triangles in place (sumsUpper, decided with the shards)
 	sums   time.Duration // spent in sumShards
 	mu     sync.Mutex    // the shards' Gram maps and expert counts while the engines observe
 	solve  time.Duration
@@ -74,6 +75,7 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 	for _, e := range engines {
 		r.gpu.shards = append(r.gpu.shards, &gpuShard{e: e, grams: map[string]*deviceGram{}, spare: map[int][]cuda.DevicePtr{}})
 	}
+	r.gpu.upper = r.gpu.sumsUpper()
 	start := time.Now()
 	r.calibrating = start
 	if len(devs) == 1 {
@@ -477,9 +479,8 @@ func (c *gpuCapture) take(key string) ([]*deviceGram, error) {
 			return nil, errors.New("no calibration inputs reached it")
 		}
 	}
-	upper := c.sumsUpper()
 	err := c.eachShard(func(i int, sh *gpuShard) error {
-		if !upper { // summed whole, or not at all: made whole now
+		if !c.upper { // summed whole, or not at all: made whole now
 			if err := sh.e.FinishGram(grams[i].sum, grams[i].k); err != nil {
 				return err
 			}
@@ -519,7 +520,7 @@ func (c *gpuCapture) sumShards(grams []*deviceGram) error {
 		total += gr.n
 	}
 	var err error
-	if c.sumsUpper() {
+	if c.upper {
 		err = c.sumUpper(grams)
 	} else {
 		err = c.sumCopied(grams)
