@@ -155,6 +155,11 @@ func (e *GPU) observeStep(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, step []G
 		if err := e.observe(g, x, hook, k); err != nil {
 			return err
 		}
+		if i < len(passes)-1 {
+			if err := endPass(c, g.b); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -167,6 +172,9 @@ func (e *GPU) observeBlock(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, _ [][]G
 	passes := observationPasses(b, b.Groups())
 	for _, early := range passes[:len(passes)-1] {
 		if err := e.observeStep(g, x, c, early, nil); err != nil {
+			return err
+		}
+		if err := endPass(c, b); err != nil {
 			return err
 		}
 	}

@@ -100,15 +100,17 @@ func calibrateShards(engines []*GPU, b *Block, gs []*gpuBlock, xs []*DeviceBatch
 		}
 	}
 	updates := newRendezvous(len(engines), update)
+	passes := newRendezvous(len(engines), func(*Block, []Group) error { return nil })
 	steps := calibrationSteps(b, opt)
 	return eachEngine(engines, func(i int, e *GPU) error {
 		calibrate := e.calibrateBlock
 		if opt.ObserveOnly {
 			calibrate = e.observeBlock
 		}
-		err := calibrate(gs[i], xs[i], shard{c, i, updates, shared}, steps)
+		err := calibrate(gs[i], xs[i], shard{c, i, updates, passes, shared}, steps)
 		if err != nil {
 			updates.abandon()
+			passes.abandon()
 		}
 		return err
 	})
@@ -249,11 +251,13 @@ func share(parts []blockPart, i, n int) []blockPart {
 }
 
 // shard is one engine's view of a ShardedCalibrator; refreshed says that its updates also
-// refresh every engine's weights (refreshShards).
+// refresh every engine's weights (refreshShards). passes holds every engine at the end of an
+// observing pass that another pass of the same step follows (endPass).
 type shard struct {
 	c         ShardedCalibrator
 	index     int
 	updates   *rendezvous
+	passes    *rendezvous
 	refreshed bool
 }
 
@@ -262,6 +266,17 @@ func (s shard) ObserveGPU(block int, g Group, x cuda.DevicePtr, rows, cols int) 
 }
 
 func (s shard) Update(b *Block, groups []Group) error { return s.updates.arrive(b, groups) }
+
+// endPass returns once every engine has finished the observing pass of block b that c's engine
+// has: a step of a block of experts observes the down inputs in a second pass, after every
+// gate/up input, and the calibrator chooses how an expert's down input is observed from the
+// tokens routed to it on all the GPUs (ExpertObservation.AllTokens).
+func endPass(c GPUCalibrator, b *Block) error {
+	if s, ok := c.(shard); ok {
+		return s.passes.arrive(b, nil)
+	}
+	return nil
+}
 
 // refresh uploads what the step's Update changed in g, unless the update did (refreshShards) or
 // changed g itself (KeepDeviceWeights).
