@@ -72,8 +72,8 @@ type blockRunner struct {
 	// calibrating is when the calibration's first pass began (set before it starts: read by
 	// phases once the conversion has waited for the runner)
 	calibrating time.Time
-	solving     time.Duration // in updateGroup's solves and weight replacements (the rest of Update is Hessian handling)
-	onGPU       bool          // during an Update: the solved weights replace the engines' copies on the GPUs (replacesOnGPU)
+	solving     atomic.Int64 // nanoseconds in updateGroup's solves and weight replacements (the rest of Update is Hessian handling)
+	onGPU       bool         // during an Update: the solved weights replace the engines' copies on the GPUs (replacesOnGPU)
 	// delivering brings solved linears' results down from the GPUs and hands them to the writer
 	// while the calibration goes on (deliver); undelivered is the first error met there
 	delivering  sync.WaitGroup
@@ -311,44 +311,26 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 	}
 	defer timeline.Begin(timeline.Host, "solve block %d %v", b.Index, groups)()
 	sources := make([]model.Group, len(groups))
-	users := map[model.Group]int{}
 	for i, g := range groups {
 		sources[i] = r.experts.source(b.Index, g)
-		users[sources[i]]++
 		if _, ok := g.Expert(); ok {
 			r.experts.report(r.method.String(), b, r.tokens)
 		}
 	}
 	r.onGPU = r.replacesOnGPU(b, groups)
-	if r.onGPU {
+	if r.onGPU && b.MoE == nil { // (a block of experts would make hundreds of them at once)
 		r.tensors.start(b, groups, func(l *model.Linear) (quant.Scheme, bool) {
 			s, ok := r.schemes[l.Name]
 			return s, ok && r.solver.first().Supports(s, r.opt)
 		})
 	}
-	solves := map[model.Group]solveFunc{}
-	releases := map[model.Group]func(){}
-	defer func() {
-		for _, release := range releases {
-			release()
-		}
-	}()
-	for i, g := range groups {
-		src := sources[i]
-		if solves[src] == nil {
-			solve, release, err := r.hessianOf(b.Index, src)
-			if err != nil {
-				return err
-			}
-			solves[src], releases[src] = solve, release
-		}
-		if err := r.updateGroup(b, g, solves[src]); err != nil {
-			return err
-		}
-		if users[src]--; users[src] == 0 { // K² values: free as soon as their groups are done
-			releases[src]()
-			delete(releases, src)
-		}
+	bundles := bundlesOf(sources)
+	solve := r.solveBundles
+	if r.spreads(b, bundles) {
+		solve = r.solveSpread
+	}
+	if err := solve(b, groups, sources, bundles); err != nil {
+		return err
 	}
 	for _, g := range groups { // the routed Hessians of experts calibrated on every token
 		if src := r.experts.source(b.Index, g); src != g {
@@ -357,6 +339,52 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 	}
 	if r.onGPU {
 		return r.gpu.keepDeviceWeights()
+	}
+	return nil
+}
+
+// bundlesOf groups the indices of an update's groups by their source Hessian (the gate/up of
+// experts calibrated on every token share GroupGateUp's), in the order of each source's first
+// group: on the GPU a Hessian is factored once for all its groups, and its factor lasts only
+// until its solver factors another, so they are solved one after the other.
+func bundlesOf(sources []model.Group) [][]int {
+	var bundles [][]int
+	at := map[model.Group]int{}
+	for i, src := range sources {
+		j, ok := at[src]
+		if !ok {
+			j = len(bundles)
+			at[src] = j
+			bundles = append(bundles, nil)
+		}
+		bundles[j] = append(bundles[j], i)
+	}
+	return bundles
+}
+
+// solveBundles solves an update's bundles one after another, every linear's rows shared among
+// the GPUs, each bundle's Hessian freed as soon as its groups are solved.
+func (r *blockRunner) solveBundles(b *model.Block, groups, sources []model.Group, bundles [][]int) error {
+	for _, bundle := range bundles {
+		solve, release, err := r.hessianOf(b.Index, sources[bundle[0]])
+		if err != nil {
+			return err
+		}
+		err = r.solveBundle(b, groups, bundle, solve, r.pool())
+		release()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// solveBundle solves the groups of a bundle with its Hessian's solve and the solvers of pool.
+func (r *blockRunner) solveBundle(b *model.Block, groups []model.Group, bundle []int, solve solveFunc, pool solverPool) error {
+	for _, i := range bundle {
+		if err := r.updateGroup(b, groups[i], solve, pool); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -393,17 +421,47 @@ func solvedNow(t *quant.Tensor, st gptq.Stats, err error) (solveResults, error) 
 	return func() (*quant.Tensor, gptq.Stats, error) { return t, st, nil }, nil
 }
 
-// solverSet is one GPTQ solver on each GPU of the runner, in its order: a linear's rows are
-// shared among them (solveRows).
+// solverSet is a GPTQ solver on each GPU of the runner, in its order, or nil where a GPU takes
+// no share: a linear's rows are shared among its solvers (solveRows).
 type solverSet []*gptq.GPUSolver
 
-// first is the first GPU's solver, or nil on the CPU.
+// first is the set's first solver, or nil on the CPU.
 func (s solverSet) first() *gptq.GPUSolver {
-	if len(s) == 0 {
-		return nil
+	for _, g := range s {
+		if g != nil {
+			return g
+		}
 	}
-	return s[0]
+	return nil
 }
+
+// shards lists the GPUs (their indices among the runner's) that have a solver in the set.
+func (s solverSet) shards() []int {
+	var on []int
+	for i, g := range s {
+		if g != nil {
+			on = append(on, i)
+		}
+	}
+	return on
+}
+
+// on is the set with GPU d's solver alone.
+func (s solverSet) on(d int) solverSet {
+	one := make(solverSet, len(s))
+	one[d] = s[d]
+	return one
+}
+
+// solverPool is where an update's linears get their solvers: first solves them one after
+// another, the sets of free (nil on the CPU) solve several at once (parallelSolves).
+type solverPool struct {
+	first solverSet
+	free  chan solverSet
+}
+
+// pool is every GPU's solvers: a linear's rows shared among the GPUs.
+func (r *blockRunner) pool() solverPool { return solverPool{r.solver, r.solvers} }
 
 // hessianOf returns how to solve with the Hessian of group g of block: on the host, or on the
 // GPU from the Gram matrix gathered there (gpuSolveFunc).
@@ -429,7 +487,7 @@ func (r *blockRunner) hessianOf(block int, g model.Group) (solveFunc, func(), er
 // once by gpuSolvers solvers on streams of their own where their buffers are small
 // (parallelSolves: q, k and v's solves each leave the GPU mostly idle; on the CPU one solve
 // already takes every core); results are used in the group's order.
-func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc) error {
+func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc, pool solverPool) error {
 	var work []*solvedLinear
 	for _, l := range b.Linears(g) {
 		if s, planned := r.schemes[l.Name]; planned {
@@ -453,19 +511,19 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 	if len(work) > 1 && r.parallelSolves(work[0].l.In) {
 		var wg sync.WaitGroup
 		for _, x := range work {
-			set := <-r.solvers
+			set := <-pool.free
 			wg.Go(func() {
-				defer func() { r.solvers <- set }() // its next use waits for the results (gptq.GPUSolver.SolveFactored)
+				defer func() { pool.free <- set }() // its next use waits for the results (gptq.GPUSolver.SolveFactored)
 				solveAndReplace(x, set)
 			})
 		}
 		wg.Wait()
 	} else {
 		for _, x := range work {
-			solveAndReplace(x, r.solver)
+			solveAndReplace(x, pool.first)
 		}
 	}
-	r.solving += time.Since(start)
+	r.solving.Add(int64(time.Since(start)))
 	var err error
 	for _, x := range work {
 		if x.err != nil {

@@ -56,13 +56,12 @@ type deviceGram struct {
 }
 
 // calibrateOnGPU runs the calibration through the GPU forward pass with cal observing: the
-// runner itself for GPTQ, on every GPU it has (data-parallel: model.CalibrateSharded), or its
-// AWQ scaler for AWQ, on the first GPU. A model with experts calibrates on the first GPU (how
-// many tokens each expert was routed is decided per step, which the shards would each see only
-// in part).
+// runner itself for GPTQ, on every GPU it has (data-parallel: model.CalibrateSharded; with
+// experts, the tokens routed to each are counted over all the GPUs), or its AWQ scaler for
+// AWQ, on the first GPU.
 func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPUCalibrator, opt model.CalibrateOptions) error {
 	devs := r.devs[:min(len(r.devs), len(seqs))]
-	if cal != model.GPUCalibrator(r) || m.Config.IsMoE() {
+	if cal != model.GPUCalibrator(r) {
 		devs = devs[:1]
 	}
 	r.gpu = &gpuCapture{}
@@ -95,7 +94,7 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 		return nil // AWQ's own line tells where the time went
 	}
 	ct := r.gpu.first().CalibrationTimes()
-	sums := fmt.Sprintf(" (solving and replacing weights %.1f s", r.solving.Seconds())
+	sums := fmt.Sprintf(" (solving and replacing weights %.1f s", time.Duration(r.solving.Load()).Seconds())
 	if len(devs) > 1 {
 		sums += fmt.Sprintf(", Hessians summed across GPUs %.2f s", r.gpu.sums.Seconds())
 	}
@@ -382,13 +381,17 @@ func (r *blockRunner) ObserveShard(shard, block int, g model.Group, x cuda.Devic
 }
 
 // gram returns shard sh's Gram matrix of group g of block, made and zeroed on its first use,
-// with rows counted.
+// with rows counted (an expert's routed tokens over all the shards: its count starts with the
+// first shard's matrix).
 func (c *gpuCapture) gram(sh *gpuShard, block int, g model.Group, rows, cols int, experts *expertRouting) (*deviceGram, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	key := hessianKey(block, g)
 	gr := sh.grams[key]
 	if gr == nil {
+		if !c.gathering(key) {
+			experts.start(block, g)
+		}
 		p, err := sh.newGram(cols)
 		if err != nil {
 			return nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
@@ -398,7 +401,6 @@ func (c *gpuCapture) gram(sh *gpuShard, block int, g model.Group, rows, cols int
 		if err := sh.e.Device().Fill32Async(p, 0, cols*cols, sh.e.Stream()); err != nil {
 			return nil, err
 		}
-		experts.start(block, g) // (a model with experts has one shard)
 	}
 	experts.add(block, g, rows)
 	gr.n += rows
@@ -424,17 +426,17 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 		return nil, nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
 	}
 	var host []float64 // H on the host, fetched for the first linear the CPU solves
-	var hostOnce, factorOnce sync.Once
-	var hostErr, factorErr error
-	var factors []*gptq.Factor // H factored on each GPU, for the first linear the GPUs solve
+	var hostOnce sync.Once
+	var hostErr error
+	factored := r.factorsOf(grams)
 	solve := func(l *model.Linear, s quant.Scheme, global float32, set solverSet) (solveResults, error) {
-		if len(set) > 0 && set[0].Supports(s, r.opt) {
+		if first := set.first(); first != nil && first.Supports(s, r.opt) {
 			result := make(chan *quant.Tensor, 1)
 			go func() { result <- r.tensors.take(l, s) }() // touching tens of MB, if not done ahead: while the GPUs factor
-			factorOnce.Do(func() { factors, factorErr = r.factor(grams) })
+			factors, err := factored.on(set.shards())
 			t := <-result
-			if factorErr != nil {
-				return nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, factorErr)
+			if err != nil {
+				return nil, fmt.Errorf("block %d, Hessian of %s: %w", block, g, err)
 			}
 			results, err := r.solveRows(l, s, t, factors, set)
 			if err != nil {
@@ -451,15 +453,59 @@ func (r *blockRunner) gpuSolveFunc(block int, g model.Group) (solveFunc, func(),
 	return solve, release, nil
 }
 
-// factor factors the group's summed Hessian once on every GPU, for all its linears, with the
-// first solver of each (gptq.FactorGramOnAll: every GPU factors its copy, the same bits).
-func (r *blockRunner) factor(grams []*deviceGram) ([]*gptq.Factor, error) {
-	defer timeline.Begin(timeline.Host, "factor H (k = %d)", grams[0].k)()
-	sums := make([]cuda.DevicePtr, len(grams))
-	for i, gr := range grams {
-		sums[i] = gr.sum
+// gpuFactors are a group's summed Hessian factored on each GPU that solves with it, made for the
+// first solve there: on every GPU at once for solves whose rows every GPU shares, or on one GPU
+// for the solves placed there (solveSpread).
+type gpuFactors struct {
+	r       *blockRunner
+	grams   []*deviceGram
+	mu      sync.Mutex
+	factors []*gptq.Factor // by shard; nil where none is made yet
+	err     error
+}
+
+func (r *blockRunner) factorsOf(grams []*deviceGram) *gpuFactors {
+	return &gpuFactors{r: r, grams: grams, factors: make([]*gptq.Factor, len(grams))}
+}
+
+// on returns the factors by shard, those of shards made now where missing (the first failure
+// is every later call's too).
+func (f *gpuFactors) on(shards []int) ([]*gptq.Factor, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var missing []int
+	for _, i := range shards {
+		if f.factors[i] == nil {
+			missing = append(missing, i)
+		}
 	}
-	return gptq.FactorGramOnAll(r.all[0][:len(grams)], sums, grams[0].k, 2/float64(grams[0].n), r.opt)
+	if f.err == nil && len(missing) > 0 {
+		var made []*gptq.Factor
+		if made, f.err = f.r.factor(f.grams, missing); f.err == nil {
+			for j, i := range missing {
+				f.factors[i] = made[j]
+			}
+		}
+	}
+	return slices.Clone(f.factors), f.err
+}
+
+// factor factors the group's summed Hessian once on each GPU of shards, for all its linears
+// there, with the first solver of each (gptq.FactorGramOnAll: every GPU factors its copy, the
+// same bits).
+func (r *blockRunner) factor(grams []*deviceGram, shards []int) ([]*gptq.Factor, error) {
+	defer timeline.Begin(timeline.Host, "factor H (k = %d)", grams[0].k)()
+	makers := make([]*gptq.GPUSolver, len(shards))
+	sums := make([]cuda.DevicePtr, len(shards))
+	for j, i := range shards {
+		makers[j], sums[j] = r.all[0][i], grams[i].sum
+	}
+	return gptq.FactorGramOnAll(makers, sums, grams[0].k, 2/float64(grams[0].n), r.opt)
+}
+
+// gathering says whether a shard gathers the Gram matrix of key (under c.mu).
+func (c *gpuCapture) gathering(key string) bool {
+	return slices.ContainsFunc(c.shards, func(sh *gpuShard) bool { return sh.grams[key] != nil })
 }
 
 // take removes the group's Gram matrices (one per shard, all gathered) from the shards once
@@ -467,17 +513,21 @@ func (r *blockRunner) factor(grams []*deviceGram) ([]*gptq.Factor, error) {
 // will add up their upper triangles first.
 func (c *gpuCapture) take(key string) ([]*deviceGram, error) {
 	grams := make([]*deviceGram, len(c.shards))
+	rows := 0
 	for i, sh := range c.shards {
 		grams[i] = sh.grams[key]
 		delete(sh.grams, key)
-		if grams[i] == nil || grams[i].n == 0 {
-			for j, gr := range grams[:i+1] {
-				if gr != nil {
-					c.keep(j, gr)
-				}
-			}
-			return nil, errors.New("no calibration inputs reached it")
+		if grams[i] != nil {
+			rows += grams[i].n
 		}
+	}
+	if rows == 0 || slices.Contains(grams, nil) { // (a shard that no token of an expert reached has its zeros)
+		for j, gr := range grams {
+			if gr != nil {
+				c.keep(j, gr)
+			}
+		}
+		return nil, errors.New("no calibration inputs reached it")
 	}
 	err := c.eachShard(func(i int, sh *gpuShard) error {
 		if !c.upper { // summed whole, or not at all: made whole now
@@ -636,13 +686,13 @@ func (c *gpuCapture) eachShard(f func(i int, sh *gpuShard) error) error {
 // (replacesOnGPU; tests turn it off to compare with the host's dequantization and upload).
 var gptqReplaceOnGPU = true
 
-// replacesOnGPU says whether an Update of the groups of dense block b replaces the engines'
+// replacesOnGPU says whether an Update of the groups of block b replaces the engines'
 // copies of the solved weights on the GPUs (gptq.GPUSolver.DequantizeTo, then peer copies of the
 // row shares): when every planned linear of the groups is solved there from the engines' copies.
 // The host's copies of those linears then keep their old values: the block's calibration reads
 // the engines' copies only, and the block is released after it (model.CalibrateOptions.ReleaseBlocks).
 func (r *blockRunner) replacesOnGPU(b *model.Block, groups []model.Group) bool {
-	if !gptqReplaceOnGPU || r.gpu == nil || r.solver.first() == nil || b.MoE != nil {
+	if !gptqReplaceOnGPU || r.gpu == nil || r.solver.first() == nil {
 		return false
 	}
 	for _, g := range groups {
@@ -674,8 +724,9 @@ func (c *gpuCapture) keepDeviceWeights() error {
 	return nil
 }
 
-// solveRows runs GPTQ on linear l with the group's factored Hessian, on one GPU, or on several,
-// each taking a share of l's rows with set's solver for its GPU, that GPU's factor and the
+// solveRows runs GPTQ on linear l with the group's factored Hessian on the GPUs that have a
+// solver in set (all of them, or one: solveSpread), each taking a share of l's rows with its
+// solver, its factor (factors by GPU) and the
 // engine's copy of its rows, straight into t (gptq.NewRowsTensor; gptq.GPUSolver.SolveFactored).
 // The engine's copy equals l.W (AWQ folds its scales into both first), so it is copied on the
 // device instead of sent over the bus again. With r.onGPU each share's dequantized rows then
@@ -683,22 +734,23 @@ func (c *gpuCapture) keepDeviceWeights() error {
 // then, with how to get t: the codes and group parameters come down from the GPUs when asked for.
 func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, t *quant.Tensor, factors []*gptq.Factor, set solverSet) (solveResults, error) {
 	n, k := l.Out, l.In
-	parts := min(len(factors), n)
-	at := shares.Even(n, parts)
-	solved := make([]*gptq.Solved, parts)
-	errs := make([]error, parts)
+	shards := set.shards()
+	shards = shards[:min(len(shards), n)]
+	at := shares.Even(n, len(shards))
+	solved := make([]*gptq.Solved, len(shards))
+	errs := make([]error, len(shards))
 	var wg sync.WaitGroup
-	for i := range parts {
+	for p, i := range shards {
 		wg.Go(func() {
 			defer timeline.Begin(r.gpu.shards[i].e.Device().Info().Ordinal, "solve %s", l.Name)()
-			lo, hi := at[i], at[i+1]
+			lo, hi := at[p], at[p+1]
 			src, ok := r.gpu.shards[i].e.LinearWeights(l)
 			if ok {
 				src = src.Add(4 * lo * k)
 			}
-			solved[i], errs[i] = set[i].SolveFactored(t, lo, l.W[lo*k:hi*k], src, hi-lo, factors[i], s, r.opt)
-			if errs[i] == nil && r.onGPU {
-				errs[i] = set[i].DequantizeTo(src)
+			solved[p], errs[p] = set[i].SolveFactored(t, lo, l.W[lo*k:hi*k], src, hi-lo, factors[i], s, r.opt)
+			if errs[p] == nil && r.onGPU {
+				errs[p] = set[i].DequantizeTo(src)
 			}
 		})
 	}
@@ -706,7 +758,7 @@ func (r *blockRunner) solveRows(l *model.Linear, s quant.Scheme, t *quant.Tensor
 	results := func() (*quant.Tensor, gptq.Stats, error) { return joinShares(t, solved) }
 	err := errors.Join(errs...)
 	if err == nil && r.onGPU && len(r.gpu.shards) > 1 {
-		if err = r.gpu.replaceRows(l, at); err != nil {
+		if err = r.gpu.replaceRows(l, shards, at); err != nil {
 			err = fmt.Errorf("%s: %w", l.Name, err)
 		}
 	}
@@ -745,22 +797,23 @@ func joinShares(t *quant.Tensor, solved []*gptq.Solved) (*quant.Tensor, gptq.Sta
 	return t, joinStats(sts), nil
 }
 
-// replaceRows copies each engine's share of l's replaced rows (rows [at[i], at[i+1]) on engine i)
-// to every other engine, peer to peer, and waits for the copies.
-func (c *gpuCapture) replaceRows(l *model.Linear, at []int) error {
+// replaceRows copies the share of l's replaced rows that each engine of from solved (rows
+// [at[p], at[p+1]) on engine from[p]) to every other engine, peer to peer, and waits for the
+// copies.
+func (c *gpuCapture) replaceRows(l *model.Linear, from []int, at []int) error {
 	rowBytes := 4 * l.In
 	var copies errgroup.Group
 	for j, to := range c.shards {
 		copies.Go(func() error {
 			defer timeline.Begin(to.e.Device().Info().Ordinal, "replaced rows of %s", l.Name)()
 			dst, _ := to.e.LinearWeights(l)
-			for i, from := range c.shards[:len(at)-1] {
+			for p, i := range from {
 				if i == j {
 					continue
 				}
-				src, _ := from.e.LinearWeights(l)
-				off := at[i] * rowBytes
-				if err := to.e.Device().CopyFromPeerAsync(dst.Add(off), from.e.Device(), src.Add(off), (at[i+1]-at[i])*rowBytes, to.e.Stream()); err != nil {
+				src, _ := c.shards[i].e.LinearWeights(l)
+				off := at[p] * rowBytes
+				if err := to.e.Device().CopyFromPeerAsync(dst.Add(off), c.shards[i].e.Device(), src.Add(off), (at[p+1]-at[p])*rowBytes, to.e.Stream()); err != nil {
 					return err
 				}
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/internal/gputest"
+	"github.com/qpack-dev/qpack/internal/moetest"
 	"github.com/qpack-dev/qpack/internal/testenv"
 	"github.com/qpack-dev/qpack/quant"
 )
@@ -66,10 +67,6 @@ func checkAgainstCPU(t *testing.T, method Method, s quant.Scheme, imatrix, clip 
 // gives the same bytes when run again.
 func TestGPUGPTQOnSeveralGPUs(t *testing.T) {
 	gputest.Open(t) // skips without a GPU
-	infos, err := cuda.Devices()
-	if err != nil {
-		t.Fatal(err)
-	}
 	tiny := testenv.Testdata(t, "models/tiny")
 	for _, actOrder := range []bool{false, true} {
 		opt := DefaultOptions()
@@ -77,19 +74,7 @@ func TestGPUGPTQOnSeveralGPUs(t *testing.T) {
 		opt.GPTQ.ActOrder = actOrder
 		opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
 		dir := t.TempDir()
-		convertOn := func(name string, shards int) (string, string) {
-			var log bytes.Buffer
-			o := opt
-			o.Log = &log
-			for i := range shards {
-				o.Devices = append(o.Devices, i%len(infos))
-			}
-			out := filepath.Join(dir, name)
-			if _, err := Convert(tiny, out, o); err != nil {
-				t.Fatal(err)
-			}
-			return out, log.String()
-		}
+		convertOn := func(name string, shards int) (string, string) { return convertOnGPUs(t, tiny, opt, dir, name, shards) }
 		one, _ := convertOn("one", 1)
 		for _, shards := range []int{2, 3} {
 			t.Run(fmt.Sprintf("act-order=%v/gpus=%d", actOrder, shards), func(t *testing.T) {
@@ -107,7 +92,9 @@ func TestGPUGPTQOnSeveralGPUs(t *testing.T) {
 
 // TestGPUGPTQReplacesOnGPU: GPTQ putting its solved weights straight into the engines' copies
 // (dequantized on the GPU, row shares copied between GPUs) writes the same bytes as dequantizing
-// them on the host and uploading them, on one GPU and on three, with and without act-order.
+// them on the host and uploading them, on one GPU and on three, with and without act-order, for
+// tiny and for tiny made a Qwen2-MoE (experts, a shared expert, some experts' gate/up solved
+// with every token's Hessian).
 func TestGPUGPTQReplacesOnGPU(t *testing.T) {
 	gputest.Open(t) // skips without a GPU
 	infos, err := cuda.Devices()
@@ -115,25 +102,52 @@ func TestGPUGPTQReplacesOnGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	tiny := testenv.Testdata(t, "models/tiny")
+	moe := moetest.FromDense(t, tiny, "qwen2_moe", nil)
 	dir := t.TempDir()
 	defer func() { gptqReplaceOnGPU = true }()
-	for _, shards := range []int{1, 3} {
-		for _, actOrder := range []bool{false, true} {
-			opt := DefaultOptions()
-			opt.Method, opt.Alloc, opt.Format, opt.Device = GPTQ, Uniform(quant.Scheme{Bits: 4, GroupSize: 64}), "gptq", DeviceCUDA
-			opt.GPTQ.ActOrder = actOrder
-			opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
-			for i := range shards {
-				opt.Devices = append(opt.Devices, i%len(infos))
-			}
-			out := func(onGPU bool) string { return filepath.Join(dir, fmt.Sprintf("%d-%v-%v", shards, actOrder, onGPU)) }
-			for _, onGPU := range []bool{true, false} {
-				gptqReplaceOnGPU = onGPU
-				if _, err := Convert(tiny, out(onGPU), opt); err != nil {
-					t.Fatal(err)
+	for _, src := range []string{tiny, moe} {
+		for _, shards := range []int{1, 3} {
+			for _, actOrder := range []bool{false, true} {
+				opt := DefaultOptions()
+				opt.Method, opt.Alloc, opt.Format, opt.Device = GPTQ, Uniform(quant.Scheme{Bits: 4, GroupSize: 64}), "gptq", DeviceCUDA
+				opt.GPTQ.ActOrder = actOrder
+				opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
+				opt.Experts.MinTokens = 450 // tiny's experts get 230-840 of the 2,048 routed tokens: some fall back
+				for i := range shards {
+					opt.Devices = append(opt.Devices, i%len(infos))
 				}
+				out := func(onGPU bool) string {
+					return filepath.Join(dir, fmt.Sprintf("%s-%d-%v-%v", filepath.Base(src), shards, actOrder, onGPU))
+				}
+				for _, onGPU := range []bool{true, false} {
+					gptqReplaceOnGPU = onGPU
+					if _, err := Convert(src, out(onGPU), opt); err != nil {
+						t.Fatal(err)
+					}
+				}
+				sameFiles(t, out(true), out(false))
 			}
-			sameFiles(t, out(true), out(false))
 		}
 	}
+}
+
+// convertOnGPUs converts src into dir/name with opt on gpus GPUs (ordinals 0, 1, … modulo the
+// machine's count: several handles on one GPU where it has fewer) and returns the output
+// directory and the log.
+func convertOnGPUs(t *testing.T, src string, opt Options, dir, name string, gpus int) (string, string) {
+	t.Helper()
+	infos, err := cuda.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	opt.Log, opt.Devices = &log, nil
+	for i := range gpus {
+		opt.Devices = append(opt.Devices, i%len(infos))
+	}
+	out := filepath.Join(dir, name)
+	if _, err := Convert(src, out, opt); err != nil {
+		t.Fatalf("%s on %d GPUs: %v", name, gpus, err)
+	}
+	return out, log.String()
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -253,6 +254,41 @@ func TestCalibMathChoices(t *testing.T) {
 	} {
 		if got, err := calibEngineOptions(name); err != nil || got != want {
 			t.Errorf("%q: %+v, %v; want %+v", name, got, err, want)
+		}
+	}
+}
+
+// TestBundlesKeepSharedSourcesTogether: groups that share a Hessian (experts 1 and 3
+// calibrated on every token use GroupGateUp's) form one bundle, at the first's place; the rest
+// keep their order.
+func TestBundlesKeepSharedSourcesTogether(t *testing.T) {
+	g, e := model.GroupGateUp, model.ExpertGateUp
+	sources := []model.Group{g, e(0), g, e(2), g, model.ExpertDown(0)}
+	got, want := bundlesOf(sources), [][]int{{0, 2, 4}, {1}, {3}, {5}}
+	if !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("bundlesOf = %v, want %v", got, want)
+	}
+	if got := bundlesOf(nil); len(got) != 0 {
+		t.Errorf("bundlesOf(nil) = %v", got)
+	}
+}
+
+// TestAssignBundlesBalancesGPUs: the costliest bundles go first, each to the least loaded GPU
+// (the first on ties), every bundle to exactly one GPU, each GPU's list in order.
+func TestAssignBundlesBalancesGPUs(t *testing.T) {
+	for _, c := range []struct {
+		costs []int
+		gpus  int
+		want  [][]int
+	}{
+		{[]int{5, 5, 5, 5, 5, 5, 5, 5}, 4, [][]int{{0, 4}, {1, 5}, {2, 6}, {3, 7}}},
+		{[]int{1, 9, 3, 4, 5}, 2, [][]int{{1, 2}, {0, 3, 4}}}, // 9 | 5, 4 | 3 on 9 | 1 on 10
+		{[]int{7, 0, 2}, 3, [][]int{{0}, {2}, {1}}},
+		{[]int{4, 4}, 3, [][]int{{0}, {1}, nil}},
+	} {
+		got := assignBundles(c.costs, c.gpus)
+		if !slices.EqualFunc(got, c.want, slices.Equal) {
+			t.Errorf("assignBundles(%v, %d) = %v, want %v", c.costs, c.gpus, got, c.want)
 		}
 	}
 }
