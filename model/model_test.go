@@ -133,16 +133,21 @@ func TestBlockAfterCloseIsAnError(t *testing.T) {
 // releasingWeights is MapWeights that records the tensors released after reading.
 type releasingWeights struct {
 	*MapWeights
+	mu       sync.Mutex
 	released map[string]bool
 }
 
-func (w *releasingWeights) Release(name string) { w.released[name] = true }
+func (w *releasingWeights) Release(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.released[name] = true
+}
 
 // TestBlockReleasesItsMappedTensors: a block's tensors, once read into its own float32 copies,
 // are released from the weight source (memory-mapped pages leave the resident set), every one.
 func TestBlockReleasesItsMappedTensors(t *testing.T) {
 	cfg := mustConfig(t, gpuTestConfigs[0].json)
-	w := &releasingWeights{randomWeights(cfg, false, !cfg.TieEmbeddings, freshRand(t)), map[string]bool{}}
+	w := &releasingWeights{MapWeights: randomWeights(cfg, false, !cfg.TieEmbeddings, freshRand(t)), released: map[string]bool{}}
 	m, err := Load(cfg, w)
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"strconv"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // parseMoE reads the mixture-of-experts keys of the MoE families; a dense family has none.
@@ -211,50 +213,38 @@ func (c *Config) MoENames(i int, has func(name string) bool) ExpertNames {
 	return n
 }
 
-// loadMoE reads block i's experts in whichever layout the checkpoint has.
-func loadMoE(cfg *Config, w Weights, i int) (*MoE, error) {
+// loadMoE queues on reads the reading of block i's router and experts (into r's memory), in
+// whichever layout the checkpoint has; they are read once reads is waited for.
+func loadMoE(cfg *Config, r *tensorReader, i int, reads *errgroup.Group) (*MoE, error) {
+	w := r.w
 	names := cfg.MoENames(i, func(name string) bool { _, ok := w.Shape(name); return ok })
 	if _, ok := w.Shape(names.Fused); ok {
 		return nil, fmt.Errorf("model: %s: fused expert tensors are not supported; save the checkpoint with one tensor per expert (%s.weight ...)", names.Fused, names.Gate[0])
 	}
 	c := cfg.MoE
-	m := &MoE{TopK: c.TopK, NormTopK: c.NormTopK}
-	var err error
-	if m.Router, err = loadLinear(w, names.Router, c.Experts, cfg.Hidden); err != nil {
-		return nil, err
+	m := &MoE{TopK: c.TopK, NormTopK: c.NormTopK, Experts: make([]*Expert, c.Experts)}
+	read := func(dst **Linear, module string, out, in int) {
+		reads.Go(func() (err error) {
+			*dst, err = r.linear(module, out, in)
+			return err
+		})
+	}
+	read(&m.Router, names.Router, c.Experts, cfg.Hidden)
+	expert := func(names [3]string, inter int) *Expert {
+		x := &Expert{}
+		read(&x.Gate, names[0], inter, cfg.Hidden)
+		read(&x.Up, names[1], inter, cfg.Hidden)
+		read(&x.Down, names[2], cfg.Hidden, inter)
+		return x
 	}
 	for e := range c.Experts {
-		x, err := loadExpert(w, [3]string{names.Gate[e], names.Up[e], names.Down[e]}, c.Intermediate, cfg.Hidden)
-		if err != nil {
-			return nil, err
-		}
-		m.Experts = append(m.Experts, x)
+		m.Experts[e] = expert([3]string{names.Gate[e], names.Up[e], names.Down[e]}, c.Intermediate)
 	}
 	if c.SharedIntermediate > 0 {
-		if m.Shared, err = loadExpert(w, names.Shared, c.SharedIntermediate, cfg.Hidden); err != nil {
-			return nil, err
-		}
-		if m.SharedGate, err = loadLinear(w, names.SharedGate, 1, cfg.Hidden); err != nil {
-			return nil, err
-		}
+		m.Shared = expert(names.Shared, c.SharedIntermediate)
+		read(&m.SharedGate, names.SharedGate, 1, cfg.Hidden)
 	}
 	return m, nil
-}
-
-// loadExpert reads the gate, up and down projections named.
-func loadExpert(w Weights, names [3]string, inter, hidden int) (*Expert, error) {
-	x := &Expert{}
-	var err error
-	if x.Gate, err = loadLinear(w, names[0], inter, hidden); err != nil {
-		return nil, err
-	}
-	if x.Up, err = loadLinear(w, names[1], inter, hidden); err != nil {
-		return nil, err
-	}
-	if x.Down, err = loadLinear(w, names[2], hidden, inter); err != nil {
-		return nil, err
-	}
-	return x, nil
 }
 
 // Routes are the experts chosen for each of T tokens and their weights: token t goes to

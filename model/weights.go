@@ -2,12 +2,15 @@ package model
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/qpack-dev/qpack/fp"
 )
 
 // Weights is where a Model reads its tensors from: a safetensors checkpoint, a reader that
-// dequantizes a packed checkpoint, or an in-memory map in tests.
+// dequantizes a packed checkpoint, or an in-memory map in tests. A block's tensors are read
+// several at once: its methods (and Release, Float32Into where it has them) are called from
+// several goroutines.
 type Weights interface {
 	// Float32 returns the tensor converted to float32 (row-major); the model keeps the slice.
 	Float32(name string) ([]float32, error)
@@ -71,6 +74,7 @@ func loadTensor(w Weights, name string, shape ...int) ([]float32, error) {
 type tensorReader struct {
 	w     Weights
 	spare func(n int) []float32 // nil, or a slice of n values to overwrite (nil when it has none)
+	mu    sync.Mutex            // owned, as a block's tensors are read at once (loadBlock)
 	owned [][]float32
 }
 
@@ -110,7 +114,9 @@ func (r *tensorReader) read(name string, n int) ([]float32, error) {
 	}
 	data, err := into.Float32Into(name, dst)
 	if err == nil {
+		r.mu.Lock()
 		r.owned = append(r.owned, data)
+		r.mu.Unlock()
 	}
 	return data, err
 }
