@@ -120,8 +120,7 @@ func loadBlock(cfg *Config, r *tensorReader, rope *ropeTable, i int) (*Block, er
 	var reads errgroup.Group
 	reads.SetLimit(blockReaders(cfg.SparseBlock(i)))
 	if cfg.SparseBlock(i) {
-		if b.MoE, err = loadMoE(cfg, r, i, &reads); err != nil {
-			reads.Wait()
+		if b.MoE, err = loadMoE(cfg, r, i, &reads); err != nil { // (refused before any read is queued)
 			return nil, err
 		}
 	} else {
