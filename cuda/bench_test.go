@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 )
@@ -53,4 +54,42 @@ func benchmarkConvert(b *testing.B, typ DType) {
 	b.ReportMetric(tm.BytesPerSecond()/1e9, "GB/s")
 	b.ReportMetric(tm.BytesPerSecond()/ceiling.BytesPerSecond(), "of-copy-bw")
 	b.Logf("%s: %s→F32 of %d elements: %s; D2D copy of the same bytes: %s", d.Info().Name, typ, n, tm, ceiling)
+}
+
+// BenchmarkStagerToDevice copies 256 MiB of Go memory to the device through stagers of 8 to
+// 64 MiB (their two halves alternate): how small the pinned buffers of the calibration engines
+// and GPTQ solvers may be before uploads slow down (pinning costs time at setup, more so with
+// several GPUs). Bytes per second of the whole copy, host copies into the halves included.
+func BenchmarkStagerToDevice(b *testing.B) {
+	d := openTestDevice(b)
+	const size = 256 << 20
+	src := randomBytes(rand.New(rand.NewPCG(3, 4)), size)
+	dst, err := d.Alloc(size)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Free(dst)
+	s, err := d.NewStream()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.DestroyStream(s)
+	for _, mib := range []int{8, 16, 32, 64} {
+		b.Run(fmt.Sprintf("stager=%dMiB", mib), func(b *testing.B) {
+			st, err := d.NewStager(mib << 20)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			b.SetBytes(size)
+			for b.Loop() {
+				if err := st.CopyToDevice(dst, src, s); err != nil {
+					b.Fatal(err)
+				}
+				if err := d.SynchronizeStream(s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -150,7 +150,7 @@ func TestSelect(t *testing.T) {
 // threshold and destinations shorter and longer than the source.
 func TestCopyParallel(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	for _, c := range []struct{ dst, src int }{{10, 10}, {100, 50}, {50 << 20, 40 << 20}, {33 << 20, 64<<20 + 3}} {
+	for _, c := range []struct{ dst, src int }{{10, 10}, {100, 50}, {2<<20 + 1, 8 << 20}, {5<<20 + 7, 5<<20 + 7}, {50 << 20, 40 << 20}, {33 << 20, 64<<20 + 3}} {
 		src := make([]byte, c.src)
 		for i := range src {
 			src[i] = byte(r.Uint32())

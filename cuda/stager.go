@@ -23,9 +23,13 @@ type Stager struct {
 	queued [2]bool
 }
 
-// DefaultStagingBytes is the pinned memory qpack's stagers use: two 32 MiB halves, large
-// enough that each DMA runs at full speed.
-const DefaultStagingBytes = 64 << 20
+// DefaultStagingBytes is the pinned memory qpack's stagers use: two 16 MiB halves, each copied
+// into by 8 goroutines (copyParallel) while the other's DMA runs. Smaller ones upload slower
+// (BenchmarkStagerToDevice, four H100s' host: 16.4, 17.7, 27.8 and 27.2 GB/s with stagers of 8,
+// 16, 32 and 64 MiB); larger ones take longer to pin, the more so the more GPUs there are, as
+// pinned memory is mapped for every GPU of the process (with 64 MiB stagers four H100s took
+// 0.45 s to make their engines and solvers, with 16 MiB 0.2 s).
+const DefaultStagingBytes = 32 << 20
 
 // NewStager allocates a stager with bytes of pinned memory (at least 2).
 func (d *Device) NewStager(bytes int) (*Stager, error) {
@@ -136,12 +140,14 @@ func (s *Stager) Close() error {
 	return first
 }
 
-// copyParallel is copy(dst, src) over several goroutines for large pieces: one core's copy into
-// pinned memory (about 6 GB/s on the H100 machine) bounded a calibration's weight uploads, while
-// the DMA behind it runs several times faster.
+// copyParallel is copy(dst, src) over up to 8 goroutines, each at least a MiB: one core's copy
+// into pinned memory (6 to 9 GB/s on the H100 machines) bounded a calibration's weight uploads,
+// while the DMA behind it runs several times faster. With 4 MiB a goroutine, a stager's halves
+// had to be 32 MiB for 8 copies at once (BenchmarkStagerToDevice, four H100s' host: stagers of
+// 8, 16, 32 and 64 MiB ran at 8.8, 13.6, 17.1 and 22.7 GB/s).
 func copyParallel(dst, src []byte) int {
 	n := min(len(dst), len(src))
-	const piece = 4 << 20
+	const piece = 1 << 20
 	workers := min(runtime.GOMAXPROCS(0), 8, n/piece)
 	if workers < 2 {
 		return copy(dst, src[:n])

@@ -27,10 +27,10 @@ var (
 )
 
 // solverStagingBytes is a solver's pinned memory. In a calibration it moves the codes and group
-// parameters of a linear's rows (the weights and H are on the device already); pinning costs
-// about 0.4 ms a MiB, and the GPUs of one host pin one after another: with 64 MiB, each of four
-// H100s took 130 ms to make a solver where one alone took 25.
-const solverStagingBytes = 16 << 20
+// parameters of a linear's rows (the weights and H are on the device already), while the next
+// forward pass runs; pinning costs about 0.4 ms a MiB, and the GPUs of one host pin one after
+// another: with 64 MiB, each of four H100s took 130 ms to make a solver where one alone took 25.
+const solverStagingBytes = 8 << 20
 
 // Constants of kernels/gptq.cu.
 const (
