@@ -519,7 +519,7 @@ func (e *GPU) Embed(m *Model, seqs [][]int) (*DeviceBatch, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.dev.CopyToDevice(dIDs, cuda.Bytes(ids)); err != nil {
+	if err := e.upload(dIDs, cuda.Bytes(ids)); err != nil {
 		return nil, err
 	}
 	x := &DeviceBatch{S: S, T: T, e: e}

@@ -168,7 +168,7 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte, cubins ..
 			e.fused = true
 		}
 		one := math.Float32bits(1)
-		if err = dev.CopyToDevice(e.scalars, cuda.Bytes([]uint32{0, 0, 0, 0, one})); err != nil {
+		if err = e.upload(e.scalars, cuda.Bytes([]uint32{0, 0, 0, 0, one})); err != nil {
 			return nil, err
 		}
 	}
@@ -283,6 +283,13 @@ func (e *GPU) work(name string, bytes int) (cuda.DevicePtr, error) {
 	return p, err
 }
 
+// upload queues the copy of data to dst on the engine's stream, through its pinned buffer. A
+// synchronous copy would run on the legacy default stream and wait for every stream of the GPU:
+// in a calibration's first block, for the GPTQ solvers' warm-up.
+func (e *GPU) upload(dst cuda.DevicePtr, data []byte) error {
+	return e.stager.CopyToDevice(dst, data, e.stream)
+}
+
 // floats returns the named work buffer sized for n float32s.
 func (e *GPU) floats(name string, n int) (cuda.DevicePtr, error) { return e.work(name, 4*n) }
 
@@ -297,10 +304,10 @@ func (e *GPU) ropeTables(T int) (cos, sin cuda.DevicePtr, err error) {
 	}
 	if e.ropeT < T {
 		c, s := e.rope.get(T)
-		if err := e.dev.CopyToDevice(cos, cuda.Bytes(c)); err != nil {
+		if err := e.upload(cos, cuda.Bytes(c)); err != nil {
 			return 0, 0, err
 		}
-		if err := e.dev.CopyToDevice(sin, cuda.Bytes(s)); err != nil {
+		if err := e.upload(sin, cuda.Bytes(s)); err != nil {
 			return 0, 0, err
 		}
 		e.ropeT = T

@@ -203,11 +203,10 @@ func (e *GPU) routeOnHost(h cuda.DevicePtr, g *gpuBlock, rows int) (expertPlan, 
 			return expertPlan{}, err
 		}
 	}
-	if err := e.Synchronize(); err != nil {
-		return expertPlan{}, err
-	}
 	host := make([]float32, rows*cols)
-	if err := e.dev.CopyFromDevice(cuda.Bytes(host), logits); err != nil {
+	// (on the engine's stream: a synchronous copy would wait for the GPU's other streams too,
+	// the uploads ahead and the solvers')
+	if err := e.stager.CopyFromDevice(cuda.Bytes(host), logits, e.stream); err != nil {
 		return expertPlan{}, err
 	}
 	p := route(host[:rows*E], rows, E, m.TopK, m.NormTopK).plan(E, m.Shared != nil)
@@ -265,8 +264,7 @@ func (e *GPU) gatherRows(dst, src, ids cuda.DevicePtr, n, cols int) error {
 		src, ids, dst, int32(n), int32(cols))
 }
 
-// uploadNamed copies v into the named buffer; the stream must have finished with the buffer's
-// previous contents (routeOnHost synchronized it).
+// uploadNamed queues the copy of v into the named buffer on the engine's stream.
 func uploadNamed[T int32 | float32](e *GPU, name string, v []T) (cuda.DevicePtr, error) {
 	p, err := e.buffer(name, 4*len(v))
 	if err != nil {
@@ -275,7 +273,7 @@ func uploadNamed[T int32 | float32](e *GPU, name string, v []T) (cuda.DevicePtr,
 	if len(v) == 0 {
 		return p, nil
 	}
-	if err := e.dev.CopyToDevice(p, cuda.Bytes(v)); err != nil {
+	if err := e.upload(p, cuda.Bytes(v)); err != nil {
 		return 0, fmt.Errorf("model: %s to the GPU: %w", name, err)
 	}
 	return p, nil
