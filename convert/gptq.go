@@ -40,6 +40,7 @@ type blockRunner struct {
 	opt     gptq.Options
 	solver  solverSet      // nil: the pure-Go solver; else the first of all (for Supports)
 	solvers chan solverSet // the free ones of all
+	sets    int            // how many solvers holds (those made), once warming is done
 	all     []solverSet
 	// moreSolvers makes the solver sets after the first in the background (useGPUs)
 	moreSolvers   sync.WaitGroup
@@ -454,14 +455,16 @@ func (s solverSet) on(d int) solverSet {
 }
 
 // solverPool is where an update's linears get their solvers: first solves them one after
-// another, the sets of free (nil on the CPU) solve several at once (parallelSolves).
+// another, the sets of free (nil on the CPU) solve several at once (parallelSolves); sets is how
+// many free holds when none is taken.
 type solverPool struct {
 	first solverSet
 	free  chan solverSet
+	sets  int
 }
 
 // pool is every GPU's solvers: a linear's rows shared among the GPUs.
-func (r *blockRunner) pool() solverPool { return solverPool{r.solver, r.solvers} }
+func (r *blockRunner) pool() solverPool { return solverPool{r.solver, r.solvers, r.sets} }
 
 // hessianOf returns how to solve with the Hessian of group g of block: on the host, or on the
 // GPU from the Gram matrix gathered there (gpuSolveFunc).
@@ -508,7 +511,10 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		}
 	}
 	start := time.Now()
-	if len(work) > 1 && r.parallelSolves(work[0].l.In) {
+	// A solver's next solve waits until the results of its last have come down (gptq's
+	// SolveFactored), and they come down once the whole group is solved (deliver): a set may
+	// solve one linear of a group, or the results must be brought down before it solves another.
+	if len(work) > 1 && r.parallelSolves(work[0].l.In) && len(work) <= pool.sets {
 		var wg sync.WaitGroup
 		for _, x := range work {
 			set := <-pool.free
@@ -519,8 +525,12 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		}
 		wg.Wait()
 	} else {
-		for _, x := range work {
+		for i, x := range work {
 			solveAndReplace(x, pool.first)
+			if x.err == nil && r.onGPU && i+1 < len(work) { // (on the host they came down already)
+				t, st, err := x.results()
+				x.results, x.err = solvedNow(t, st, err)
+			}
 		}
 	}
 	r.solving.Add(int64(time.Since(start)))
@@ -651,6 +661,7 @@ func (r *blockRunner) useGPUs(devs []*cuda.Device) error {
 		if r.warm != nil {
 			r.warm(r.all[:made])
 		}
+		r.sets = made
 		for _, set := range r.all[:made] {
 			r.solvers <- set
 		}

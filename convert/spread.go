@@ -44,7 +44,7 @@ func (r *blockRunner) solveSpread(b *model.Block, groups, sources []model.Group,
 	var spread errgroup.Group
 	for d, mine := range assignBundles(r.bundleCosts(b, groups, bundles), len(r.gpu.shards)) {
 		spread.Go(func() error {
-			pool := solverPool{first: sets[0].on(d), free: make(chan solverSet, len(sets))}
+			pool := solverPool{first: sets[0].on(d), free: make(chan solverSet, len(sets)), sets: len(sets)}
 			for _, set := range sets {
 				pool.free <- set.on(d)
 			}
