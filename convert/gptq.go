@@ -608,8 +608,12 @@ const gpuSolvers = 3
 // groups (down_proj's Hessian of a 70B model alone is 23 GB) are solved one linear after
 // another by the first solver, so that only it grows to their size.
 func (r *blockRunner) parallelSolves(k int) bool {
-	return r.solvers != nil && gpuSolvers*28*uint64(k)*uint64(k) <= r.dev.Info().TotalMemory/8
+	return r.solvers != nil && gptqParallelSolves && gpuSolvers*28*uint64(k)*uint64(k) <= r.dev.Info().TotalMemory/8
 }
+
+// gptqParallelSolves lets a group's linears be solved at once (parallelSolves); tests turn it
+// off to solve a small model's groups as those of a model with Hessians too wide are.
+var gptqParallelSolves = true
 
 // useGPU makes the runner calibrate and solve on the GPUs: the forward passes and Hessians
 // (gpuCapture), the column loop, factorisations and group fits, searched ones (the clip search,

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/internal/gputest"
@@ -128,6 +129,50 @@ func TestGPUGPTQReplacesOnGPU(t *testing.T) {
 				sameFiles(t, out(true), out(false))
 			}
 		}
+	}
+}
+
+// TestGPUGPTQSolvesOneAfterAnother: a group's linears solved one after another (as a model's with
+// Hessians too wide to solve several at once: a 405B's q/k/v and gate/up on an 80 GB GPU) give
+// the bytes of those solved at once, on one GPU and on three, and the conversion finishes: the
+// solver's next solve waits for its last one's results, which such a group once brought down
+// only after all its solves.
+func TestGPUGPTQSolvesOneAfterAnother(t *testing.T) {
+	gputest.Open(t) // skips without a GPU
+	tiny := testenv.Testdata(t, "models/tiny")
+	dir := t.TempDir()
+	defer func() { gptqParallelSolves = true }()
+	opt := DefaultOptions()
+	opt.Method, opt.Alloc, opt.Format, opt.Device = GPTQ, Uniform(quant.Scheme{Bits: 4, GroupSize: 64}), "gptq", DeviceCUDA
+	opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
+	infos, err := cuda.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, shards := range []int{1, 3} {
+		opt.Devices = nil
+		for i := range shards {
+			opt.Devices = append(opt.Devices, i%len(infos))
+		}
+		out := func(parallel bool) string {
+			gptqParallelSolves = parallel
+			out := filepath.Join(dir, fmt.Sprintf("gpus%d-parallel%v", shards, parallel))
+			done := make(chan error, 1)
+			go func() {
+				_, err := Convert(tiny, out, opt)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("%d GPUs, parallel solves %v: %v", shards, parallel, err)
+				}
+			case <-time.After(2 * time.Minute):
+				t.Fatalf("%d GPUs, parallel solves %v: the conversion did not finish in two minutes", shards, parallel)
+			}
+			return out
+		}
+		sameFiles(t, out(false), out(true))
 	}
 }
 
