@@ -4,6 +4,7 @@
 # On the GPU machine, from the repository root:
 #   sh bin/gpu/run-all.sh            # all tests, then all benchmarks
 #   sh bin/gpu/run-all.sh -gen       # first regenerate every kernels/*.ptx with nvcc (into place)
+#   TEST_TIMEOUT=5m sh bin/gpu/run-all.sh   # each package's tests at most 5 minutes (default 15)
 # Carry bin/ to that machine (it is git-ignored).
 set -eu
 cd "$(dirname "$0")/.."
@@ -37,9 +38,10 @@ if [ "${1:-}" = "-gen" ]; then
 		(cd "$root" && "$bin/ptxgen" "$cu") || status=1
 	done
 fi
+# A test that hangs panics after TEST_TIMEOUT with every goroutine's stack (what waits on what).
 while read -r dir test; do
 	echo "== test $dir"
-	(cd "$root/$dir" && "$bin/$test" -test.v -test.count=1) || status=1
+	(cd "$root/$dir" && "$bin/$test" -test.v -test.count=1 -test.timeout "${TEST_TIMEOUT:-15m}") || status=1
 done <"$bin/packages.txt"
 while read -r dir test; do
 	echo "== bench $dir"
