@@ -505,8 +505,7 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		if x.err != nil || r.onGPU {
 			return
 		}
-		t, st, err := x.results()
-		if x.results, x.err = solvedNow(t, st, err); err == nil {
+		if t := x.bringDown(); x.err == nil {
 			x.err = x.l.SetWeight(t.Dequantize(x.l.W))
 		}
 	}
@@ -528,8 +527,7 @@ func (r *blockRunner) updateGroup(b *model.Block, g model.Group, solve solveFunc
 		for i, x := range work {
 			solveAndReplace(x, pool.first)
 			if x.err == nil && r.onGPU && i+1 < len(work) { // (on the host they came down already)
-				t, st, err := x.results()
-				x.results, x.err = solvedNow(t, st, err)
+				x.bringDown()
 			}
 		}
 	}
@@ -553,6 +551,14 @@ type solvedLinear struct {
 	t       *quant.Tensor
 	st      gptq.Stats
 	err     error
+}
+
+// bringDown gets the results of x's solve now (x.err set where it failed) and keeps them for
+// deliver; it returns the tensor.
+func (x *solvedLinear) bringDown() *quant.Tensor {
+	t, st, err := x.results()
+	x.results, x.err = solvedNow(t, st, err)
+	return t
 }
 
 // deliver gets the results of a group's solved linears, which the GPUs bring down while the next

@@ -98,10 +98,6 @@ func TestGPUGPTQOnSeveralGPUs(t *testing.T) {
 // with every token's Hessian).
 func TestGPUGPTQReplacesOnGPU(t *testing.T) {
 	gputest.Open(t) // skips without a GPU
-	infos, err := cuda.Devices()
-	if err != nil {
-		t.Fatal(err)
-	}
 	tiny := testenv.Testdata(t, "models/tiny")
 	moe := moetest.FromDense(t, tiny, "qwen2_moe", nil)
 	dir := t.TempDir()
@@ -114,9 +110,7 @@ func TestGPUGPTQReplacesOnGPU(t *testing.T) {
 				opt.GPTQ.ActOrder = actOrder
 				opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
 				opt.Experts.MinTokens = 450 // tiny's experts get 230-840 of the 2,048 routed tokens: some fall back
-				for i := range shards {
-					opt.Devices = append(opt.Devices, i%len(infos))
-				}
+				opt.Devices = gpuOrdinals(t, shards)
 				out := func(onGPU bool) string {
 					return filepath.Join(dir, fmt.Sprintf("%s-%d-%v-%v", filepath.Base(src), shards, actOrder, onGPU))
 				}
@@ -145,15 +139,8 @@ func TestGPUGPTQSolvesOneAfterAnother(t *testing.T) {
 	opt := DefaultOptions()
 	opt.Method, opt.Alloc, opt.Format, opt.Device = GPTQ, Uniform(quant.Scheme{Bits: 4, GroupSize: 64}), "gptq", DeviceCUDA
 	opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
-	infos, err := cuda.Devices()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, shards := range []int{1, 3} {
-		opt.Devices = nil
-		for i := range shards {
-			opt.Devices = append(opt.Devices, i%len(infos))
-		}
+		opt.Devices = gpuOrdinals(t, shards)
 		out := func(parallel bool) string {
 			gptqParallelSolves = parallel
 			out := filepath.Join(dir, fmt.Sprintf("gpus%d-parallel%v", shards, parallel))
@@ -176,20 +163,28 @@ func TestGPUGPTQSolvesOneAfterAnother(t *testing.T) {
 	}
 }
 
-// convertOnGPUs converts src into dir/name with opt on gpus GPUs (ordinals 0, 1, … modulo the
-// machine's count: several handles on one GPU where it has fewer) and returns the output
-// directory and the log.
-func convertOnGPUs(t *testing.T, src string, opt Options, dir, name string, gpus int) (string, string) {
+// gpuOrdinals is --devices for n GPUs: 0, 1, … modulo the machine's count (several handles on one
+// GPU where it has fewer).
+func gpuOrdinals(t *testing.T, n int) []int {
 	t.Helper()
 	infos, err := cuda.Devices()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log bytes.Buffer
-	opt.Log, opt.Devices = &log, nil
-	for i := range gpus {
-		opt.Devices = append(opt.Devices, i%len(infos))
+	ordinals := make([]int, n)
+	for i := range ordinals {
+		ordinals[i] = i % len(infos)
 	}
+	return ordinals
+}
+
+// convertOnGPUs converts src into dir/name with opt on gpus GPUs (ordinals 0, 1, … modulo the
+// machine's count: several handles on one GPU where it has fewer) and returns the output
+// directory and the log.
+func convertOnGPUs(t *testing.T, src string, opt Options, dir, name string, gpus int) (string, string) {
+	t.Helper()
+	var log bytes.Buffer
+	opt.Log, opt.Devices = &log, gpuOrdinals(t, gpus)
 	out := filepath.Join(dir, name)
 	if _, err := Convert(src, out, opt); err != nil {
 		t.Fatalf("%s on %d GPUs: %v", name, gpus, err)
