@@ -531,3 +531,6 @@ func (g *GPUSearch) DivideColumns(x cuda.DevicePtr, rows, cols int, s []float32)
 
 // Synchronize waits for the search's queued work.
 func (g *GPUSearch) Synchronize() error { return g.dev.SynchronizeStream(g.stream) }
+
+// Device is the GPU the search runs on.
+func (g *GPUSearch) Device() *cuda.Device { return g.dev }

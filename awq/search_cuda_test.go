@@ -235,16 +235,7 @@ func TestGPUSearchClip(t *testing.T) {
 // DeviceInputs keeps the rows and mean |x| that Inputs keeps from the same chunks, and names the
 // channel of a NaN activation.
 func TestGPUDeviceInputs(t *testing.T) {
-	dev, g := openSearch(t)
-	cfg, err := model.ParseConfig([]byte(familyConfigs[0].json))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := model.NewGPU(dev, cfg, model.GPUOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	dev, g, e := openSearchAndEngine(t)
 	r := rand.New(rand.NewPCG(17, 18))
 	const cols, stride = 70, 3
 	chunks := []int{10, 7, 1, 33}
@@ -254,25 +245,89 @@ func TestGPUDeviceInputs(t *testing.T) {
 	}
 	defer din.Free()
 	in := &Inputs{Stride: stride}
-	for _, rows := range chunks {
-		x := make([]float32, rows*cols)
-		for i := range x {
-			x[i] = float32(r.NormFloat64())
+	addChunks(t, r, e, g, din, in, chunks)
+	if err := e.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	sameInputs(t, g, din, in)
+	if err := din.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	bad := make([]float32, 2*cols)
+	bad[cols+41] = float32(math.NaN())
+	if err := din.Add(e, g, gputest.Floats(t, dev, bad), 2); err != nil {
+		t.Fatal(err)
+	}
+	e.Synchronize()
+	if _, err := din.MeanAbs(); err == nil || !strings.Contains(err.Error(), "channel 41") {
+		t.Errorf("NaN activation: %v", err)
+	}
+	if err := din.Add(e, g, gputest.Floats(t, dev, make([]float32, 60*cols)), 60); err == nil {
+		t.Error("more rows than the inputs were sized for: no error")
+	}
+}
+
+// Shards' inputs (NewShardInputs over consecutive token ranges, chunks of unequal sizes, one
+// share without a kept row), joined, keep the rows and mean |x| that Inputs keeps of all the
+// tokens; a join into inputs too small for the rows is an error.
+func TestGPUJoinedInputs(t *testing.T) {
+	dev, g, e := openSearchAndEngine(t)
+	r := rand.New(rand.NewPCG(19, 20))
+	const cols, stride = 70, 4
+	shards := [][]int{{10, 7}, {2}, {1, 33, 5}} // chunks of rows; tokens 0–16, 17–18, 19–57
+	in := &Inputs{Stride: stride}
+	var parts []*DeviceInputs
+	start := 0
+	for _, chunks := range shards {
+		tokens := 0
+		for _, rows := range chunks {
+			tokens += rows
 		}
-		if err := in.Add(x, rows, cols); err != nil {
+		p, err := NewShardInputs(dev, cols, stride, start, tokens)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := din.Add(e, g, gputest.Floats(t, dev, x), rows); err != nil {
-			t.Fatal(err)
-		}
+		defer p.Free()
+		addChunks(t, r, e, g, p, in, chunks)
+		parts = append(parts, p)
+		start += tokens
 	}
 	if err := e.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
+	joined, err := NewDeviceInputs(dev, cols, stride, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer joined.Free()
+	if err := g.Join(joined, parts); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if parts[1].Rows != 0 {
+		t.Errorf("the second share kept %d rows, none of its tokens' indices a multiple of %d", parts[1].Rows, stride)
+	}
+	sameInputs(t, g, joined, in)
+	small, err := NewDeviceInputs(dev, cols, stride, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Free()
+	if err := g.Join(small, parts); err == nil {
+		t.Error("joined more rows than the inputs have room for: no error")
+	}
+}
+
+// sameInputs wants din (its GPU's work finished) to keep in's rows bit for bit and its mean |x|
+// within float32 rounding.
+func sameInputs(t *testing.T, g *GPUSearch, din *DeviceInputs, in *Inputs) {
+	t.Helper()
 	if din.Rows != in.Rows || din.Tokens() != in.Tokens() {
 		t.Fatalf("kept %d rows of %d tokens, CPU %d of %d", din.Rows, din.Tokens(), in.Rows, in.Tokens())
 	}
-	got, err := download[float32](g, din.X, din.Rows*cols)
+	got, err := download[float32](g, din.X, din.Rows*din.Cols)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,19 +345,38 @@ func TestGPUDeviceInputs(t *testing.T) {
 			t.Errorf("channel %d: mean |x| %g, CPU %g", c, mean[c], m)
 		}
 	}
-	if err := din.Reset(); err != nil {
+}
+
+// openSearchAndEngine is openSearch with a model engine on the same GPU (closed when t ends), whose
+// stream DeviceInputs.Add queues on.
+func openSearchAndEngine(t *testing.T) (*cuda.Device, *GPUSearch, *model.GPU) {
+	t.Helper()
+	dev, g := openSearch(t)
+	cfg, err := model.ParseConfig([]byte(familyConfigs[0].json))
+	if err != nil {
 		t.Fatal(err)
 	}
-	bad := make([]float32, 2*cols)
-	bad[cols+41] = float32(math.NaN())
-	if err := din.Add(e, g, gputest.Floats(t, dev, bad), 2); err != nil {
+	e, err := model.NewGPU(dev, cfg, model.GPUOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	e.Synchronize()
-	if _, err := din.MeanAbs(); err == nil || !strings.Contains(err.Error(), "channel 41") {
-		t.Errorf("NaN activation: %v", err)
-	}
-	if err := din.Add(e, g, gputest.Floats(t, dev, make([]float32, 60*cols)), 60); err == nil {
-		t.Error("more rows than the inputs were sized for: no error")
+	t.Cleanup(func() { e.Close() })
+	return dev, g, e
+}
+
+// addChunks adds chunks of random rows (counts in chunks) to din, on e's stream, and to in.
+func addChunks(t *testing.T, r *rand.Rand, e *model.GPU, g *GPUSearch, din *DeviceInputs, in *Inputs, chunks []int) {
+	t.Helper()
+	for _, rows := range chunks {
+		x := make([]float32, rows*din.Cols)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		if err := in.Add(x, rows, din.Cols); err != nil {
+			t.Fatal(err)
+		}
+		if err := din.Add(e, g, gputest.Floats(t, e.Device(), x), rows); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -4,14 +4,17 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/qpack-dev/qpack/awq"
 	"github.com/qpack-dev/qpack/blockwise"
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/shares"
 	"github.com/qpack-dev/qpack/model"
 	"github.com/qpack-dev/qpack/quant"
 	"github.com/qpack-dev/qpack/safetensors"
+	"golang.org/x/sync/errgroup"
 )
 
 // AWQOptions are the AWQ variant's settings (`--method awq` and `awq+gptq`).
@@ -50,19 +53,27 @@ type awqScaler struct {
 	scaled map[int]bool    // awq+gptq: blocks already scaled, now in GPTQ's steps
 	kept   map[string]bool // unquantized block tensors the folding may change, delivered by name
 
-	gpu      *awq.GPUSearch                    // nil: the searches run on the CPU
-	gpuInput map[model.Group]*awq.DeviceInputs // the GPU's inputs of each group, reused block after block
-	folding  map[int]chan struct{}             // awq+gptq on the GPU: closed when the host has folded the block's scales in
+	// On the GPUs: a search on each (none: the searches run on the CPU), each GPU's inputs of
+	// each group for its share of the tokens and, on several GPUs, the inputs of all the tokens
+	// joined on the GPU that searches the group's scale (both reused block after block).
+	gpus      []*awq.GPUSearch
+	gpuInput  []map[model.Group]*awq.DeviceInputs
+	joined    map[model.Group]*awq.DeviceInputs
+	observing map[string][]*awq.DeviceInputs // the block's inputs by group, one per GPU, until Update joins them
+	starts    []int                          // the index of each GPU's first token, and the count of all (shares.Even)
+	mu        sync.Mutex                     // observing, while the GPUs observe at once; clip and quantize, while they quantize
+	folding   map[int]chan struct{}          // awq+gptq on the GPU: closed when the host has folded the block's scales in
 
 	search, clip, quantize time.Duration
+	clipAndQuantize        time.Duration // quantizeBlock's wall time (clip and quantize add up every GPU's)
 }
 
-// useAWQ turns the runner into an AWQ runner: on the GPU when g is not nil (the forward passes
-// and both searches; under awq+gptq also GPTQ's Hessians and solver), else on the CPU.
+// useAWQ turns the runner into an AWQ runner: on the GPUs when g is not nil (the forward passes
+// and both searches; under awq+gptq also GPTQ's Hessians and solvers), else on the CPU.
 func useAWQ(r *blockRunner, items []Item, opt Options, g *gpu) error {
 	s := &awqScaler{r: r, opt: awq.Options{Duo: opt.AWQ.Duo}, gptq: opt.Method.Solves(), noClip: opt.AWQ.NoClip, tokens: opt.AWQ.SearchTokens,
-		inputs: map[string]groupInputs{}, scaled: map[int]bool{}, kept: map[string]bool{}, gpuInput: map[model.Group]*awq.DeviceInputs{},
-		folding: map[int]chan struct{}{}}
+		inputs: map[string]groupInputs{}, scaled: map[int]bool{}, kept: map[string]bool{}, joined: map[model.Group]*awq.DeviceInputs{},
+		observing: map[string][]*awq.DeviceInputs{}, folding: map[int]chan struct{}{}}
 	if s.tokens <= 0 {
 		s.tokens = DefaultAWQSearchTokens
 	}
@@ -77,23 +88,52 @@ func useAWQ(r *blockRunner, items []Item, opt Options, g *gpu) error {
 		r.device = DeviceCPU
 		return nil
 	}
-	if s.gptq { // AWQ's searches, and so its calibration, run on the first GPU
-		if err := r.useGPUs(g.devs[:1]); err != nil {
+	if s.gptq {
+		if err := r.useGPUs(g.devs); err != nil {
 			return err
 		}
 	} else {
-		r.dev, r.devs, r.device = g.dev, g.devs[:1], DeviceCUDA
+		r.dev, r.devs, r.device = g.dev, g.devs, DeviceCUDA
 	}
+	if searchesOnCPU(items) {
+		return nil
+	}
+	s.gpus = make([]*awq.GPUSearch, len(g.devs))
+	s.gpuInput = make([]map[model.Group]*awq.DeviceInputs, len(g.devs))
+	var making errgroup.Group
+	for i, dev := range g.devs {
+		s.gpuInput[i] = map[model.Group]*awq.DeviceInputs{}
+		making.Go(func() (err error) {
+			if s.gpus[i], err = awq.NewGPUSearch(dev); err == nil {
+				s.gpus[i].Math = awqSearchMath(opt.CalibMath)
+			}
+			return err
+		})
+	}
+	return making.Wait()
+}
+
+// searchesOnCPU says that AWQ's searches run on the CPU although a GPU is there: the GPU
+// searches fake-quantize to integer grids, and IQ types have none.
+func searchesOnCPU(items []Item) bool {
 	for _, it := range items {
 		if it.Scheme != nil && it.Scheme.Grid == quant.IQuant {
-			return nil // the GPU searches fake-quantize to integer grids: IQ types search on the CPU
+			return true
 		}
 	}
-	var err error
-	if s.gpu, err = awq.NewGPUSearch(g.dev); err == nil {
-		s.gpu.Math = awqSearchMath(opt.CalibMath)
+	return false
+}
+
+// awqOnOneGPU says that AWQ calibrates on the first GPU alone: where its searches run on the CPU
+// (the calibration then does too), and for a mixture of experts (an expert's inputs are the
+// tokens routed to it, which no GPU's share of the tokens tells where to sample).
+func awqOnOneGPU(items []Item) bool {
+	for _, it := range items {
+		if t := model.ParseTensorName(it.Info.Name); t.Expert >= 0 || t.Role == model.RoleRouter {
+			return true
+		}
 	}
-	return err
+	return searchesOnCPU(items)
 }
 
 // awqSearchMath is the α search's GEMM arithmetic for calibration math name (Options.CalibMath):
@@ -111,19 +151,23 @@ func awqSearchMath(name string) awq.SearchMath {
 
 // peakNote reports the GPU memory a GPU run peaked at.
 func (s *awqScaler) peakNote() string {
-	if s.gpu == nil {
+	if s.gpus == nil {
 		return ""
 	}
 	return fmt.Sprintf("; peak GPU memory in use %.2f GB", float64(s.r.gpuPeak)/1e9)
 }
 
-// close releases the GPU search and its inputs.
+// close releases the GPU searches and their inputs.
 func (s *awqScaler) close() {
-	for _, in := range s.gpuInput {
-		in.Free()
+	for _, ins := range append(s.gpuInput, s.joined) {
+		for _, in := range ins {
+			in.Free()
+		}
 	}
-	if s.gpu != nil {
-		s.gpu.Close()
+	for _, g := range s.gpus {
+		if g != nil {
+			g.Close()
+		}
 	}
 }
 
@@ -170,9 +214,19 @@ func (s *awqScaler) calibrate(m *model.Model, seqs [][]int, opt model.CalibrateO
 	}
 	opt.ObserveOnly = !s.gptq
 	s.stride = stride
+	if s.gpus != nil { // the token shares of model.CalibrateSharded
+		at := shares.Even(len(seqs), min(len(s.gpus), len(seqs)))
+		s.starts = make([]int, len(at))
+		for i := range at[1:] {
+			s.starts[i+1] = s.starts[i]
+			for _, q := range seqs[at[i]:at[i+1]] {
+				s.starts[i+1] += len(q)
+			}
+		}
+	}
 	start := time.Now()
 	var err error
-	if s.gpu != nil {
+	if s.gpus != nil {
 		err = s.r.calibrateOnGPU(m, seqs, s, opt)
 	} else {
 		err = model.Calibrate(m, seqs, s, opt)
@@ -181,9 +235,17 @@ func (s *awqScaler) calibrate(m *model.Model, seqs [][]int, opt model.CalibrateO
 		return err
 	}
 	all := time.Since(start)
-	s.r.logf("awq on %s: %d×%d calibration tokens (%d in the α search), %.1f s: scale search %.1f s, clipping search %.1f s, quantization %.1f s, forward passes and the rest %.1f s%s\n",
-		s.r.device, len(seqs), len(seqs[0]), (total+stride-1)/stride, all.Seconds(), s.search.Seconds(), s.clip.Seconds(), s.quantize.Seconds(),
-		(all - s.search - s.clip - s.quantize).Seconds(), s.peakNote())
+	where := string(s.r.device)
+	if s.gpus != nil {
+		where += " (" + gpuNames(s.r.devs[:len(s.starts)-1]) + ")"
+	}
+	parts := fmt.Sprintf("clipping search %.1f s, quantization %.1f s", s.clip.Seconds(), s.quantize.Seconds())
+	if len(s.starts) > 2 {
+		parts = fmt.Sprintf("clipping search and quantization %.1f s (%.1f s and %.1f s over the GPUs)", s.clipAndQuantize.Seconds(), s.clip.Seconds(), s.quantize.Seconds())
+	}
+	s.r.logf("awq on %s: %d×%d calibration tokens (%d in the α search), %.1f s: scale search %.1f s, %s, forward passes and the rest %.1f s%s\n",
+		where, len(seqs), len(seqs[0]), (total+stride-1)/stride, all.Seconds(), s.search.Seconds(), parts,
+		(all - s.search - s.clipAndQuantize).Seconds(), s.peakNote())
 	return nil
 }
 
@@ -210,41 +272,91 @@ func (s *awqScaler) Observe(block int, g model.Group, x []float32, rows, cols in
 
 // ObserveGPU is Observe on the GPU: the group's mean |x| and sampled rows stay there.
 func (s *awqScaler) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, rows, cols int) error {
+	return s.ObserveShard(0, block, g, x, rows, cols)
+}
+
+// ObserveShard is ObserveGPU for the share of the tokens of GPU shard (x is there).
+func (s *awqScaler) ObserveShard(shard, block int, g model.Group, x cuda.DevicePtr, rows, cols int) error {
 	if s.gptq && s.scaled[block] {
-		return s.r.ObserveGPU(block, g, x, rows, cols)
+		return s.r.ObserveShard(shard, block, g, x, rows, cols)
 	}
 	if s.r.stopped.Load() {
 		return fmt.Errorf("stopped")
 	}
+	in, err := s.shardInputs(shard, block, g, rows, cols)
+	if err != nil {
+		return fmt.Errorf("block %d, input of %s: %w", block, strings.Join(g.Modules(), ", "), err)
+	}
+	return in.Add(s.r.gpu.shards[shard].e, s.gpus[shard], x, rows)
+}
+
+// shardInputs returns GPU shard's inputs of group g in block, emptied on their first use in the
+// block (reused from the blocks before where the width is the same), the rows counted.
+func (s *awqScaler) shardInputs(shard, block int, g model.Group, rows, cols int) (*awq.DeviceInputs, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	key := hessianKey(block, g)
-	in, _ := s.inputs[key].(deviceInputs)
-	if in.in == nil {
-		var err error
-		if in, err = s.deviceInputs(g, cols); err != nil {
-			return fmt.Errorf("block %d, input of %s: %w", block, strings.Join(g.Modules(), ", "), err)
-		}
-		s.inputs[key] = in
+	ins := s.observing[key]
+	if ins == nil {
+		ins = make([]*awq.DeviceInputs, len(s.r.gpu.shards))
+		s.observing[key] = ins
 		s.r.experts.start(block, g)
 	}
 	s.r.experts.add(block, g, rows)
-	return in.in.Add(s.r.gpu.first(), s.gpu, x, rows)
-}
-
-// deviceInputs returns group g's device inputs, emptied for a new block.
-func (s *awqScaler) deviceInputs(g model.Group, cols int) (deviceInputs, error) {
-	in := s.gpuInput[g]
+	if ins[shard] != nil {
+		return ins[shard], nil
+	}
+	in := s.gpuInput[shard][g]
 	if in != nil && in.Cols != cols {
 		in.Free()
 		in = nil
 	}
 	if in == nil {
 		var err error
-		if in, err = awq.NewDeviceInputs(s.r.dev, cols, s.stride, s.total); err != nil {
-			return deviceInputs{}, err
+		start, tokens := s.starts[shard], s.starts[shard+1]-s.starts[shard]
+		if in, err = awq.NewShardInputs(s.r.gpu.shards[shard].e.Device(), cols, s.stride, start, tokens); err != nil {
+			return nil, err
 		}
-		s.gpuInput[g] = in
+		s.gpuInput[shard][g] = in
 	}
-	return deviceInputs{in, s.gpu}, in.Reset()
+	ins[shard] = in
+	return in, in.Reset()
+}
+
+// joinInputs makes the inputs each group of block b was observed with, for the searches: one
+// GPU's own, or on several GPUs every GPU's joined on the GPU that searches the group's scale
+// (the groups taken in turn by the GPUs). Each GPU's work must be finished.
+func (s *awqScaler) joinInputs(b *model.Block) error {
+	for i, g := range b.Groups() {
+		key := hessianKey(b.Index, g)
+		ins := s.observing[key]
+		delete(s.observing, key)
+		if ins == nil {
+			continue
+		}
+		if len(ins) == 1 {
+			s.inputs[key] = deviceInputs{ins[0], s.gpus[0], 0}
+			continue
+		}
+		d := i % len(ins)
+		dst := s.joined[g]
+		if dst != nil && (dst.Cols != ins[0].Cols || dst.Device() != s.gpus[d].Device()) {
+			dst.Free()
+			dst = nil
+		}
+		if dst == nil {
+			var err error
+			if dst, err = awq.NewDeviceInputs(s.gpus[d].Device(), ins[0].Cols, s.stride, s.total); err != nil {
+				return fmt.Errorf("block %d, input of %s: %w", b.Index, strings.Join(g.Modules(), ", "), err)
+			}
+			s.joined[g] = dst
+		}
+		if err := s.gpus[d].Join(dst, ins); err != nil {
+			return fmt.Errorf("block %d, input of %s: %w", b.Index, strings.Join(g.Modules(), ", "), err)
+		}
+		s.inputs[key] = deviceInputs{dst, s.gpus[d], d}
+	}
+	return nil
 }
 
 // Update scales the block (the first call for a block), then clips and quantizes it, or under
@@ -257,12 +369,18 @@ func (s *awqScaler) Update(b *model.Block, groups []model.Group) error {
 		}
 		return s.r.Update(b, groups)
 	}
-	if s.gpu != nil {
-		if err := s.r.gpu.first().Synchronize(); err != nil { // the inputs are gathered
-			return err
+	if s.gpus != nil {
+		for _, e := range s.r.gpu.engines() {
+			if err := e.Synchronize(); err != nil { // the inputs are gathered
+				return err
+			}
 		}
 		// The next block's pass overwrites the inputs: the searches must be done with them.
-		defer s.gpu.Synchronize()
+		defer s.synchronize()
+		if err := s.joinInputs(b); err != nil {
+			s.r.fail(err)
+			return err
+		}
 	}
 	s.r.experts.report("awq", b, s.total)
 	if err := s.scaleBlock(b); err != nil {
@@ -288,34 +406,36 @@ func (s *awqScaler) dropInputs(b *model.Block) {
 	}
 }
 
-// scaleBlock searches every pair's scale on the block as loaded, then folds them all in, and
-// divides the kept inputs by them for the clipping search.
+// scaleBlock searches every pair's scale on the block as loaded (on several GPUs, each GPU the
+// pairs whose inputs it holds, at once), then folds them all in, and divides the kept inputs by
+// them for the clipping search.
 func (s *awqScaler) scaleBlock(b *model.Block) error {
 	start := time.Now()
 	defer func() { s.search += time.Since(start) }()
 	pairs := awq.Pairs(b)
+	results := make([]*awq.ScaleResult, len(pairs))
+	errs := make([]error, len(pairs))
+	lanes := map[int][]int{} // the pairs by the GPU whose inputs they search (0: the CPU, or one GPU)
+	for i, p := range pairs {
+		in, _ := s.inputs[hessianKey(b.Index, p.Group)].(deviceInputs)
+		lanes[in.shard] = append(lanes[in.shard], i)
+	}
+	var searches sync.WaitGroup
+	for _, lane := range lanes {
+		searches.Go(func() {
+			for _, i := range lane {
+				results[i], errs[i] = s.searchPair(b, pairs[i])
+			}
+		})
+	}
+	searches.Wait()
 	scales := make([][]float32, len(pairs))
 	for i, p := range pairs {
-		var ls []awq.Linear
-		var block []*model.Linear
-		for _, g := range p.Groups() {
-			ls, block = append(ls, s.linears(b, g)...), append(block, b.Linears(g)...)
-		}
-		if !anyPlanned(ls) {
+		res := results[i]
+		if errs[i] != nil {
+			return errs[i]
+		} else if res == nil {
 			continue
-		}
-		s.onGPU(block, ls)
-		in := s.inputs[hessianKey(b.Index, p.Group)]
-		if in == nil || in.rows() == 0 {
-			return fmt.Errorf("block %d: no calibration inputs reached %s", b.Index, p.Group)
-		}
-		mean, err := in.meanAbs()
-		if err != nil {
-			return fmt.Errorf("block %d, input of %s: %w", b.Index, strings.Join(p.Group.Modules(), ", "), err)
-		}
-		res, err := in.searchScale(mean, ls, s.opt)
-		if err != nil {
-			return fmt.Errorf("block %d, %s: %w", b.Index, p.Group, err)
 		}
 		scales[i] = res.Scales
 		s.r.logf("awq block %d %s: α %.2f, output error %.4g (α=0: %.4g, %.1f%% lower)\n",
@@ -341,28 +461,57 @@ func (s *awqScaler) scaleBlock(b *model.Block) error {
 	return nil
 }
 
+// searchPair searches pair p's scale on its inputs; nil when none of its linears is planned.
+func (s *awqScaler) searchPair(b *model.Block, p awq.Pair) (*awq.ScaleResult, error) {
+	var ls []awq.Linear
+	var block []*model.Linear
+	for _, g := range p.Groups() {
+		ls, block = append(ls, s.linears(b, g)...), append(block, b.Linears(g)...)
+	}
+	if !anyPlanned(ls) {
+		return nil, nil
+	}
+	in := s.inputs[hessianKey(b.Index, p.Group)]
+	if in == nil || in.rows() == 0 {
+		return nil, fmt.Errorf("block %d: no calibration inputs reached %s", b.Index, p.Group)
+	}
+	if d, ok := in.(deviceInputs); ok {
+		s.onGPU(d.shard, block, ls)
+	}
+	mean, err := in.meanAbs()
+	if err != nil {
+		return nil, fmt.Errorf("block %d, input of %s: %w", b.Index, strings.Join(p.Group.Modules(), ", "), err)
+	}
+	res, err := in.searchScale(mean, ls, s.opt)
+	if err != nil {
+		return nil, fmt.Errorf("block %d, %s: %w", b.Index, p.Group, err)
+	}
+	return &res, nil
+}
+
 // awqFoldOnGPU lets awq+gptq fold a dense block's scales into the GPU engine's copy of its
 // weights (tests turn it off to compare with the host's fold and upload).
 var awqFoldOnGPU = true
 
-// foldOnGPU folds the scales into the engine's copy of a dense block under awq+gptq, where the
+// foldOnGPU folds the scales into the engines' copies of a dense block under awq+gptq, where the
 // host's weights are only needed again by GPTQ's step after the next observing pass: the host
 // folds its copy meanwhile (s.folding[b] closes when it is done, the block's kept tensors
 // delivered), and the folded weights are not uploaded again. It reports whether it did.
 func (s *awqScaler) foldOnGPU(b *model.Block, pairs []awq.Pair, scales [][]float32) (bool, error) {
-	if !awqFoldOnGPU || s.gpu == nil || !s.gptq || b.MoE != nil {
+	if !awqFoldOnGPU || s.gpus == nil || !s.gptq || b.MoE != nil {
 		return false, nil
 	}
-	e := s.r.gpu.first()
-	for i, p := range pairs {
-		if scales[i] != nil {
-			if err := awq.FoldOnGPU(e, b, p, scales[i]); err != nil {
-				return false, fmt.Errorf("block %d: folding AWQ's scales on the GPU: %w", b.Index, err)
+	for _, e := range s.r.gpu.engines() {
+		for i, p := range pairs {
+			if scales[i] != nil {
+				if err := awq.FoldOnGPU(e, b, p, scales[i]); err != nil {
+					return false, fmt.Errorf("block %d: folding AWQ's scales on GPU %d: %w", b.Index, e.Device().Info().Ordinal, err)
+				}
 			}
 		}
-	}
-	if err := e.KeepDeviceWeights(); err != nil {
-		return false, err
+		if err := e.KeepDeviceWeights(); err != nil {
+			return false, err
+		}
 	}
 	done := make(chan struct{})
 	s.folding[b.Index] = done
@@ -391,14 +540,19 @@ func (s *awqScaler) linears(b *model.Block, g model.Group) []awq.Linear {
 	return ls
 }
 
-// onGPU points each linear at the engine's copy of its weights, when the block runs on the GPU
-// and has not been changed since it was uploaded (before any scale is folded).
-func (s *awqScaler) onGPU(block []*model.Linear, ls []awq.Linear) {
-	if s.gpu == nil {
-		return
-	}
+// onGPU points each linear at GPU shard's engine's copy of its weights, which has not been
+// changed since it was uploaded (before any scale is folded).
+func (s *awqScaler) onGPU(shard int, block []*model.Linear, ls []awq.Linear) {
+	e := s.r.gpu.shards[shard].e
 	for i, l := range block { // ls was made from block, in its order
-		ls[i].OnGPU, _ = s.r.gpu.first().LinearWeights(l)
+		ls[i].OnGPU, _ = e.LinearWeights(l)
+	}
+}
+
+// synchronize waits for every GPU's searches.
+func (s *awqScaler) synchronize() {
+	for _, g := range s.gpus {
+		g.Synchronize()
 	}
 }
 
@@ -412,53 +566,86 @@ func anyPlanned(ls []awq.Linear) bool {
 }
 
 // quantizeBlock clips (all but q and k, whose errors meet in the q·k product) and quantizes each
-// planned linear of the scaled block, puts the dequantized weights back and delivers them. An
-// expert calibrated on every token clips its gate/up on every token's inputs.
+// planned linear of the scaled block, puts the dequantized weights back and delivers them (on
+// several GPUs, each GPU the linears whose inputs it holds, at once). An expert calibrated on
+// every token clips its gate/up on every token's inputs.
 func (s *awqScaler) quantizeBlock(b *model.Block) error {
+	defer func(start time.Time) { s.clipAndQuantize += time.Since(start) }(time.Now())
+	type job struct {
+		l    awq.Linear
+		in   groupInputs
+		line string
+		err  error
+	}
+	var jobs []*job
+	lanes := map[int][]*job{} // by the GPU whose inputs the clipping search reads (0: the CPU, or one GPU)
 	for _, g := range b.Groups() {
 		in := s.inputs[hessianKey(b.Index, s.r.experts.source(b.Index, g))]
+		d, _ := in.(deviceInputs)
 		for _, l := range s.linears(b, g) {
-			if l.Scheme == nil {
-				continue
+			if l.Scheme != nil {
+				j := &job{l: l, in: in}
+				jobs, lanes[d.shard] = append(jobs, j), append(lanes[d.shard], j)
 			}
-			if err := s.quantizeLinear(b, l, in); err != nil {
-				err = fmt.Errorf("tensor %s.weight: %w", l.Name, err)
-				s.r.results[l.Name] <- gptqResult{err: err}
-				return err
+		}
+	}
+	var quantizing sync.WaitGroup
+	for _, lane := range lanes {
+		quantizing.Go(func() {
+			for _, j := range lane {
+				if j.line, j.err = s.quantizeLinear(b, j.l, j.in); j.err != nil {
+					return
+				}
 			}
+		})
+	}
+	quantizing.Wait()
+	for _, j := range jobs {
+		if j.err != nil {
+			err := fmt.Errorf("tensor %s.weight: %w", j.l.Name, j.err)
+			s.r.results[j.l.Name] <- gptqResult{err: err}
+			return err
+		}
+		if j.line != "" {
+			s.r.logf("%s\n", j.line)
 		}
 	}
 	return nil
 }
 
-func (s *awqScaler) quantizeLinear(b *model.Block, l awq.Linear, in groupInputs) error {
+// quantizeLinear clips and quantizes l and delivers it; it returns the log's line.
+func (s *awqScaler) quantizeLinear(b *model.Block, l awq.Linear, in groupInputs) (string, error) {
 	line := fmt.Sprintf("awq %s %s", l.Name, l.Scheme)
 	isQK := strings.HasSuffix(l.Name, ".q_proj") || strings.HasSuffix(l.Name, ".k_proj")
+	var clip time.Duration
 	if !s.noClip && !isQK && in != nil && in.rows() > 0 {
 		start := time.Now()
 		res, err := in.searchClip(l, s.opt)
 		if err != nil {
-			return err
+			return "", err
 		}
-		s.clip += time.Since(start)
+		clip = time.Since(start)
 		line += fmt.Sprintf(": clipped %d groups, group output error %.4g → %.4g", res.Clipped, res.Err0, res.Err)
 	}
 	start := time.Now()
 	t, err := blockwise.Quantize(l.W, l.Out, l.In, *l.Scheme, blockwise.Options{})
 	if err != nil {
-		return err
+		return "", err
 	}
 	ml, err := b.Linear(l.Name)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := ml.SetWeight(t.Dequantize(ml.W)); err != nil { // in place: the scaled W is no longer needed
-		return err
+		return "", err
 	}
-	s.quantize += time.Since(start)
-	s.r.logf("%s, %.0fms\n", line, 1000*time.Since(start).Seconds())
+	quantize := time.Since(start)
+	s.mu.Lock()
+	s.clip += clip
+	s.quantize += quantize
+	s.mu.Unlock()
 	s.r.results[l.Name] <- gptqResult{t: t}
-	return nil
+	return fmt.Sprintf("%s, %.0fms", line, 1000*quantize.Seconds()), nil
 }
 
 // deliverKept hands the writer the block's unquantized tensors after folding (copies: the block's
@@ -558,8 +745,9 @@ func (h hostInputs) searchClip(l awq.Linear, opt awq.Options) (awq.ClipResult, e
 }
 
 type deviceInputs struct {
-	in *awq.DeviceInputs
-	g  *awq.GPUSearch
+	in    *awq.DeviceInputs
+	g     *awq.GPUSearch
+	shard int // the GPU whose engine and search these are
 }
 
 func (d deviceInputs) rows() int { return d.in.Rows }

@@ -214,7 +214,7 @@ func commitOutput(out *safetensors.CheckpointWriter, hashes *inputHashes, report
 func setupMethod(opt Options, items []Item, f packing.Format, opening *modelOpening) (*gpu, *blockRunner, error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
 	devices := opt.Devices
-	if opt.Method != GPTQ { // only GPTQ's calibration shares its work among GPUs
+	if !opt.Method.Calibrates() || opt.Method.Scales() && awqOnOneGPU(items) { // RTN's kernels run on one GPU
 		devices = []int{0}
 		if len(opt.Devices) > 0 {
 			devices = opt.Devices[:1]

@@ -55,15 +55,11 @@ type deviceGram struct {
 	k, n int            // width, rows accumulated
 }
 
-// calibrateOnGPU runs the calibration through the GPU forward pass with cal observing: the
-// runner itself for GPTQ, on every GPU it has (data-parallel: model.CalibrateSharded; with
-// experts, the tokens routed to each are counted over all the GPUs), or its AWQ scaler for
-// AWQ, on the first GPU.
-func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPUCalibrator, opt model.CalibrateOptions) error {
+// calibrateOnGPU runs the calibration through the GPU forward pass with cal observing (the
+// runner itself for GPTQ, its AWQ scaler for AWQ) on every GPU it has (data-parallel:
+// model.CalibrateSharded; with experts, the tokens routed to each are counted over all the GPUs).
+func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal shardedCalibrator, opt model.CalibrateOptions) error {
 	devs := r.devs[:min(len(r.devs), len(seqs))]
-	if cal != model.GPUCalibrator(r) {
-		devs = devs[:1]
-	}
 	r.gpu = &gpuCapture{}
 	defer r.gpu.free()
 	engines, err := r.engines(devs, m.Config)
@@ -80,12 +76,12 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 	if len(devs) == 1 {
 		err = r.gpu.first().Calibrate(m, seqs, cal, opt)
 	} else {
-		err = model.CalibrateSharded(r.gpu.engines(), m, seqs, r, opt)
+		err = model.CalibrateSharded(r.gpu.engines(), m, seqs, cal, opt)
 	}
 	if err != nil {
 		return err
 	}
-	if cal == model.GPUCalibrator(r) { // GPTQ's pass: every linear is solved
+	if cal == shardedCalibrator(r) { // GPTQ's pass: every linear is solved
 		go r.closeSolvers() // the solvers' memory goes while the engines' does and the writer finishes
 	}
 	total := time.Since(start)
@@ -107,6 +103,12 @@ func (r *blockRunner) calibrateOnGPU(m *model.Model, seqs [][]int, cal model.GPU
 		r.method, gpuNames(devs), r.setup.Seconds(), len(seqs), len(seqs[0]), total.Seconds(), (total - r.gpu.solve).Seconds(),
 		ct.Upload.Seconds(), ct.Observe.Seconds(), ct.Refresh.Seconds(), ct.Output.Seconds(), r.gpu.solve.Seconds(), sums, strings.Join(peaks, ", "))
 	return nil
+}
+
+// shardedCalibrator observes a calibration on one GPU or on several.
+type shardedCalibrator interface {
+	model.GPUCalibrator
+	model.ShardedCalibrator
 }
 
 // newEngines makes a calibration engine on each GPU, all at once (each loads its kernels and
@@ -311,7 +313,7 @@ func gpuNames(devs []*cuda.Device) string {
 	return fmt.Sprintf("%d × %s", len(devs), devs[0].Info().Name)
 }
 
-// first is the first GPU's engine (AWQ's scaler works with it alone).
+// first is the first GPU's engine.
 func (c *gpuCapture) first() *model.GPU { return c.shards[0].e }
 
 func (c *gpuCapture) engines() []*model.GPU {
