@@ -118,7 +118,11 @@ func loadBlock(cfg *Config, r *tensorReader, rope *ropeTable, i int) (*Block, er
 		{&b.O, "self_attn.o_proj", h, q},
 	}
 	var reads errgroup.Group
-	reads.SetLimit(blockReaders(cfg.SparseBlock(i)))
+	readers := r.readers
+	if readers == 0 {
+		readers = blockReaders(cfg.SparseBlock(i))
+	}
+	reads.SetLimit(readers)
 	if cfg.SparseBlock(i) {
 		if b.MoE, err = loadMoE(cfg, r, i, &reads); err != nil { // (refused before any read is queued)
 			return nil, err

@@ -446,3 +446,10 @@ func (e *GPU) toBF16(dst, src cuda.DevicePtr, n int) error {
 
 // Synchronize waits for the engine's queued work.
 func (e *GPU) Synchronize() error { return e.dev.SynchronizeStream(e.stream) }
+
+// Download copies src (device memory) into dst after the work queued on the engine's stream,
+// through its pinned buffer: unlike a synchronous copy, it waits for no other stream of the GPU
+// (the weights uploaded ahead, a solver's work). The engine must not be running elsewhere.
+func (e *GPU) Download(dst []byte, src cuda.DevicePtr) error {
+	return e.stager.CopyFromDevice(dst, src, e.stream)
+}

@@ -1,7 +1,9 @@
 package model
 
 import (
+	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/qpack-dev/qpack/cuda"
 )
@@ -16,6 +18,162 @@ func (e *GPU) LinearKL(m *Model, seqs [][]int, replace Replacement, memBytes int
 		return nil, err
 	}
 	return linearKL(m, &gpuProbe{e: e, m: m, seqs: seqs, slot: streamBytes(m, seqs)}, streamBytes(m, seqs), replace, memBytes, progress)
+}
+
+// LinearKLSharded is LinearKL on several GPUs (engines, one each): the probes' streams are dealt
+// to the GPUs in turn, each GPU runs the reference stream beside its own, and every block goes up
+// to every GPU once per sweep. memBytes bounds each GPU's hidden states.
+func LinearKLSharded(engines []*GPU, m *Model, seqs [][]int, replace Replacement, memBytes int64, progress Progress) (map[string]float64, error) {
+	if len(engines) == 1 {
+		return engines[0].LinearKL(m, seqs, replace, memBytes, progress)
+	}
+	if err := checkProbeSeqs(m, seqs); err != nil {
+		return nil, err
+	}
+	sp := &shardedProbe{}
+	for _, e := range engines {
+		if err := e.accepts(m); err != nil {
+			return nil, err
+		}
+		sp.parts = append(sp.parts, &gpuProbe{e: e, m: m, seqs: seqs, slot: streamBytes(m, seqs)})
+	}
+	n, slot := int64(len(engines)), streamBytes(m, seqs)
+	return linearKL(m, sp, slot, replace, n*memBytes-2*(n-1)*slot, progress) // the reference and last slot on each GPU
+}
+
+// shardedProbe is the probe engine of several GPUs: slot 0 (the reference) and the last slot
+// (the next sweep's start) are on every GPU, and stream s (1 ≤ s ≤ streams) on GPU (s−1) mod n,
+// the GPU's local slot (s−1)/n + 1: the streams begun before a block are a prefix of every GPU's
+// local slots. Each GPU's work is queued on its own stream, so a probe on one GPU runs while the
+// next is prepared on another.
+type shardedProbe struct {
+	parts   []*gpuProbe
+	streams int // slots between the reference and the last
+}
+
+// local returns the GPU holding stream slot and the slot's number there.
+func (s *shardedProbe) local(slot int) (*gpuProbe, int, error) {
+	if slot < 1 || slot > s.streams {
+		return nil, 0, fmt.Errorf("model: probe: slot %d is no stream of 1–%d", slot, s.streams)
+	}
+	n := len(s.parts)
+	return s.parts[(slot-1)%n], (slot-1)/n + 1, nil
+}
+
+// localCount is how many of slots [0, to) (the reference and streams) GPU i holds.
+func (s *shardedProbe) localCount(i, to int) int {
+	if to-2 < i { // stream i+1, its first, is not below to
+		return 1
+	}
+	return 2 + (to-2-i)/len(s.parts) // streams i+1, i+1+n, … below to
+}
+
+// lastLocal is the local number of the last slot (the next sweep's start) on each GPU.
+func (s *shardedProbe) lastLocal() int { return (s.streams+len(s.parts)-1)/len(s.parts) + 1 }
+
+// each runs f for every GPU at once.
+func (s *shardedProbe) each(f func(i int, p *gpuProbe) error) error {
+	errs := make([]error, len(s.parts))
+	var all sync.WaitGroup
+	for i, p := range s.parts {
+		all.Go(func() { errs[i] = f(i, p) })
+	}
+	all.Wait()
+	return errors.Join(errs...)
+}
+
+func (s *shardedProbe) alloc(n int) error {
+	s.streams = n - 2
+	return s.each(func(_ int, p *gpuProbe) error { return p.alloc(s.lastLocal() + 1) })
+}
+
+func (s *shardedProbe) embed(slot int) error {
+	if slot != 0 {
+		return fmt.Errorf("model: probe: embedding into slot %d", slot)
+	}
+	return s.each(func(_ int, p *gpuProbe) error { return p.embed(0) })
+}
+
+// copy copies the reference into a stream (on its GPU), or between the reference and the last
+// slot (on every GPU).
+func (s *shardedProbe) copy(dst, src int) error {
+	last := s.streams + 1
+	switch {
+	case dst == last && src == 0:
+		return s.each(func(_ int, p *gpuProbe) error { return p.copy(s.lastLocal(), 0) })
+	case dst == 0 && src == last:
+		return s.each(func(_ int, p *gpuProbe) error { return p.copy(0, s.lastLocal()) })
+	case src == 0:
+		p, l, err := s.local(dst)
+		if err != nil {
+			return err
+		}
+		return p.copy(l, 0)
+	}
+	return fmt.Errorf("model: probe: copying slot %d into slot %d", src, dst)
+}
+
+// enter puts b on every GPU, each uploading a share of its bytes from the host and copying the
+// others' from the GPUs that uploaded them (uploadShards).
+func (s *shardedProbe) enter(b *Block) error {
+	engines := make([]*GPU, len(s.parts))
+	for i, p := range s.parts {
+		engines[i] = p.e
+	}
+	gs, err := uploadShards(engines, b)
+	if err != nil {
+		freeShards(engines, gs)
+		return err
+	}
+	for i, p := range s.parts {
+		p.block, p.lin = gs[i], gs[i].lin
+	}
+	return nil
+}
+
+func (s *shardedProbe) leave() error {
+	return s.each(func(_ int, p *gpuProbe) error { return p.leave() })
+}
+
+// forward runs the entered block over slots [from, to): one stream on its GPU, or the reference
+// and the streams before to on every GPU.
+func (s *shardedProbe) forward(from, to int) error {
+	if from == 0 {
+		return s.each(func(i int, p *gpuProbe) error { return p.forward(0, s.localCount(i, to)) })
+	}
+	p, l, err := s.local(from)
+	if err != nil || to != from+1 {
+		return errors.Join(err, fmt.Errorf("model: probe: running slots %d to %d", from, to))
+	}
+	return p.forward(l, l+1)
+}
+
+func (s *shardedProbe) swap(slot int, l *Linear, w []float32) error {
+	p, local, err := s.local(slot)
+	if err != nil {
+		return err
+	}
+	return p.swap(local, l, w)
+}
+
+func (s *shardedProbe) restore(slot int, l *Linear) error {
+	p, local, err := s.local(slot)
+	if err != nil {
+		return err
+	}
+	return p.restore(local, l)
+}
+
+func (s *shardedProbe) meanKL(ref, slot int) (float64, error) {
+	p, l, err := s.local(slot)
+	if err != nil || ref != 0 {
+		return 0, errors.Join(err, fmt.Errorf("model: probe: comparing slot %d with slot %d", slot, ref))
+	}
+	return p.meanKL(0, l)
+}
+
+func (s *shardedProbe) close() error {
+	return s.each(func(_ int, p *gpuProbe) error { return p.close() })
 }
 
 // gpuProbe is the probe engine of the GPU forward pass.
@@ -75,29 +233,45 @@ func (p *gpuProbe) forward(from, to int) error {
 }
 
 // swap keeps a device copy of l's weights and uploads w in their place, after the work
-// queued with the weights there now.
-func (p *gpuProbe) swap(l *Linear, w []float32) error {
+// queued with the weights there now, and rounds them to the 16 bits the GEMMs read, if they do.
+func (p *gpuProbe) swap(_ int, l *Linear, w []float32) error {
 	if err := p.e.Synchronize(); err != nil { // before a larger buffer replaces one in use
 		return err
 	}
-	dst := p.lin[l].w
+	d := p.lin[l]
 	saved, err := p.e.buffer("probe.saved", 4*len(w))
 	if err != nil {
 		return err
 	}
-	if err := p.e.dev.CopyDeviceAsync(saved, dst, 4*len(w), p.e.stream); err != nil {
+	if err := p.e.dev.CopyDeviceAsync(saved, d.w, 4*len(w), p.e.stream); err != nil {
 		return err
 	}
-	return p.e.stager.CopyToDevice(dst, cuda.Bytes(w), p.e.stream)
+	if err := p.e.stager.CopyToDevice(d.w, cuda.Bytes(w), p.e.stream); err != nil {
+		return err
+	}
+	return p.round(d)
 }
 
-// restore puts back the weights swap saved.
-func (p *gpuProbe) restore(l *Linear) error {
+// restore puts back the weights swap saved (and their 16-bit copy, rounded again: the same bits).
+func (p *gpuProbe) restore(_ int, l *Linear) error {
 	saved, err := p.e.buffer("probe.saved", 4*len(l.W))
 	if err != nil {
 		return err
 	}
-	return p.e.dev.CopyDeviceAsync(p.lin[l].w, saved, 4*len(l.W), p.e.stream)
+	d := p.lin[l]
+	if err := p.e.dev.CopyDeviceAsync(d.w, saved, 4*len(l.W), p.e.stream); err != nil {
+		return err
+	}
+	return p.round(d)
+}
+
+// round makes d's 16-bit copy from its float32 weights, where the engine's GEMMs read one
+// (GPUOptions.F16, BF16): without it, a swapped weight would not reach the forward pass.
+func (p *gpuProbe) round(d *gpuLinear) error {
+	if d.wb == 0 {
+		return nil
+	}
+	return p.e.roundLinear(d)
 }
 
 func (p *gpuProbe) meanKL(ref, slot int) (float64, error) {

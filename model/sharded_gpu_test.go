@@ -123,16 +123,7 @@ func TestGPUShardedCalibrationMatchesCPU(t *testing.T) {
 }
 
 func testShardedCalibration(t *testing.T, cfg *Config, engines int, opt CalibrateOptions) {
-	var es []*GPU
-	for _, dev := range gputest.OpenMany(t, engines) {
-		e, err := newGPU(dev, cfg, GPUOptions{}, gputest.PTX(t, modelPTX, *gpuPTX), gputest.Cubins(*gpuPTX, modelCubinSM90)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.poison, e.chunkRows = true, 50
-		t.Cleanup(func() { e.Close() })
-		es = append(es, e)
-	}
+	es := openGPUs(t, cfg, GPUOptions{}, 50, engines)
 	r := freshRand(t)
 	w := randomWeights(cfg, false, !cfg.TieEmbeddings, r)
 	seqs := make([][]int, 7)

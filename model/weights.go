@@ -72,10 +72,11 @@ func loadTensor(w Weights, name string, shape ...int) ([]float32, error) {
 // on 16 cores, held up every other thread of the process that touched its memory map meanwhile,
 // and outlasted a block's calibration on four GPUs.
 type tensorReader struct {
-	w     Weights
-	spare func(n int) []float32 // nil, or a slice of n values to overwrite (nil when it has none)
-	mu    sync.Mutex            // owned, as a block's tensors are read at once (loadBlock)
-	owned [][]float32
+	w       Weights
+	spare   func(n int) []float32 // nil, or a slice of n values to overwrite (nil when it has none)
+	readers int                   // how many of a block's linears are read at once (0: blockReaders)
+	mu      sync.Mutex            // owned, as a block's tensors are read at once (loadBlock)
+	owned   [][]float32
 }
 
 func (r *tensorReader) tensor(name string, shape ...int) ([]float32, error) {
