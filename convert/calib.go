@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/dataset"
+	"github.com/qpack-dev/qpack/internal/timeline"
 	"github.com/qpack-dev/qpack/model"
 )
 
@@ -131,63 +134,108 @@ func (e *channelEnergy) means(sums map[string][]float64) map[string][]float32 {
 	return out
 }
 
-// gpuChannelEnergy gathers channelEnergy's sums on the GPU (model.GPU.AddChannelStats) and
-// brings each block's sums to the host when the block is done.
+// gpuChannelEnergy gathers channelEnergy's sums on the GPUs (model.GPU.AddChannelStats), one
+// partial sum per GPU over its share of the sequences, and brings each block's sums to the host
+// when the block is done, the GPUs' added in order. Each GPU's buffers are kept from block to
+// block (by group), zeroed on the stream at their first use in a block and read back on it:
+// allocating, freeing and copying synchronously each block waited for all of a GPU's streams,
+// the next block's upload included.
 type gpuChannelEnergy struct {
 	*channelEnergy
-	e      *model.GPU
-	device map[string]cuda.DevicePtr // "block/group" → Σ x² then Σ |x| per channel, float64
+	engines []*model.GPU
+	buffers []map[model.Group]deviceSums // each GPU's buffers, by group
+	mu      sync.Mutex                   // buffers, the sums' maps and the expert counts while the GPUs observe at once
+}
+
+// deviceSums is one GPU's Σ x² then Σ |x| (cols float64 each) of a group, and the block whose
+// sums it holds.
+type deviceSums struct {
+	p     cuda.DevicePtr
+	cols  int
+	block int
 }
 
 func (g *gpuChannelEnergy) ObserveGPU(block int, gr model.Group, x cuda.DevicePtr, rows, cols int) error {
+	return g.ObserveShard(0, block, gr, x, rows, cols)
+}
+
+// ObserveShard adds x's channel sums to GPU shard's partial sums of the group.
+func (g *gpuChannelEnergy) ObserveShard(shard, block int, gr model.Group, x cuda.DevicePtr, rows, cols int) error {
+	p, err := g.partial(shard, block, gr, rows, cols)
+	if err != nil {
+		return err
+	}
+	return g.engines[shard].AddChannelStats(p, p.Add(8*cols), x, rows, cols)
+}
+
+// partial returns GPU shard's sums of group gr, zeroed on their first use in block, with rows
+// counted.
+func (g *gpuChannelEnergy) partial(shard, block int, gr model.Group, rows, cols int) (cuda.DevicePtr, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	key := energyKey(block, gr)
-	p, ok := g.device[key]
-	if !ok {
-		var err error
-		if p, err = g.e.Device().Alloc(16 * cols); err != nil {
-			return err
-		}
-		g.device[key] = p
-		if err := g.e.Device().Fill32(p, 0, 4*cols); err != nil {
-			return err
-		}
+	if _, ok := g.sums[key]; !ok {
 		g.sums[key], g.abs[key] = make([]float64, cols), make([]float64, cols)
 		g.experts.start(block, gr)
 	}
 	g.experts.add(block, gr, rows)
 	g.tokens[key] += rows
-	return g.e.AddChannelStats(p, p.Add(8*cols), x, rows, cols)
+	e, d := g.engines[shard], g.buffers[shard][gr]
+	if d.p != 0 && d.block == block {
+		return d.p, nil
+	}
+	if d.p != 0 && d.cols != cols {
+		e.Device().Free(d.p)
+		d.p = 0
+	}
+	if d.p == 0 {
+		p, err := e.Device().Alloc(16 * cols)
+		if err != nil {
+			return 0, err
+		}
+		d = deviceSums{p: p, cols: cols}
+	}
+	d.block = block
+	g.buffers[shard][gr] = d
+	return d.p, e.Device().Fill32Async(d.p, 0, 4*cols, e.Stream())
 }
 
-// Update downloads the block's sums (the engine has finished the block's pass) and refuses
+// Update adds up the block's sums (every GPU has finished the block's pass) and refuses
 // non-finite ones: a NaN or Inf activation somewhere in that input.
 func (g *gpuChannelEnergy) Update(b *model.Block, groups []model.Group) error {
+	defer timeline.Begin(timeline.Host, "statistics of block %d", b.Index)()
 	for _, gr := range groups {
 		key := energyKey(b.Index, gr)
-		p, ok := g.device[key]
-		if !ok {
+		cols := len(g.sums[key])
+		if cols == 0 {
 			continue
 		}
-		both := make([]float64, 2*len(g.sums[key]))
-		err := g.e.Device().CopyFromDevice(cuda.Bytes(both), p)
-		g.e.Device().Free(p)
-		copy(g.sums[key], both)
-		copy(g.abs[key], both[len(g.sums[key]):])
-		delete(g.device, key)
-		if err != nil {
-			return err
+		both := make([]float64, 2*cols)
+		for i, e := range g.engines {
+			d := g.buffers[i][gr]
+			if d.p == 0 || d.block != b.Index {
+				continue // no token of this GPU's reached the group (an expert)
+			}
+			if err := e.Download(cuda.Bytes(both), d.p); err != nil {
+				return err
+			}
+			for c := range cols {
+				g.sums[key][c] += both[c]
+				g.abs[key][c] += both[cols+c]
+			}
 		}
-		if i := firstNonFinite64(both); i >= 0 {
-			i %= len(g.sums[key])
-			return fmt.Errorf("block %d: non-finite activation in the input of %s (channel %d)", b.Index, gr, i)
+		if i := firstNonFinite64(slices.Concat(g.sums[key], g.abs[key])); i >= 0 {
+			return fmt.Errorf("block %d: non-finite activation in the input of %s (channel %d)", b.Index, gr, i%cols)
 		}
 	}
 	return g.channelEnergy.Update(b, groups)
 }
 
 func (g *gpuChannelEnergy) free() {
-	for _, p := range g.device {
-		g.e.Device().Free(p)
+	for i, bufs := range g.buffers {
+		for _, d := range bufs {
+			g.engines[i].Device().Free(d.p)
+		}
 	}
 }
 
@@ -204,7 +252,7 @@ func firstNonFinite64(v []float64) int {
 // allows, each block once (observing only) — and returns each decoder linear's input-channel
 // energy (mean x²) and mean |x|, logging a line per block.
 // The GPU's GEMMs round as calibMath says (Options.CalibMath).
-func measureImportance(ctx context.Context, src string, c *Calibration, device, calibMath string, experts ExpertOptions, logf func(format string, args ...any)) (energy, meanAbs map[string][]float32, err error) {
+func measureImportance(ctx context.Context, src string, c *Calibration, device string, ordinals []int, calibMath string, experts ExpertOptions, logf func(format string, args ...any)) (energy, meanAbs map[string][]float32, err error) {
 	engine, err := calibEngineOptions(calibMath)
 	if err != nil {
 		return nil, nil, err
@@ -214,22 +262,24 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device, 
 		return nil, nil, err
 	}
 	defer m.Close()
-	dev, note, err := cuda.Select(device)
+	devs, note, err := cuda.SelectMany(device, ordinals)
 	if note != "" {
 		logf("%s\n", note)
 	}
 	if err != nil {
 		return nil, nil, err
 	}
+	defer closeDevices(devs)
 	start, where := time.Now(), "the CPU"
 	e := newChannelEnergy(ctx, m.Config.Layers, len(c.seqs)*c.SeqLen, experts, logf)
-	opt := model.CalibrateOptions{ReleaseBlocks: true, ObserveOnly: true, Experts: e.experts.observation()}
-	if dev == nil {
+	// The statistics keep none of a block's slices: its memory goes to the next blocks' reads.
+	opt := model.CalibrateOptions{ReleaseBlocks: true, RecycleBlocks: true, ObserveOnly: true, Experts: e.experts.observation()}
+	if devs == nil {
 		err = model.Calibrate(m, c.seqs, e, opt)
 	} else {
-		defer dev.Close()
-		where = dev.Info().Name
-		err = e.calibrateOnGPU(dev, m, c.seqs, opt, engine)
+		m.SetBlockReaders(gpuPassReaders) // the GPUs would wait for one thread's reads
+		where = gpuNames(devs[:min(len(devs), len(c.seqs))])
+		err = e.calibrateOnGPU(devs, m, c.seqs, opt, engine)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -266,19 +316,31 @@ func calibEngineOptions(name string) (model.GPUOptions, error) {
 	return model.GPUOptions{}, fmt.Errorf("calibration math %q: want %s, %s, %s, %s or %s", name, CalibTF32, CalibF16, CalibBF16, CalibGramBF16, CalibFP32)
 }
 
+// gpuPassReaders is how many of a block's linears the plan's passes on GPUs read at once
+// (model.Model.SetBlockReaders): an observing pass over a dense 7B block takes a fraction of its
+// read by one thread.
+const gpuPassReaders = 8
+
 // calibrationRounds lets the GPU's calibration passes round GEMM operands (to TF32, or scaled
 // to FP16: several times faster than float32). Tests that compare the GPU's choices with the
 // CPU's on mixtures of experts turn it off, so that each token's top-k experts are the same on both.
 var calibrationRounds = true
 
-// calibrateOnGPU runs the observing passes on the GPU with the GEMMs of engine.
-func (e *channelEnergy) calibrateOnGPU(dev *cuda.Device, m *model.Model, seqs [][]int, opt model.CalibrateOptions, engine model.GPUOptions) error {
-	eng, err := model.NewGPU(dev, m.Config, engine)
+// calibrateOnGPU runs the observing passes on the GPUs with the GEMMs of engine, each GPU over
+// its share of the sequences (model.CalibrateSharded) when there are several.
+func (e *channelEnergy) calibrateOnGPU(devs []*cuda.Device, m *model.Model, seqs [][]int, opt model.CalibrateOptions, engine model.GPUOptions) error {
+	engines, err := newEngines(devs[:min(len(devs), len(seqs))], m.Config, engine)
+	defer closeEngines(engines)
 	if err != nil {
 		return err
 	}
-	defer eng.Close()
-	g := &gpuChannelEnergy{channelEnergy: e, e: eng, device: map[string]cuda.DevicePtr{}}
+	g := &gpuChannelEnergy{channelEnergy: e, engines: engines}
+	for range engines {
+		g.buffers = append(g.buffers, map[model.Group]deviceSums{})
+	}
 	defer g.free()
-	return eng.Calibrate(m, seqs, g, opt)
+	if len(engines) == 1 {
+		return engines[0].Calibrate(m, seqs, g, opt)
+	}
+	return model.CalibrateSharded(engines, m, seqs, g, opt)
 }

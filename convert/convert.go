@@ -91,9 +91,11 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	held := holdGPUs(opt, calib)
+	defer closeDevices(held)
 	if opt.Imatrix && !opt.Method.Calibrates() && opt.importance == nil {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-		if opt.importance, _, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, opt.CalibMath, opt.Experts, logf); err != nil {
+		if opt.importance, _, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, opt.Devices, opt.CalibMath, opt.Experts, logf); err != nil {
 			return nil, err
 		}
 	}
@@ -125,6 +127,8 @@ func Convert(src, dst string, opt Options) (*Report, error) {
 	endSetup := timeline.Begin(timeline.Host, "set up the method")
 	g, runner, err := setupMethod(opt, items, f, opening)
 	endSetup()
+	closeDevices(held) // the method holds its own
+	held = nil
 	if err != nil {
 		return nil, err
 	}

@@ -114,12 +114,17 @@ type shardedCalibrator interface {
 // newEngines makes a calibration engine on each GPU, all at once (each loads its kernels and
 // makes its cuBLAS handle); on an error the engines made are returned with it, to be closed.
 func (r *blockRunner) newEngines(devs []*cuda.Device, cfg *model.Config) ([]*model.GPU, error) {
+	return newEngines(devs, cfg, r.math)
+}
+
+// newEngines makes an engine with options opt on each of devs, all at once.
+func newEngines(devs []*cuda.Device, cfg *model.Config, opt model.GPUOptions) ([]*model.GPU, error) {
 	engines := make([]*model.GPU, len(devs))
 	var making errgroup.Group
 	for i, dev := range devs {
 		making.Go(func() (err error) {
 			defer timeline.Begin(dev.Info().Ordinal, "calibration engine")()
-			if engines[i], err = model.NewGPU(dev, cfg, r.math); err == nil && cfg.Layers > 2 {
+			if engines[i], err = model.NewGPU(dev, cfg, opt); err == nil && cfg.Layers > 2 {
 				_ = engines[i].PrepareUploadsAhead() // on failure, tried again when the second block begins
 			}
 			return err

@@ -49,7 +49,7 @@ func testRTNImatrix(t *testing.T, s quant.Scheme, perTensor bool, gain float64) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	imp, _, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, "", ExpertOptions{}, func(string, ...any) {})
+	imp, _, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, nil, "", ExpertOptions{}, func(string, ...any) {})
 	if err != nil {
 		t.Fatal(err)
 	}

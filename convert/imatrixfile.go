@@ -92,7 +92,7 @@ func WriteImatrix(src, dst string, o ImatrixOptions) error {
 		return err
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(o.Log, format, args...) }
-	imp, _, err := measureImportance(o.Ctx, src, calib, o.Device, "", ExpertOptions{}, logf)
+	imp, _, err := measureImportance(o.Ctx, src, calib, o.Device, nil, "", ExpertOptions{}, logf)
 	if err != nil {
 		return err
 	}

@@ -54,7 +54,7 @@ func useCPUImportance(t *testing.T, src string, opt *Options) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if opt.importance, _, err = measureImportance(context.Background(), src, calib, DeviceCPU, "", ExpertOptions{}, func(string, ...any) {}); err != nil {
+	if opt.importance, _, err = measureImportance(context.Background(), src, calib, DeviceCPU, nil, "", ExpertOptions{}, func(string, ...any) {}); err != nil {
 		t.Fatal(err)
 	}
 }

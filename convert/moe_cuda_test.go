@@ -167,7 +167,7 @@ func compareWeightedErrors(t *testing.T, src string, opt Options, gpuDir, cpuDir
 	if err != nil {
 		t.Fatal(err)
 	}
-	imp, _, err := measureImportance(context.Background(), src, calib, DeviceCPU, "", opt.Experts, func(string, ...any) {})
+	imp, _, err := measureImportance(context.Background(), src, calib, DeviceCPU, nil, "", opt.Experts, func(string, ...any) {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,9 +57,10 @@ type Options struct {
 	Plan *alloc.Plan
 	// Device is where block-wise quantization runs: DeviceAuto (default), DeviceCPU or DeviceCUDA.
 	Device string
-	// Devices are the GPUs' ordinals, when Device lets the conversion use GPUs: GPTQ calibrates
-	// on all of them (data-parallel), everything else runs on the first; nil means every GPU the
-	// driver sees.
+	// Devices are the GPUs' ordinals, when Device lets the conversion use GPUs: GPTQ, AWQ and
+	// awq+gptq calibrate on all of them (data-parallel; AWQ of a mixture of experts or IQ types on
+	// the first), the plan's statistics pass and output probe run on all of them, RTN on the
+	// first; nil means every GPU the driver sees.
 	Devices []int
 	// CalibMath is how the GPU rounds the operands of the calibration's GEMMs (GPTQ's and AWQ's
 	// forward passes and Gram matrices, the plan's statistics and output probe): CalibF16

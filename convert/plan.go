@@ -81,14 +81,14 @@ func makePlan(ck *safetensors.Checkpoint, opt Options, f packing.Format, calib *
 	var meanAbs map[string][]float32
 	if importance == nil && calib != nil && needsMeasurement(opt.Alloc) {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-		if importance, meanAbs, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, opt.CalibMath, opt.Experts, logf); err != nil {
+		if importance, meanAbs, err = measureImportance(opt.context(), ck.Dir, calib, opt.Device, opt.Devices, opt.CalibMath, opt.Experts, logf); err != nil {
 			return nil, err
 		}
 	}
 	var alpha map[string]float64 // per module; nil: every tensor's relative error counts alike
 	if calib != nil && opt.Alloc.Strategy == alloc.StrategyBudget && opt.OutputProbe {
 		logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
-		if alpha, err = outputCoefficients(opt.context(), ck.Dir, calib, importance, opt.Device, opt.CalibMath, logf); err != nil {
+		if alpha, err = outputCoefficients(opt.context(), ck.Dir, calib, importance, opt.Device, opt.Devices, opt.CalibMath, logf); err != nil {
 			return nil, err
 		}
 	}

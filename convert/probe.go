@@ -44,7 +44,7 @@ const probeMemory = 8 << 30
 // model, and min-max groups cost a 7B's probe seconds where the weighted search would cost
 // minutes on the CPU.
 func outputCoefficients(ctx context.Context, src string, c *Calibration, importance map[string][]float32,
-	device, calibMath string, logf func(format string, args ...any)) (map[string]float64, error) {
+	device string, ordinals []int, calibMath string, logf func(format string, args ...any)) (map[string]float64, error) {
 	engine, err := calibEngineOptions(calibMath)
 	if err != nil {
 		return nil, err
@@ -81,27 +81,28 @@ func outputCoefficients(ctx context.Context, src string, c *Calibration, importa
 		errEnergy[l.Name] = e * e
 		return wq, nil
 	}
-	dev, note, err := cuda.Select(device)
+	devs, note, err := cuda.SelectMany(device, ordinals)
 	if note != "" {
 		logf("%s\n", note)
 	}
 	if err != nil {
 		return nil, err
 	}
+	defer closeDevices(devs)
 	start, where := time.Now(), "the CPU"
 	progress := func(done, total int) { logf("plan: output probe: %d of %d linears\n", done, total) }
 	var kl map[string]float64
-	if dev == nil {
+	if devs == nil {
 		kl, err = model.LinearKL(m, seqs, replace, probeMemory, progress)
 	} else {
-		defer dev.Close()
-		where = dev.Info().Name
-		var eng *model.GPU
-		if eng, err = model.NewGPU(dev, m.Config, engine); err != nil {
-			return nil, err
+		where = gpuNames(devs)
+		m.SetBlockReaders(gpuPassReaders)
+		var engines []*model.GPU
+		engines, err = newEngines(devs, m.Config, engine)
+		defer closeEngines(engines)
+		if err == nil {
+			kl, err = model.LinearKLSharded(engines, m, seqs, replace, probeMemory, progress)
 		}
-		defer eng.Close()
-		kl, err = eng.LinearKL(m, seqs, replace, probeMemory, progress)
 	}
 	if err != nil {
 		return nil, err

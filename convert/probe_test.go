@@ -29,11 +29,11 @@ func TestOutputProbe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	imp, _, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, "", ExpertOptions{}, nop)
+	imp, _, err := measureImportance(context.Background(), tiny, calib, DeviceCPU, nil, "", ExpertOptions{}, nop)
 	if err != nil {
 		t.Fatal(err)
 	}
-	alpha, err := outputCoefficients(context.Background(), tiny, calib, imp, DeviceCPU, "", nop)
+	alpha, err := outputCoefficients(context.Background(), tiny, calib, imp, DeviceCPU, nil, "", nop)
 	if err != nil {
 		t.Fatal(err)
 	}
