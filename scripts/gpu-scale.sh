@@ -59,13 +59,15 @@ for e in ${QPACK_7B:-0 0,1 $all}; do # GPU lists for the 7B (DEVICES[:MATH[:base
 	[[ -z $b ]] && app="--trace $OUT/7b-$n-$m.trace.json" # the timeline (a baseline build may not have --trace)
 	conv 7b-$n-$m$b 80 s7 "$app" --devices $d --calib-math $m || break
 done
-for e in ${QPACK_7B_OTHER:-}; do # awqgptq:MATH[:base] (128 × 512) or budget:MATH[:base] (plan 3.5 bpw + GPTQ, 128 × 512) on the first GPU
+for e in ${QPACK_7B_OTHER:-}; do # awqgptq:MATH[:DEVICES][:base] (128 × 512) or budget:MATH[:DEVICES][:base] (plan 3.5 bpw + GPTQ, 128 × 512); DEVICES 0 by default, e.g. 0-1-2-3
 	b=
 	[[ $e == *:base ]] && b=-base e=${e%:base}
-	m=${e#*:}
-	case ${e%%:*} in
-	awqgptq) conv 7b-awqgptq-$m$b 80 s7 "" --devices 0 --calib-math $m --method awq+gptq --calib-seqlen 512 ;;
-	budget) conv 7b-budget-$m$b 100 s7 "" --devices 0 --calib-math $m --calib-seqlen 512 --format qpack --strategy budget --target-bpw 3.5 \
+	IFS=: read kind m d <<<"$e"
+	d=${d:-0} && d=${d//-/,}
+	n=$(echo $d | tr , '\n' | wc -l)
+	case $kind in
+	awqgptq) conv 7b-awqgptq-$m-$n$b 80 s7 "" --devices $d --calib-math $m --method awq+gptq --calib-seqlen 512 ;;
+	budget) conv 7b-budget-$m-$n$b 100 s7 "" --devices $d --calib-math $m --calib-seqlen 512 --format qpack --strategy budget --target-bpw 3.5 \
 		--ladder int2-g64-asym,int3-g128-asym,int4-g128-asym,int8-g128-asym ;;
 	esac
 done
