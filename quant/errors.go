@@ -37,11 +37,14 @@ func WeightedRelativeError(w, wq []float32, n, k int, importance []float32) floa
 		panic(fmt.Sprintf("quant: WeightedRelativeError: %d weights and %d importances for %dx%d", len(w), len(importance), n, k))
 	}
 	var diff, norm float64
-	for i, v := range w {
-		imp := float64(importance[i%k])
-		d := float64(v) - float64(wq[i])
-		diff += imp * d * d
-		norm += imp * float64(v) * float64(v)
+	for r := range n { // row by row: the same sums, in the same order, without a division per value
+		row, rowQ := w[r*k:(r+1)*k], wq[r*k:(r+1)*k]
+		for c, v := range row {
+			imp := float64(importance[c])
+			d := float64(v) - float64(rowQ[c])
+			diff += imp * d * d
+			norm += imp * float64(v) * float64(v)
+		}
 	}
 	return ratio(diff, norm)
 }

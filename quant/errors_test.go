@@ -34,3 +34,20 @@ func TestErrorMeasures(t *testing.T) {
 		t.Errorf("RelativeError(0, x) = %v, want +Inf", got)
 	}
 }
+
+// BenchmarkWeightedRelativeError measures a 7B MLP weight's error (11008 × 4096), as the plan's
+// output probe does for each replaced linear.
+func BenchmarkWeightedRelativeError(b *testing.B) {
+	const n, k = 11008, 4096
+	w, wq, imp := make([]float32, n*k), make([]float32, n*k), make([]float32, k)
+	for i := range w {
+		w[i], wq[i] = float32(i%97)-48, float32(i%89)-44
+	}
+	for c := range imp {
+		imp[c] = float32(c%13) + 1
+	}
+	b.SetBytes(int64(8 * n * k))
+	for b.Loop() {
+		WeightedRelativeError(w, wq, n, k, imp)
+	}
+}
