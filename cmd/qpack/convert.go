@@ -57,6 +57,8 @@ func planFlags() []cli.Flag {
 		&cli.StringFlag{Name: "calib", Usage: "calibration data (text, or .npy token ids): sensitivity becomes the activation-weighted error"},
 		&cli.IntFlag{Name: "calib-samples", Value: 128, Usage: "calibration sequences"},
 		&cli.IntFlag{Name: "calib-seqlen", Value: 512, Usage: "tokens per calibration sequence"},
+		&cli.StringFlag{Name: "device", Value: "auto", Usage: "where the calibration passes and quantization run: auto (the GPU when there is one), cpu, or cuda (fail without a GPU, or for a tensor the GPU cannot do)"},
+		&cli.StringFlag{Name: "devices", Value: "all", Usage: "GPUs to use, e.g. 0,1 (ordinals as the driver counts them, after CUDA_VISIBLE_DEVICES): GPTQ, AWQ and awq+gptq calibrate on all of them, and the plan's statistics and output probe run on all; RTN runs on the first"},
 	}
 }
 
@@ -71,9 +73,7 @@ func convertCommand() *cli.Command {
 			&cli.BoolFlag{Name: "overwrite", Usage: "replace the output directory if it exists"},
 			&cli.StringFlag{Name: "report", Usage: "write a JSON report of the conversion to this file"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no per-tensor progress lines"},
-			&cli.StringFlag{Name: "device", Value: "auto", Usage: "where to quantize: auto (GPU when present), cpu, or cuda (fail without a GPU, or for a tensor the GPU cannot do)"},
 			&cli.BoolFlag{Name: "measure-error", Usage: "compute each weight's relative error ‖W−Ŵ‖/‖W‖ for the log and the report (costs a CPU dequantization per tensor)"},
-			&cli.StringFlag{Name: "devices", Value: "all", Usage: "GPUs to use, e.g. 0,1 (ordinals as the driver counts them, after CUDA_VISIBLE_DEVICES): GPTQ, AWQ and awq+gptq calibrate on all of them, and the plan's statistics and output probe run on all; RTN runs on the first"},
 			&cli.IntFlag{Name: "gpu-slots", Value: convert.DefaultGPUSlots, Usage: "tensors on the GPU at once (each holds pinned and GPU memory the size of the largest tensor)"},
 			&cli.StringFlag{Name: "input-hash", Value: convert.HashBLAKE3, Usage: "digest of each input file recorded in the provenance: blake3 (uses every core; b3sum prints it), sha256 (sha256sum and the Hub's LFS oid; one core per file) or none"},
 			&cli.BoolFlag{Name: "sync", Usage: "flush the output to disk before renaming it into place, so that it survives a power loss right after (runs at about the disk's write speed); without it a killed or failed run still leaves nothing that looks complete"},
@@ -121,10 +121,6 @@ func convertCommandOptions(c *cli.Context) (convert.Options, error) {
 		}
 	}
 	opt.Overwrite = c.Bool("overwrite")
-	opt.Device = c.String("device")
-	if opt.Devices, err = parseDevices(c.String("devices")); err != nil {
-		return opt, err
-	}
 	opt.MeasureError = c.Bool("measure-error")
 	opt.InputHash = c.String("input-hash")
 	opt.GPUSlots = c.Int("gpu-slots")
@@ -143,6 +139,10 @@ func convertOptions(c *cli.Context) (convert.Options, error) {
 	}
 	opt := method.DefaultOptions()
 	opt.Version = version
+	opt.Device = c.String("device")
+	if opt.Devices, err = parseDevices(c.String("devices")); err != nil {
+		return opt, err
+	}
 	opt.CalibMath = c.String("calib-math")
 	opt.Format = c.String("format")
 	opt.Clip = c.Bool("clip")
