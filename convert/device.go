@@ -129,9 +129,10 @@ func (g *gpu) close() {
 }
 
 // holdGPUs opens the GPUs that the plan's passes (statistics, output probe) will open and close
-// before the method opens them again: held from before the first pass until the method has its
-// own handles, each GPU's context is made once (0.1–0.5 s on each of four H100s, one after
-// another) instead of once per pass. Nil where no pass runs on GPUs; errors are left to the passes.
+// each, and a conversion's method after them: held from before the first pass until the method
+// has its own handles (or the plan is done), each GPU's context is made once (0.1–0.5 s on each of
+// four H100s, one after another) instead of once per pass. Nil where no pass runs on GPUs; errors
+// are left to the passes.
 func holdGPUs(opt Options, calib *Calibration) []*cuda.Device {
 	if calib == nil || opt.Plan != nil || opt.Device == DeviceCPU || !needsMeasurement(opt.Alloc) && !opt.Imatrix {
 		return nil

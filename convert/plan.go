@@ -53,6 +53,7 @@ func Plan(src string, opt Options) (*alloc.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer closeDevices(holdGPUs(opt, calib)) // the statistics pass and the probe make each context once
 	return makePlan(ck, opt, f, calib)
 }
 
