@@ -3,7 +3,6 @@ package model
 import (
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/qpack-dev/qpack/cuda"
 )
@@ -30,14 +29,14 @@ func LinearKLSharded(engines []*GPU, m *Model, seqs [][]int, replace Replacement
 	if err := checkProbeSeqs(m, seqs); err != nil {
 		return nil, err
 	}
-	sp := &shardedProbe{}
+	sp := &shardedProbe{engines: engines}
+	n, slot := int64(len(engines)), streamBytes(m, seqs)
 	for _, e := range engines {
 		if err := e.accepts(m); err != nil {
 			return nil, err
 		}
-		sp.parts = append(sp.parts, &gpuProbe{e: e, m: m, seqs: seqs, slot: streamBytes(m, seqs)})
+		sp.parts = append(sp.parts, &gpuProbe{e: e, m: m, seqs: seqs, slot: slot})
 	}
-	n, slot := int64(len(engines)), streamBytes(m, seqs)
 	return linearKL(m, sp, slot, replace, n*memBytes-2*(n-1)*slot, progress) // the reference and last slot on each GPU
 }
 
@@ -47,8 +46,9 @@ func LinearKLSharded(engines []*GPU, m *Model, seqs [][]int, replace Replacement
 // local slots. Each GPU's work is queued on its own stream, so a probe on one GPU runs while the
 // next is prepared on another.
 type shardedProbe struct {
-	parts   []*gpuProbe
-	streams int // slots between the reference and the last
+	engines []*GPU
+	parts   []*gpuProbe // parts[i] runs on engines[i]
+	streams int         // slots between the reference and the last
 }
 
 // local returns the GPU holding stream slot and the slot's number there.
@@ -73,13 +73,7 @@ func (s *shardedProbe) lastLocal() int { return (s.streams+len(s.parts)-1)/len(s
 
 // each runs f for every GPU at once.
 func (s *shardedProbe) each(f func(i int, p *gpuProbe) error) error {
-	errs := make([]error, len(s.parts))
-	var all sync.WaitGroup
-	for i, p := range s.parts {
-		all.Go(func() { errs[i] = f(i, p) })
-	}
-	all.Wait()
-	return errors.Join(errs...)
+	return eachEngine(s.engines, func(i int, _ *GPU) error { return f(i, s.parts[i]) })
 }
 
 func (s *shardedProbe) alloc(n int) error {
@@ -116,13 +110,9 @@ func (s *shardedProbe) copy(dst, src int) error {
 // enter puts b on every GPU, each uploading a share of its bytes from the host and copying the
 // others' from the GPUs that uploaded them (uploadShards).
 func (s *shardedProbe) enter(b *Block) error {
-	engines := make([]*GPU, len(s.parts))
-	for i, p := range s.parts {
-		engines[i] = p.e
-	}
-	gs, err := uploadShards(engines, b)
+	gs, err := uploadShards(s.engines, b)
 	if err != nil {
-		freeShards(engines, gs)
+		freeShards(s.engines, gs)
 		return err
 	}
 	for i, p := range s.parts {
