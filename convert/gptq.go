@@ -608,8 +608,8 @@ func (r *blockRunner) deliveryError() error {
 const gpuSolvers = 3
 
 // parallelSolves says whether a group whose Hessians are k×k is solved by every solver at once:
-// when their k²-sized buffers (24·k² bytes each: H and its factor in float64, H and T′ in
-// float32; 28·k² counted, as when an inverse was made too) take at most an eighth of the GPU's
+// when their k²-sized buffers (16·k² bytes each: H's factor in float64, H and T′ in float32;
+// 28·k² counted, as when H and an inverse were kept too) take at most an eighth of the GPU's
 // memory together. Other
 // groups (down_proj's Hessian of a 70B model alone is 23 GB) are solved one linear after
 // another by the first solver, so that only it grows to their size.

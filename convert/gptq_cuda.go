@@ -299,14 +299,15 @@ func closeEngines(engines []*model.GPU) {
 }
 
 // solverReserve estimates the GPU memory that GPTQ takes on each GPU at its largest, for the
-// engine to leave free (model.GPU.Reserve): the solver of the widest input (28·k² bytes counted
-// for H, its factor, H in float32 and T′, which take 24; about 13·n·k for a row share's weights, codes and the baseline's
-// product), two more solving a narrower group at once, and the widest Gram matrix. A
-// Llama-2-70B-shaped model needs 39 GB of it on one GPU, 32 GB on each of four.
+// engine to leave free (model.GPU.Reserve): the solver of the widest input (20·k² bytes counted
+// for H's factor in float64, H in float32 and T′, which take 16 (H itself is read from the Gram
+// matrix); about 13·n·k for a row share's weights, codes and the baseline's product), two more
+// solving a narrower group at once, and the widest Gram matrix. A Llama-2-70B-shaped model needs
+// 32 GB of it on one GPU, 25 GB on each of four.
 func solverReserve(cfg *model.Config, shards int) uint64 {
 	widest := uint64(max(cfg.Hidden, cfg.Intermediate, cfg.MoE.Intermediate, cfg.MoE.SharedIntermediate))
 	largest := uint64(cfg.Hidden) * widest / uint64(shards) // n·k of a row share of the largest linear
-	solver := func(k uint64) uint64 { return 28*k*k + 13*largest }
+	solver := func(k uint64) uint64 { return 20*k*k + 13*largest }
 	return solver(widest) + 2*solver(uint64(cfg.Hidden)) + 4*widest*widest
 }
 

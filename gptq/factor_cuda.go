@@ -52,6 +52,7 @@ func FactorGramOnAll(solvers []*GPUSolver, grams []cuda.DevicePtr, k int, scale 
 	start := time.Now()
 	for _, g := range solvers {
 		g.settle() // a solve's results may still be coming down through its stream and pinned buffer
+		defer func() { g.h = hSource{} }() // the Gram matrix is the caller's again
 	}
 	diags := make([][]float64, len(solvers))
 	err := eachSolver(solvers, func(i int, g *GPUSolver) (err error) {
@@ -81,7 +82,7 @@ func eachSolver(solvers []*GPUSolver, f func(i int, g *GPUSolver) error) error {
 	return errors.Join(errs...)
 }
 
-// factorAll makes the factors of the H in each solver's slotH, whose diagonal is diag: each
+// factorAll makes the factors of the H each solver reads (hSource), whose diagonal is diag: each
 // solver builds J·P·(H + λI)·Pᵀ·J, its Cholesky factor L and T′ from T = J·L·J; the damping
 // grows tenfold, up to MaxDamp, while the factorisation fails or T′ is not usable.
 func factorAll(solvers []*GPUSolver, diag []float64, k int, opt Options, start time.Time) ([]*Factor, error) {
@@ -129,8 +130,9 @@ func factorAll(solvers []*GPUSolver, diag []float64, k int, opt Options, start t
 	err := eachSolver(solvers, func(i int, g *GPUSolver) error {
 		defer g.mark("H in float32")()
 		// H in float32 for the baseline loss
+		h, gram, scale := g.hArgs()
 		err := g.fn.narrow.Launch(cuda.Dim3{X: (k*k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
-			g.bufs[slotH].ptr, g.bufs[slotH32].ptr, uint64(k*k))
+			h, gram, scale, g.bufs[slotH32].ptr, uint64(k*k))
 		if err == nil {
 			err = g.dev.SynchronizeStream(g.stream)
 		}
@@ -216,8 +218,9 @@ func (g *GPUSolver) buildDamped(k int, lambda float64) error {
 		return err
 	}
 	tiles := cuda.Dim3{X: (k + 31) / 32, Y: (k + 7) / 8, Z: 1}
+	h, gram, scale := g.hArgs()
 	return g.fn.buildFactor.Launch(tiles, cuda.Dim3{X: 32, Y: 8, Z: 1}, 0, g.stream,
-		g.bufs[slotH].ptr, g.bufs[slotRev].ptr, g.bufs[slotDead].ptr, int32(k), lambda, g.bufs[slotFactor].ptr)
+		h, gram, scale, g.bufs[slotRev].ptr, g.bufs[slotDead].ptr, int32(k), lambda, g.bufs[slotFactor].ptr)
 }
 
 // writeT writes T′ from the factor L in slotFactor into slotT, flagging bad entries.

@@ -50,7 +50,7 @@ const (
 type GPUSolver struct {
 	dev    *cuda.Device
 	module *cuda.Module
-	fn     struct{ buildFactor, unreverse, copyBlock, loadWeights, fitFixed, fitSearch, settle, block, squaredError, scaleGram, live, narrow, rowDot, dequantize, firstNonFinite cuda.Function }
+	fn     struct{ buildFactor, unreverse, copyBlock, loadWeights, fitFixed, fitSearch, settle, block, squaredError, gramDiagonal, live, narrow, rowDot, dequantize, firstNonFinite cuda.Function }
 	blas   *cuda.BLAS
 	solver *cuda.Solver
 	stream cuda.Stream
@@ -68,6 +68,26 @@ type GPUSolver struct {
 	resident bool
 	// finishing is closed when the last SolveFactored's Results has returned (nil: none pending)
 	finishing chan struct{}
+	// h is where the factorisation under way reads H
+	h hSource
+}
+
+// hSource is where a factorisation reads H: the float64 matrix in slotH (Quantize's H from the
+// host, the warm-up's) when gram is 0, else a calibration's K×K float32 Gram matrix times scale
+// (FactorGram), each entry widened and scaled as it is read: the same doubles, without slotH's
+// 8·K² bytes (68 GB of a 405B's down_proj, K = 53248, would not leave room on an 80 GB GPU).
+type hSource struct {
+	gram  cuda.DevicePtr
+	scale float64
+}
+
+// hArgs are the kernels' arguments for H (h_entry in kernels/gptq.cu): slotH, or no matrix and
+// the Gram matrix with its scale.
+func (g *GPUSolver) hArgs() (h, gram cuda.DevicePtr, scale float64) {
+	if g.h.gram != 0 {
+		return 0, g.h.gram, g.h.scale
+	}
+	return g.bufs[slotH].ptr, 0, 1
 }
 
 // rowsOf is rows [row, row+n) of a tensor that QuantizeGramRows fills.
@@ -158,7 +178,7 @@ func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver,
 		{&g.fn.buildFactor, "gptq_build_factor"}, {&g.fn.unreverse, "gptq_unreverse"}, {&g.fn.copyBlock, "gptq_copy_block"},
 		{&g.fn.loadWeights, "gptq_load_weights"}, {&g.fn.fitFixed, "gptq_fit_fixed"}, {&g.fn.fitSearch, "gptq_fit_search"},
 		{&g.fn.settle, "gptq_settle"}, {&g.fn.block, "gptq_block"}, {&g.fn.squaredError, "gptq_squared_error"},
-		{&g.fn.scaleGram, "gptq_scale_gram"}, {&g.fn.live, "gptq_live"}, {&g.fn.narrow, "gptq_narrow"}, {&g.fn.rowDot, "gptq_row_dot"},
+		{&g.fn.gramDiagonal, "gptq_gram_diagonal"}, {&g.fn.live, "gptq_live"}, {&g.fn.narrow, "gptq_narrow"}, {&g.fn.rowDot, "gptq_row_dot"},
 		{&g.fn.dequantize, "gptq_dequantize"}, {&g.fn.firstNonFinite, "gptq_first_non_finite"},
 	} {
 		if *f.dst, err = g.module.Function(f.name); err != nil {
@@ -250,6 +270,7 @@ func (g *GPUSolver) Quantize(w []float32, n, k int, h []float64, s quant.Scheme,
 	if err := g.upload(slotH, cuda.Bytes(h)); err != nil {
 		return nil, Stats{}, err
 	}
+	g.h = hSource{}
 	f, err := factorAll([]*GPUSolver{g}, diagonal(h, k), k, opt, start)
 	if err != nil {
 		return nil, Stats{}, err
@@ -382,22 +403,17 @@ func (g *GPUSolver) resultTensor(p gpuPlan) *quant.Tensor {
 		Scales: d.Scales[params[0]:params[1]:params[1]], Zeros: d.Zeros[params[0]:params[1]:params[1]]}
 }
 
-// loadGram sets slotH = scale·gram in float64 and returns its diagonal, checked finite.
+// loadGram makes H = scale·gram the factorisation's source (g.h: read in place, no copy) and
+// returns its diagonal, checked finite.
 func (g *GPUSolver) loadGram(gram cuda.DevicePtr, k int, scale float64) ([]float64, error) {
-	h, err := g.buffer(slotH, 8*k*k)
-	if err != nil {
-		return nil, err
-	}
-	err = g.fn.scaleGram.Launch(cuda.Dim3{X: (k*k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
-		gram, scale, h, uint64(k*k))
-	if err != nil {
-		return nil, err
-	}
+	g.h = hSource{gram: gram, scale: scale}
 	d, err := g.buffer(slotBaseRows, 8*k)
 	if err != nil {
 		return nil, err
 	}
-	if err := g.blas.Dcopy(k, h, k+1, d, 1); err != nil {
+	err = g.fn.gramDiagonal.Launch(cuda.Dim3{X: (k + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
+		gram, scale, int32(k), d)
+	if err != nil {
 		return nil, err
 	}
 	diag := make([]float64, k)

@@ -25,6 +25,7 @@ func (g *GPUSolver) WarmFactor(k int, opt Options) (*Factor, error) {
 		return nil, fmt.Errorf("gptq: warm-up width %d must be positive", k)
 	}
 	diag := slices.Repeat([]float64{1}, k)
+	g.h = hSource{}
 	h, err := g.buffer(slotH, 8*k*k)
 	if err != nil {
 		return nil, err

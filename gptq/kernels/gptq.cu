@@ -76,17 +76,24 @@ __device__ void store_params(int r, int g, int groups, float lo, float hi, int m
     if (!finite(scale)) atomicMin(status, at);
 }
 
+// h_entry is entry i of H: of the float64 matrix h, or where h is null of scale·gram, a
+// calibration's float32 Gram matrix widened and scaled as it is read (one rounding: the double
+// gptq_scale_gram wrote into h before, without h's 8·K² bytes).
+__device__ __forceinline__ double h_entry(const double* h, const float* gram, double scale, u64 i) {
+    return h ? h[i] : (double)gram[i] * scale;
+}
+
 // gptq_build_factor fills the lower triangle of F with J·P·(H + λI)·Pᵀ·J, where rev[a] is the
-// original column at reversed position a (perm[K−1−a]) and dead columns get H_ii = 1. H is
-// symmetric: entry (ra, rb) is read from row rb, where consecutive a are consecutive columns
-// in the natural order (rev reverses it), so that a warp's reads are contiguous.
-extern "C" __global__ void gptq_build_factor(const double* h, const int* rev, const unsigned char* dead, int k,
-                                             double lambda, double* f) {
+// original column at reversed position a (perm[K−1−a]) and dead columns get H_ii = 1 (H as
+// h_entry reads it). H is symmetric: entry (ra, rb) is read from row rb, where consecutive a are
+// consecutive columns in the natural order (rev reverses it), so that a warp's reads are contiguous.
+extern "C" __global__ void gptq_build_factor(const double* h, const float* gram, double scale, const int* rev,
+                                             const unsigned char* dead, int k, double lambda, double* f) {
     int a = blockIdx.x * blockDim.x + threadIdx.x;
     int b = blockIdx.y * blockDim.y + threadIdx.y;
     if (a >= k || b >= k || b > a) return;
     int ra = rev[a];
-    double v = h[(u64)rev[b] * k + ra];
+    double v = h_entry(h, gram, scale, (u64)rev[b] * k + ra);
     if (a == b) v = (dead[ra] ? 1.0 : v) + lambda;
     f[(u64)b * k + a] = v;
 }
@@ -693,11 +700,11 @@ extern "C" __global__ void gptq_squared_error(const float* orig, const unsigned 
     if (lane == 0) row_dq[r] = sum;
 }
 
-// gptq_scale_gram sets out[i] = scale·gram[i] in float64 (one rounding, as a widening then a
-// cublasDscal): H from the Gram matrix a calibration summed. One thread per element.
-extern "C" __global__ void gptq_scale_gram(const float* gram, double scale, double* out, u64 total) {
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < total) out[i] = (double)gram[i] * scale;
+// gptq_gram_diagonal sets out[i] = scale·gram[i, i] in float64: the diagonal of H from the K×K
+// Gram matrix a calibration summed. One thread per entry.
+extern "C" __global__ void gptq_gram_diagonal(const float* gram, double scale, int k, double* out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < k) out[i] = (double)gram[(u64)i * k + i] * scale;
 }
 
 // gptq_live sets out[r, c] = W[r, c], 0 for dead columns: the weights of the baseline loss
@@ -707,10 +714,11 @@ extern "C" __global__ void gptq_live(const float* orig, const unsigned char* dea
     if (i < total) out[i] = dead[i % k] ? 0.0f : orig[i];
 }
 
-// gptq_narrow sets out[i] = in[i] rounded to float32 (H for the baseline loss's product).
-extern "C" __global__ void gptq_narrow(const double* in, float* out, u64 total) {
+// gptq_narrow sets out[i] = H's entry i (h_entry) rounded to float32: H for the baseline loss's
+// product.
+extern "C" __global__ void gptq_narrow(const double* h, const float* gram, double scale, float* out, u64 total) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < total) out[i] = (float)in[i];
+    if (i < total) out[i] = (float)h_entry(h, gram, scale, i);
 }
 
 // gptq_row_dot sets out[r] = Σ_c a[r, c]·b[r, c], summed in float64, one warp per row.
