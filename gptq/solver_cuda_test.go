@@ -276,7 +276,9 @@ func TestGPUBaselineLoss(t *testing.T) {
 // TestGPUQuantizeGramMatchesHostHessian: given the calibration's float32 Gram matrix on the
 // device, QuantizeGram (and QuantizeGramResident, with the weights on the device too) gives
 // exactly what Quantize gives with H = scale·gram made on the host (dead channels and act-order
-// included), on fresh random inputs; so does QuantizeGramRows for shares of the rows.
+// included), on fresh random inputs; so does QuantizeGramRows for shares of the rows. The Gram
+// path reads H from the Gram matrix as it builds the factor and H in float32 (hSource), the host
+// path from slotH: the same doubles, so the same codes, losses and baseline bit for bit.
 func TestGPUQuantizeGramMatchesHostHessian(t *testing.T) {
 	dev, g := openGPUSolver(t)
 	seed := uint64(time.Now().UnixNano())
