@@ -51,8 +51,10 @@ func FactorGramOnAll(solvers []*GPUSolver, grams []cuda.DevicePtr, k int, scale 
 	}
 	start := time.Now()
 	for _, g := range solvers {
-		g.settle() // a solve's results may still be coming down through its stream and pinned buffer
-		defer func() { g.h = hSource{} }() // the Gram matrix is the caller's again
+		// A solve's results may still be coming down through its stream and pinned buffer; the
+		// Gram matrix is the caller's again once the factors are made.
+		g.settle()
+		defer func() { g.h = hSource{} }()
 	}
 	diags := make([][]float64, len(solvers))
 	err := eachSolver(solvers, func(i int, g *GPUSolver) (err error) {

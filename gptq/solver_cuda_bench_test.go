@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,32 +16,80 @@ import (
 	"github.com/qpack-dev/qpack/quant"
 )
 
-// bandedKMSHessian is kmsHessian (H_ij = s_i·s_j·0.9^|i−j|, a few channels 20× larger)
-// without a power per entry, fast enough for K = 14336.
-func bandedKMSHessian(k int) []float64 {
-	s := make([]float64, k)
-	for i := range s {
-		s[i] = 1 + 0.5*math.Sin(float64(i))
-		if i%97 == 5 {
-			s[i] *= 20
-		}
-	}
-	pow := make([]float64, k)
-	pow[0] = 1
-	for d := 1; d < k; d++ {
-		pow[d] = pow[d-1] * 0.9
-	}
-	h := make([]float64, k*k)
+// bandedKMSHessian32 is bandedKMSHessian rounded to float32, made without the float64 copy (a
+// 405B's width).
+func bandedKMSHessian32(k int) []float32 {
+	m := newBandedKMS(k)
+	h := make([]float32, k*k)
 	for i := range k {
 		for j := range k {
-			d := i - j
-			if d < 0 {
-				d = -d
-			}
-			h[i*k+j] = s[i] * s[j] * pow[d]
+			h[i*k+j] = float32(m.at(i, j))
 		}
 	}
 	return h
+}
+
+// factorBenchCases is BenchmarkGPUFactorShared's widths and most GPUs: QPACK_FACTOR_K and
+// QPACK_FACTOR_GPUS where set.
+func factorBenchCases(b *testing.B) (widths []int, most int) {
+	widths, most = []int{4096, 8192, 11008, 14336, 28672}, 4
+	if s := os.Getenv("QPACK_FACTOR_K"); s != "" {
+		widths = nil
+		for _, f := range strings.Split(s, ",") {
+			k, err := strconv.Atoi(f)
+			if err != nil || k < 1 {
+				b.Fatalf("QPACK_FACTOR_K=%q: %q is not a width", s, f)
+			}
+			widths = append(widths, k)
+		}
+	}
+	if s := os.Getenv("QPACK_FACTOR_GPUS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			b.Fatalf("QPACK_FACTOR_GPUS=%q is not a number of GPUs", s)
+		}
+		most = n
+	}
+	return widths, most
+}
+
+// bandedKMSHessian is kmsHessian (H_ij = s_i·s_j·0.9^|i−j|, a few channels 20× larger)
+// without a power per entry, fast enough for K = 14336.
+func bandedKMSHessian(k int) []float64 {
+	m := newBandedKMS(k)
+	h := make([]float64, k*k)
+	for i := range k {
+		for j := range k {
+			h[i*k+j] = m.at(i, j)
+		}
+	}
+	return h
+}
+
+// bandedKMS holds bandedKMSHessian's scales s_i and powers 0.9^d.
+type bandedKMS struct{ s, pow []float64 }
+
+func newBandedKMS(k int) bandedKMS {
+	m := bandedKMS{s: make([]float64, k), pow: make([]float64, k)}
+	for i := range m.s {
+		m.s[i] = 1 + 0.5*math.Sin(float64(i))
+		if i%97 == 5 {
+			m.s[i] *= 20
+		}
+	}
+	m.pow[0] = 1
+	for d := 1; d < k; d++ {
+		m.pow[d] = m.pow[d-1] * 0.9
+	}
+	return m
+}
+
+func (m bandedKMS) at(i, j int) float64 {
+	d := i - j
+	if d < 0 {
+		d = -d
+	}
+	return m.s[i] * m.s[j] * m.pow[d]
 }
 
 // BenchmarkGPUQuantize times the quantization step (int4-g128-sym, W and H already on the
@@ -210,9 +261,12 @@ func BenchmarkGPUQuantizeGramSetup(b *testing.B) {
 // BenchmarkGPUFactorShared times FactorGramOnAll of a banded Hessian on 1, 2 and 4 GPUs (as
 // many as there are, with peer access), each GPU factoring its copy whole and sharing the
 // factorisation (factorShared), median of 5 after a warm-up. Run with -test.benchtime=1x; each
-// case prints a "TABLE" line.
+// case prints a "TABLE" line with the least free GPU memory seen. QPACK_FACTOR_K (widths, comma
+// separated) and QPACK_FACTOR_GPUS (the most GPUs) replace the cases: QPACK_FACTOR_K=53248
+// QPACK_FACTOR_GPUS=1 asks whether a 405B's down_proj factors on one 80 GB GPU.
 func BenchmarkGPUFactorShared(b *testing.B) {
-	devs := gputest.OpenMany(b, 4)
+	widths, most := factorBenchCases(b)
+	devs := gputest.OpenMany(b, most)
 	if _, err := cuda.EnablePeerAccess(devs); err != nil {
 		b.Fatal(err)
 	}
@@ -222,17 +276,17 @@ func BenchmarkGPUFactorShared(b *testing.B) {
 		team[i].poison = false
 	}
 	defer func(m int) { splitFactorMin = m }(splitFactorMin)
-	for _, k := range []int{4096, 8192, 11008, 14336, 28672} {
-		h := bandedKMSHessian(k)
-		h32 := make([]float32, k*k)
-		for i, v := range h {
-			h32[i] = float32(v)
-		}
+	for _, k := range widths {
+		h32 := bandedKMSHessian32(k)
 		grams := make([]cuda.DevicePtr, len(devs))
 		for i, dev := range devs {
 			grams[i] = gputest.Floats(b, dev, h32)
 		}
+		h32 = nil
 		for _, parts := range []int{1, 2, 4} {
+			if parts > most {
+				continue
+			}
 			for _, shared := range []bool{false, true} {
 				if parts == 1 && shared {
 					continue
@@ -243,10 +297,14 @@ func BenchmarkGPUFactorShared(b *testing.B) {
 						splitFactorMin = 1
 					}
 					var times []time.Duration
+					leastFree := uint64(math.MaxUint64)
 					for run := range 6 {
 						start := time.Now()
 						if _, err := FactorGramOnAll(team[:parts], grams[:parts], k, 1, Options{}); err != nil {
 							b.Fatal(err)
+						}
+						if free, _, err := devs[0].MemoryInfo(); err == nil {
+							leastFree = min(leastFree, free)
 						}
 						if run > 0 {
 							times = append(times, time.Since(start))
@@ -254,7 +312,8 @@ func BenchmarkGPUFactorShared(b *testing.B) {
 					}
 					slices.Sort(times)
 					b.ReportMetric(ms(times[2]), "ms")
-					fmt.Printf("TABLE k %5d  GPUs %d  shared %-5v  median %6.1f ms  (runs %v)\n", k, parts, shared, ms(times[2]), times)
+					fmt.Printf("TABLE k %5d  GPUs %d  shared %-5v  median %6.1f ms  least free on GPU 0 %.1f GB  (runs %v)\n",
+						k, parts, shared, ms(times[2]), float64(leastFree)/1e9, times)
 				})
 			}
 		}
