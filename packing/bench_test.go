@@ -20,3 +20,21 @@ func BenchmarkPackGPTQ(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPackQPack packs an 11008×4096 weight (a 7B model's gate_proj) into the qpack layout
+// at 2, 3, 4 and 8 bits; bytes/s counts input codes (one per weight).
+func BenchmarkPackQPack(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	for _, bits := range []int{2, 3, 4, 8} {
+		s := quant.Scheme{Grid: quant.Integer, Bits: bits, GroupSize: 128}
+		x := randomTensor(rng, s, 11008, 4096, false)
+		b.Run(s.String(), func(b *testing.B) {
+			b.SetBytes(int64(x.N * x.K))
+			for b.Loop() {
+				if _, err := (QPack{}).Pack("p", x); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -51,6 +51,9 @@ func PackStream[W Word](dst []W, dstStride int, src []uint8, srcStride, count, b
 	if bits == 4 && srcStride == 1 && wb == 32 {
 		i, d = pack4Words(dst, dstStride, src, count)
 	}
+	if bytes, ok := any(dst).([]uint8); ok && srcStride == 1 && dstStride == 1 {
+		i, d = packBytes(bytes[:PackedLen[uint8](count, bits)], src, count, bits)
+	}
 	var acc uint64 // pending stream bits, lowest first
 	var have uint  // how many bits acc holds
 	for s := i * srcStride; i < count; i, s = i+1, s+srcStride {
@@ -71,6 +74,28 @@ func PackStream[W Word](dst []W, dstStride int, src []uint8, srcStride, count, b
 		dst[d] = W(acc)
 	}
 	return nil
+}
+
+// packBytes is PackStream's fast path for contiguous codes into contiguous bytes (dst holds
+// exactly the packed bytes): eight codes, read as one little-endian uint64 (code j in byte j),
+// are squeezed together in three steps (pairs, fours, all eight: each lane's upper half
+// shifted down onto the end of its lower half) and fill exactly bits bytes. It packs whole
+// groups of eight while a uint64 store stays inside dst, and returns how many codes it
+// consumed and the next byte; a code ≥ 2^bits stops it, leaving the error to the general loop.
+func packBytes(dst, src []uint8, count, bits int) (i, d int) {
+	b := uint(bits)
+	above := ^(0x0101010101010101 * (uint64(1)<<b - 1)) // the bits of each byte a code must not set
+	for ; i+8 <= count && d+8 <= len(dst); i, d = i+8, d+bits {
+		x := binary.LittleEndian.Uint64(src[i:])
+		if x&above != 0 {
+			break
+		}
+		x = x&0x00FF00FF00FF00FF | (x&0xFF00FF00FF00FF00)>>(8-b)
+		x = x&0x0000FFFF0000FFFF | (x&0xFFFF0000FFFF0000)>>(16-2*b)
+		x = x&0x00000000FFFFFFFF | (x&0xFFFFFFFF00000000)>>(32-4*b)
+		binary.LittleEndian.PutUint64(dst[d:], x) // its bytes past d+bits are 0, written again next
+	}
+	return i, d
 }
 
 // pack4Words is PackStream's fast path for contiguous 4-bit codes into 32-bit words: eight

@@ -139,6 +139,40 @@ func TestPackStreamStridesAndBytes(t *testing.T) {
 	}
 }
 
+// TestPackStreamBytesFastPath: contiguous codes into bytes (packBytes, eight codes at a time)
+// give the spec's stream at every width and at lengths around its groups of eight, write no byte
+// past the packed length, and report a code too wide by its index.
+func TestPackStreamBytesFastPath(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for bits := 1; bits <= 8; bits++ {
+		for _, count := range []int{8, 15, 16, 17, 64, 129, 1000} {
+			codes := randomCodes(rng, count, bits)
+			want := specWords(codes, bits)
+			n := PackedLen[uint8](count, bits)
+			bytes := slices.Repeat([]uint8{0xAA}, n+9) // the bytes past n must stay as they are
+			if err := PackStream(bytes, 1, codes, 1, count, bits); err != nil {
+				t.Fatal(err)
+			}
+			for i, b := range bytes[:n] {
+				if wantB := uint8(want[i/4] >> (8 * (i % 4))); b != wantB {
+					t.Fatalf("%d-bit, %d codes: byte %d is %02x, want %02x", bits, count, i, b, wantB)
+				}
+			}
+			if tail := bytes[n:]; slices.ContainsFunc(tail, func(b uint8) bool { return b != 0xAA }) {
+				t.Fatalf("%d-bit, %d codes: bytes past the packed length changed: %02x", bits, count, tail)
+			}
+		}
+		if bits < 8 {
+			codes := make([]uint8, 64)
+			codes[41] = 1 << bits
+			err := PackStream(make([]uint8, PackedLen[uint8](64, bits)), 1, codes, 1, 64, bits)
+			if err == nil || !strings.Contains(err.Error(), "index 41") {
+				t.Fatalf("%d-bit: a code of %d at index 41: %v", bits, codes[41], err)
+			}
+		}
+	}
+}
+
 func TestPackStreamRejectsBadInput(t *testing.T) {
 	dst := make([]uint32, 4)
 	if err := PackStream(dst, 1, []uint8{1, 16, 3}, 1, 3, 4); err == nil {

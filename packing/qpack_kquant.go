@@ -2,18 +2,36 @@ package packing
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
 
 	"github.com/qpack-dev/qpack/quant"
 )
 
 // packRows stores an n×count array of b-bit values as the U8 tensor name [n, ⌈count·b/8⌉],
-// each row one bitstream (PackStream).
+// each row one bitstream (PackStream). Large arrays are split by rows over GOMAXPROCS
+// goroutines: a 7B's MLP weight is 45 M codes.
 func packRows(name string, v []uint8, n, count, bits int) (Raw, error) {
 	rb := PackedLen[uint8](count, bits)
 	data := make([]byte, n*rb)
-	for r := range n {
-		if err := PackStream(data[r*rb:], 1, v[r*count:], 1, count, bits); err != nil {
-			return Raw{}, fmt.Errorf("tensor %s, row %d: %w", name, r, err)
+	workers := min(runtime.GOMAXPROCS(0), max(1, n*count/(1<<20)), max(n, 1))
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		r0, r1 := w*n/workers, (w+1)*n/workers
+		wg.Go(func() {
+			for r := r0; r < r1; r++ {
+				if err := PackStream(data[r*rb:(r+1)*rb], 1, v[r*count:], 1, count, bits); err != nil {
+					errs[w] = fmt.Errorf("tensor %s, row %d: %w", name, r, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs { // the first row that failed
+		if err != nil {
+			return Raw{}, err
 		}
 	}
 	return Raw{Name: name, DType: "U8", Shape: []int{n, rb}, Data: data}, nil
