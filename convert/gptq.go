@@ -659,9 +659,15 @@ func (r *blockRunner) useGPUs(devs []*cuda.Device) error {
 	// first factorisation and solve.
 	made := 1
 	r.moreSolvers.Go(func() {
-		for ; made < len(r.all); made++ {
-			if err := r.makeSolverSet(made); err != nil {
-				r.logf("GPTQ solvers: %v (fewer linears are solved at once)\n", err)
+		errs := make([]error, len(r.all))
+		var making sync.WaitGroup
+		for i := 1; i < len(r.all); i++ {
+			making.Go(func() { errs[i] = r.makeSolverSet(i) })
+		}
+		making.Wait()
+		for ; made < len(r.all); made++ { // the sets up to the first that failed (closeSolvers closes all)
+			if errs[made] != nil {
+				r.logf("GPTQ solvers: %v (fewer linears are solved at once)\n", errs[made])
 				return
 			}
 		}

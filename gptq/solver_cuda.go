@@ -13,6 +13,7 @@ import (
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/internal/timeline"
 	"github.com/qpack-dev/qpack/quant"
+	"golang.org/x/sync/errgroup"
 )
 
 //go:generate go run github.com/qpack-dev/qpack/cuda/ptxgen kernels/gptq.cu
@@ -188,19 +189,26 @@ func newGPUSolver(dev *cuda.Device, ptx []byte, cubins ...[]byte) (g *GPUSolver,
 	if g.stream, err = dev.NewStream(); err != nil {
 		return nil, err
 	}
-	if g.stager, err = dev.NewStager(solverStagingBytes); err != nil {
-		return nil, err
-	}
-	if g.blas, err = dev.NewBLAS(); err != nil {
-		return nil, fmt.Errorf("gptq: the GPU path needs cuBLAS: %w", err)
-	}
-	if err = g.blas.SetStream(g.stream); err != nil {
-		return nil, err
-	}
-	if g.solver, err = dev.NewSolver(); err != nil {
-		return nil, fmt.Errorf("gptq: the GPU path needs cuSOLVER: %w", err)
-	}
-	if err = g.solver.SetStream(g.stream); err != nil {
+	// The pinned buffer and the two handles are made at once: each waits for the driver a
+	// while (tens of milliseconds, more with several GPUs), and the first solve waits for all.
+	var making errgroup.Group
+	making.Go(func() (err error) {
+		g.stager, err = dev.NewStager(solverStagingBytes)
+		return err
+	})
+	making.Go(func() (err error) {
+		if g.blas, err = dev.NewBLAS(); err != nil {
+			return fmt.Errorf("gptq: the GPU path needs cuBLAS: %w", err)
+		}
+		return g.blas.SetStream(g.stream)
+	})
+	making.Go(func() (err error) {
+		if g.solver, err = dev.NewSolver(); err != nil {
+			return fmt.Errorf("gptq: the GPU path needs cuSOLVER: %w", err)
+		}
+		return g.solver.SetStream(g.stream)
+	})
+	if err = making.Wait(); err != nil {
 		return nil, err
 	}
 	return g, nil

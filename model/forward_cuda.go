@@ -7,6 +7,7 @@ import (
 	"reflect"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"golang.org/x/sync/errgroup"
 )
 
 //go:generate go run github.com/qpack-dev/qpack/cuda/ptxgen kernels/model.cu
@@ -137,16 +138,23 @@ func newGPU(dev *cuda.Device, cfg *Config, opt GPUOptions, ptx []byte, cubins ..
 	if e.stream, err = dev.NewStream(); err != nil {
 		return nil, err
 	}
-	if e.stager, err = dev.NewStager(cuda.DefaultStagingBytes); err != nil {
-		return nil, err
-	}
-	if e.blas, err = dev.NewBLAS(); err != nil {
-		return nil, err
-	}
-	if err = e.blas.SetStream(e.stream); err != nil {
-		return nil, err
-	}
-	if err = e.blas.SetTF32(opt.TF32); err != nil {
+	// The pinned buffer and the cuBLAS handle are made at once: each waits for the driver a
+	// while (tens of milliseconds, more with several GPUs).
+	var making errgroup.Group
+	making.Go(func() (err error) {
+		e.stager, err = dev.NewStager(cuda.DefaultStagingBytes)
+		return err
+	})
+	making.Go(func() (err error) {
+		if e.blas, err = dev.NewBLAS(); err != nil {
+			return err
+		}
+		if err = e.blas.SetStream(e.stream); err != nil {
+			return err
+		}
+		return e.blas.SetTF32(opt.TF32)
+	})
+	if err = making.Wait(); err != nil {
 		return nil, err
 	}
 	switch {
