@@ -11,9 +11,9 @@ import (
 // weights on every engine (each its share from the host, then the others' shares from their
 // GPUs, as spread does) through a second stream and pinned buffer of each engine. The host's
 // copy into pinned memory was most of a block's upload, and the GPUs waited for it between
-// blocks. It runs from the second block on (the first sets up the engines' and the solvers'
-// buffers), and only where the GPU has room for the block besides the calibrator's reserve and
-// 4 GiB; otherwise, or if it fails, the block is uploaded when it begins, as before. Either way
+// blocks. It starts at the first block's last update (its passes have set up the engines'
+// buffers by then; the calibrator's reserve stands for the solvers') and with each later block,
+// and runs only where the GPU has room for the block besides that reserve and 4 GiB; otherwise, or if it fails, the block is uploaded when it begins, as before. Either way
 // the copy is finished (finishBlock) on the engine's stream when the block begins.
 
 // blockUpload is one block's weights on their way to the engines.

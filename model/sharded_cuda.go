@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -71,11 +72,15 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 			freeShards(engines, gs)
 			return fmt.Errorf("model: calibration of block %d: %w", i, err)
 		}
-		if i > 0 { // from the second block on, when the first has set up every buffer
-			ahead = uploadAhead(engines, m, i+1)
+		// The next block goes up while this one calibrates: from the first block's last update
+		// on (its passes have set up the engines' buffers by then), from the start of later ones.
+		next := func() { ahead = uploadAhead(engines, m, i+1) }
+		if i > 0 {
+			next()
+			next = nil
 		}
 		reset := b.observing(opt.Experts)
-		err = calibrateShards(engines, b, gs, xs, c, opt)
+		err = calibrateShards(engines, b, gs, xs, c, opt, next)
 		reset()
 		if err != nil {
 			return fmt.Errorf("model: calibration of block %d: %w", i, err)
@@ -87,9 +92,10 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 
 // calibrateShards runs block b's calibration on every engine (gs: its weights there), the steps'
 // updates shared; after each update the engines share the uploads of the replaced weights
-// (spread). It frees gs.
-func calibrateShards(engines []*GPU, b *Block, gs []*gpuBlock, xs []*DeviceBatch, c ShardedCalibrator, opt CalibrateOptions) error {
+// (spread). beforeLast, if not nil, runs when the last step's update begins. It frees gs.
+func calibrateShards(engines []*GPU, b *Block, gs []*gpuBlock, xs []*DeviceBatch, c ShardedCalibrator, opt CalibrateOptions, beforeLast func()) error {
 	defer freeShards(engines, gs)
+	steps := calibrationSteps(b, opt)
 	update, shared := c.Update, len(engines) > 1 && !opt.ObserveOnly
 	if shared {
 		update = func(b *Block, groups []Group) error {
@@ -99,9 +105,18 @@ func calibrateShards(engines []*GPU, b *Block, gs []*gpuBlock, xs []*DeviceBatch
 			return refreshShards(engines, gs, groups)
 		}
 	}
+	if beforeLast != nil && !opt.ObserveOnly {
+		last, inner := steps[len(steps)-1], update
+		update = func(b *Block, groups []Group) error {
+			if beforeLast != nil && slices.Equal(groups, last) {
+				beforeLast()
+				beforeLast = nil
+			}
+			return inner(b, groups)
+		}
+	}
 	updates := newRendezvous(len(engines), update)
 	passes := newRendezvous(len(engines), func(*Block, []Group) error { return nil })
-	steps := calibrationSteps(b, opt)
 	return eachEngine(engines, func(i int, e *GPU) error {
 		calibrate := e.calibrateBlock
 		if opt.ObserveOnly {
