@@ -185,10 +185,13 @@ func (e *GPU) observeBlock(g *gpuBlock, x *DeviceBatch, c GPUCalibrator, _ [][]G
 		}
 		return c.ObserveGPU(b.Index, gr, p, rows, cols)
 	}
-	if err := e.forwardBlock(g, x, hook); err != nil {
-		return err
+	end := timeline.Begin(e.dev.Info().Ordinal, "observing pass (block %d)", b.Index)
+	err := e.forwardBlock(g, x, hook)
+	if err == nil {
+		err = e.Synchronize()
 	}
-	if err := e.Synchronize(); err != nil {
+	end()
+	if err != nil {
 		return err
 	}
 	e.current = g // Update may read the weights where they are (LinearWeights)

@@ -201,29 +201,68 @@ func prepareBlock(m *Model, j int, replace Replacement) <-chan prepared {
 }
 
 // probeBlock begins a stream for each replaced linear of p: a copy of the reference's input
-// run through p's block with that linear's replacement swapped in.
+// run through p's block with that linear's replacement swapped in. Where the engine puts streams
+// on several GPUs (lanes), each GPU's probes run one after another and the GPUs' at once: a
+// probe's swap copies its weights through the host and waits for the GPU's passes before it.
 func probeBlock(eng probeEngine, p prepared, names []string) ([]string, error) {
+	type probe struct {
+		slot int
+		l    *Linear
+		w    []float32
+	}
+	laneOf, lanes := func(int) int { return 0 }, 1
+	if ln, ok := eng.(lanedProbe); ok {
+		laneOf, lanes = ln.laneOf, ln.lanes()
+	}
+	queues := make([][]probe, lanes)
+	var begun []string
 	for i, l := range p.linears {
 		if p.weights[i] == nil {
 			continue
 		}
-		slot := len(names) + 1
-		if err := eng.copy(slot, 0); err != nil {
-			return nil, err
-		}
-		if err := eng.swap(slot, l, p.weights[i]); err != nil {
-			return nil, err
-		}
-		err := eng.forward(slot, slot+1)
-		if rerr := eng.restore(slot, l); err == nil {
-			err = rerr
-		}
-		if err != nil {
-			return nil, fmt.Errorf("model: probe of %s: %w", l.Name, err)
-		}
-		names = append(names, l.Name)
+		slot := len(names) + len(begun) + 1
+		queues[laneOf(slot)] = append(queues[laneOf(slot)], probe{slot, l, p.weights[i]})
+		begun = append(begun, l.Name)
 	}
-	return names, nil
+	errs := make([]error, lanes)
+	var running sync.WaitGroup
+	for lane, queue := range queues {
+		running.Go(func() {
+			for _, pr := range queue {
+				if err := runProbe(eng, pr.slot, pr.l, pr.w); err != nil {
+					errs[lane] = fmt.Errorf("model: probe of %s: %w", pr.l.Name, err)
+					return
+				}
+			}
+		})
+	}
+	running.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return append(names, begun...), nil
+}
+
+// lanedProbe is a probe engine whose streams run on several lanes (GPUs) that take calls at once.
+type lanedProbe interface {
+	lanes() int
+	laneOf(slot int) int // the lane that runs stream slot
+}
+
+// runProbe runs the entered block over stream slot, begun from the reference, with l computing
+// with w.
+func runProbe(eng probeEngine, slot int, l *Linear, w []float32) error {
+	if err := eng.copy(slot, 0); err != nil {
+		return err
+	}
+	if err := eng.swap(slot, l, w); err != nil {
+		return err
+	}
+	err := eng.forward(slot, slot+1)
+	if rerr := eng.restore(slot, l); err == nil {
+		err = rerr
+	}
+	return err
 }
 
 func checkProbeSeqs(m *Model, seqs [][]int) error {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
 // LinearKL is LinearKL with the forward passes on the GPU: all slots live in one device
@@ -60,6 +61,10 @@ func (s *shardedProbe) local(slot int) (*gpuProbe, int, error) {
 	return s.parts[(slot-1)%n], (slot-1)/n + 1, nil
 }
 
+func (s *shardedProbe) lanes() int { return len(s.parts) }
+
+func (s *shardedProbe) laneOf(slot int) int { return (slot - 1) % len(s.parts) }
+
 // localCount is how many of slots [0, to) (the reference and streams) GPU i holds.
 func (s *shardedProbe) localCount(i, to int) int {
 	if to-2 < i { // stream i+1, its first, is not below to
@@ -110,6 +115,7 @@ func (s *shardedProbe) copy(dst, src int) error {
 // enter puts b on every GPU, each uploading a share of its bytes from the host and copying the
 // others' from the GPUs that uploaded them (uploadShards).
 func (s *shardedProbe) enter(b *Block) error {
+	defer timeline.Begin(timeline.Host, "probe: block %d up", b.Index)()
 	gs, err := uploadShards(s.engines, b)
 	if err != nil {
 		freeShards(s.engines, gs)
@@ -225,9 +231,13 @@ func (p *gpuProbe) forward(from, to int) error {
 // swap keeps a device copy of l's weights and uploads w in their place, after the work
 // queued with the weights there now, and rounds them to the 16 bits the GEMMs read, if they do.
 func (p *gpuProbe) swap(_ int, l *Linear, w []float32) error {
+	lane := p.e.dev.Info().Ordinal
+	endWait := timeline.Begin(lane, "probe: passes queued")
 	if err := p.e.Synchronize(); err != nil { // before a larger buffer replaces one in use
 		return err
 	}
+	endWait()
+	defer timeline.Begin(lane, "probe: swap %s", l.Name)()
 	d := p.lin[l]
 	saved, err := p.e.buffer("probe.saved", 4*len(w))
 	if err != nil {
