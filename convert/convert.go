@@ -274,6 +274,7 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 	var units []unit
 	var unitShard []int
 	var unitBytes []int64
+	var unitNames []string
 	done := 0
 	for i, it := range items {
 		tr := &report.Tensors[i]
@@ -286,6 +287,7 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 				units = append(units, keptUnit(ck, it, &report.writes))
 			}
 			unitShard, unitBytes = append(unitShard, it.ShardIdx), append(unitBytes, it.Info.Size)
+			unitNames = append(unitNames, it.Info.Name)
 			continue
 		}
 		layout, err := layouts.get(f, it.Module, *it.Scheme, it.N(), it.K())
@@ -303,10 +305,13 @@ func buildOutput(ck *safetensors.Checkpoint, items []Item, f packing.Format, opt
 			writes: &report.writes, progress: fmt.Sprintf("[%d/%d]", done, total)}
 		units = append(units, m.write)
 		unitShard, unitBytes = append(unitShard, it.ShardIdx), append(unitBytes, it.Info.Size)
+		unitNames = append(unitNames, it.Info.Name)
 	}
 	units = tracked(units, unitBytes, opt)
-	if runner == nil { // GPTQ's results come layer by layer: its units keep that order
+	if runner == nil {
 		units = interleaveShards(units, unitShard, unitBytes)
+	} else {
+		units = calibrationOrder(units, unitNames)
 	}
 	return out, units, nil
 }

@@ -1,11 +1,16 @@
 package convert
 
 import (
+	"cmp"
 	"io"
+	"math"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/qpack-dev/qpack/model"
 )
 
 // tensorSink takes the output's tensors by name, each whole, in any order and from several
@@ -108,4 +113,41 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// calibrationOrder puts the units of a calibrating run in the order its results come: block by
+// block, and in a block the kept tensors first, then the linears as the calibration's steps
+// solve them (q, k, v, o, gate, up, down); the embedding first, the other tensors outside the
+// blocks last. In the checkpoint's order a block's MLP comes before its attention: the
+// writers took down_proj's unit first, the block's last result, and stood waiting for it while
+// the attention's results were there to pack (on two GPUs a budget conversion's writing ended
+// two seconds after its calibration).
+func calibrationOrder(units []unit, names []string) []unit {
+	type place struct{ block, rank int }
+	at := make([]place, len(units))
+	for i, name := range names {
+		t := model.ParseTensorName(name)
+		switch {
+		case t.Block >= 0 && t.Role.IsLinear():
+			at[i] = place{t.Block, int(t.Role)}
+		case t.Block >= 0:
+			at[i] = place{t.Block, -1}
+		case t.Role == model.RoleEmbedding:
+			at[i] = place{-1, 0}
+		default:
+			at[i] = place{math.MaxInt, 0}
+		}
+	}
+	order := make([]int, len(units))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(at[a].block, at[b].block), cmp.Compare(at[a].rank, at[b].rank))
+	})
+	sorted := make([]unit, len(units))
+	for i, o := range order {
+		sorted[i] = units[o]
+	}
+	return sorted
 }

@@ -210,3 +210,59 @@ func TestInterleaveShards(t *testing.T) {
 		t.Errorf("order %v, want %v", got, want)
 	}
 }
+
+// TestCalibrationOrder: a calibrating run's units go block by block, kept tensors first, the
+// linears in the order the calibration solves them, the embedding first and the rest last.
+func TestCalibrationOrder(t *testing.T) {
+	names := []string{ // the checkpoint's order
+		"lm_head.weight",
+		"model.embed_tokens.weight",
+		"model.layers.0.input_layernorm.weight",
+		"model.layers.0.mlp.down_proj.weight",
+		"model.layers.0.mlp.gate_proj.weight",
+		"model.layers.0.mlp.up_proj.weight",
+		"model.layers.0.post_attention_layernorm.weight",
+		"model.layers.0.self_attn.k_proj.weight",
+		"model.layers.0.self_attn.o_proj.weight",
+		"model.layers.0.self_attn.q_proj.weight",
+		"model.layers.0.self_attn.v_proj.weight",
+		"model.layers.1.mlp.experts.0.down_proj.weight",
+		"model.layers.1.mlp.experts.0.gate_proj.weight",
+		"model.layers.1.mlp.experts.1.gate_proj.weight",
+		"model.layers.1.mlp.gate.weight",
+		"model.layers.1.self_attn.q_proj.weight",
+		"model.layers.10.self_attn.q_proj.weight",
+		"model.norm.weight",
+	}
+	var got []string
+	units := make([]unit, len(names))
+	for i, name := range names {
+		units[i] = func(tensorSink) error { got = append(got, name); return nil }
+	}
+	if err := runUnits(nil, calibrationOrder(units, names), 1); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"model.embed_tokens.weight",
+		"model.layers.0.input_layernorm.weight",
+		"model.layers.0.post_attention_layernorm.weight",
+		"model.layers.0.self_attn.q_proj.weight",
+		"model.layers.0.self_attn.k_proj.weight",
+		"model.layers.0.self_attn.v_proj.weight",
+		"model.layers.0.self_attn.o_proj.weight",
+		"model.layers.0.mlp.gate_proj.weight",
+		"model.layers.0.mlp.up_proj.weight",
+		"model.layers.0.mlp.down_proj.weight",
+		"model.layers.1.mlp.gate.weight",
+		"model.layers.1.self_attn.q_proj.weight",
+		"model.layers.1.mlp.experts.0.gate_proj.weight",
+		"model.layers.1.mlp.experts.1.gate_proj.weight",
+		"model.layers.1.mlp.experts.0.down_proj.weight",
+		"model.layers.10.self_attn.q_proj.weight",
+		"lm_head.weight",
+		"model.norm.weight",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("order\n%v\nwant\n%v", got, want)
+	}
+}
