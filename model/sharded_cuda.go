@@ -64,10 +64,12 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 			return err
 		}
 		m.Prefetch(i + 1)
+		end = timeline.Begin(timeline.Host, "block %d on the GPUs", i)
 		gs, err := ahead.take(engines, b)
 		if gs == nil && err == nil {
 			gs, err = uploadShards(engines, b)
 		}
+		end()
 		if err != nil {
 			freeShards(engines, gs)
 			return fmt.Errorf("model: calibration of block %d: %w", i, err)
@@ -85,7 +87,9 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 		if err != nil {
 			return fmt.Errorf("model: calibration of block %d: %w", i, err)
 		}
+		end = timeline.Begin(timeline.Host, "release block %d", i)
 		opt.release(m, i)
+		end()
 	}
 	return nil
 }
@@ -94,7 +98,10 @@ func CalibrateSharded(engines []*GPU, m *Model, seqs [][]int, c ShardedCalibrato
 // updates shared; after each update the engines share the uploads of the replaced weights
 // (spread). beforeLast, if not nil, runs when the last step's update begins. It frees gs.
 func calibrateShards(engines []*GPU, b *Block, gs []*gpuBlock, xs []*DeviceBatch, c ShardedCalibrator, opt CalibrateOptions, beforeLast func()) error {
-	defer freeShards(engines, gs)
+	defer func() {
+		defer timeline.Begin(timeline.Host, "free block %d on the GPUs", b.Index)()
+		freeShards(engines, gs)
+	}()
 	steps := calibrationSteps(b, opt)
 	update, shared := c.Update, len(engines) > 1 && !opt.ObserveOnly
 	if shared {
