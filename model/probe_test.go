@@ -1,10 +1,15 @@
 package model
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // noisy replaces a linear's weight by a copy with relative Gaussian noise of the given size,
@@ -146,5 +151,102 @@ func TestLinearKLIdentityAndSkips(t *testing.T) {
 	}
 	if _, err := LinearKL(m, [][]int{{1, 2}, {3}}, same, 1<<30, nil); err == nil || !strings.Contains(err.Error(), "sequence 1 has 1 tokens") {
 		t.Errorf("ragged sequences: %v", err)
+	}
+}
+
+// laneRecorder is a probe engine with three lanes that records each stream's calls and notes
+// calls that overlap on one lane (a GPU takes one caller at a time).
+type laneRecorder struct {
+	mu      sync.Mutex
+	busy    [3]bool
+	overlap bool
+	calls   map[int][]string // by stream slot
+	failOn  string           // a linear whose swap fails
+}
+
+func (r *laneRecorder) lanes() int          { return len(r.busy) }
+func (r *laneRecorder) laneOf(slot int) int { return (slot - 1) % len(r.busy) }
+
+func (r *laneRecorder) record(slot int, call string) {
+	lane := r.laneOf(slot)
+	r.mu.Lock()
+	r.overlap = r.overlap || r.busy[lane]
+	r.busy[lane] = true
+	r.calls[slot] = append(r.calls[slot], call)
+	r.mu.Unlock()
+	time.Sleep(100 * time.Microsecond) // long enough for another caller on the lane to show
+	r.mu.Lock()
+	r.busy[lane] = false
+	r.mu.Unlock()
+}
+
+func (r *laneRecorder) alloc(int) error                  { return nil }
+func (r *laneRecorder) embed(int) error                  { return nil }
+func (r *laneRecorder) enter(*Block) error               { return nil }
+func (r *laneRecorder) leave() error                     { return nil }
+func (r *laneRecorder) close() error                     { return nil }
+func (r *laneRecorder) meanKL(int, int) (float64, error) { return 0, nil }
+
+func (r *laneRecorder) copy(dst, src int) error {
+	r.record(dst, fmt.Sprintf("copy from %d", src))
+	return nil
+}
+
+func (r *laneRecorder) forward(from, to int) error {
+	r.record(from, fmt.Sprintf("forward to %d", to))
+	return nil
+}
+
+func (r *laneRecorder) swap(slot int, l *Linear, _ []float32) error {
+	r.record(slot, "swap "+l.Name)
+	if l.Name == r.failOn {
+		return errors.New("no room")
+	}
+	return nil
+}
+
+func (r *laneRecorder) restore(slot int, l *Linear) error {
+	r.record(slot, "restore "+l.Name)
+	return nil
+}
+
+// TestProbeBlockLanes: a block's probes on an engine of several lanes (GPUs) take the next
+// slots in the block's order, each run as copy, swap, forward, restore on its slot's lane, the
+// lanes at once but never two calls on one lane; the names come back in order, and a failed
+// swap names its linear.
+func TestProbeBlockLanes(t *testing.T) {
+	var p prepared
+	for i := range 7 {
+		p.linears = append(p.linears, &Linear{Name: fmt.Sprintf("l%d", i)})
+		w := []float32{1}
+		if i == 1 || i == 5 { // left out
+			w = nil
+		}
+		p.weights = append(p.weights, w)
+	}
+	eng := &laneRecorder{calls: map[int][]string{}}
+	names, err := probeBlock(eng, p, []string{"a", "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"a", "b", "l0", "l2", "l3", "l4", "l6"}; !slices.Equal(names, want) {
+		t.Fatalf("names %v, want %v", names, want)
+	}
+	for i, name := range names[2:] {
+		slot := 3 + i
+		want := []string{"copy from 0", "swap " + name, fmt.Sprintf("forward to %d", slot+1), "restore " + name}
+		if got := eng.calls[slot]; !slices.Equal(got, want) {
+			t.Errorf("slot %d: calls %q, want %q", slot, got, want)
+		}
+	}
+	if len(eng.calls) != 5 {
+		t.Errorf("calls on %d slots, want 5", len(eng.calls))
+	}
+	if eng.overlap {
+		t.Error("two calls overlapped on one lane")
+	}
+	eng = &laneRecorder{calls: map[int][]string{}, failOn: "l3"}
+	if _, err := probeBlock(eng, p, nil); err == nil || !strings.Contains(err.Error(), "probe of l3") {
+		t.Errorf("a failed swap of l3: %v", err)
 	}
 }
