@@ -38,3 +38,35 @@ func BenchmarkPackQPack(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkUnpackQPack unpacks what BenchmarkPackQPack packs (the codes, scales and zeros of an
+// 11008×4096 weight); bytes/s counts output codes.
+func BenchmarkUnpackQPack(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	for _, bits := range []int{2, 3, 4, 8} {
+		s := quant.Scheme{Grid: quant.Integer, Bits: bits, GroupSize: 128}
+		x := randomTensor(rng, s, 11008, 4096, false)
+		f := QPack{}
+		raws, err := f.Pack("p", x)
+		if err != nil {
+			b.Fatal(err)
+		}
+		get := func(name string) (Raw, bool) {
+			for _, r := range raws {
+				if r.Name == name {
+					return r, true
+				}
+			}
+			return Raw{}, false
+		}
+		meta := f.Metadata("p", x)
+		b.Run(s.String(), func(b *testing.B) {
+			b.SetBytes(int64(x.N * x.K))
+			for b.Loop() {
+				if _, err := f.Unpack("p", get, meta); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -128,8 +128,11 @@ func UnpackStream[W Word](dst []uint8, dstStride int, src []W, srcStride, count,
 	mask := uint64(1)<<b - 1
 	var acc uint64
 	var have uint
-	s := 0
-	for i, d := 0, 0; i < count; i, d = i+1, d+dstStride {
+	i, s := 0, 0
+	if bytes, ok := any(src).([]uint8); ok && srcStride == 1 && dstStride == 1 {
+		i, s = unpackBytes(dst, bytes, count, bits)
+	}
+	for d := i; i < count; i, d = i+1, d+dstStride {
 		if have < b {
 			acc |= uint64(src[s]) << have
 			s += srcStride
@@ -140,6 +143,30 @@ func UnpackStream[W Word](dst []uint8, dstStride int, src []W, srcStride, count,
 		have -= b
 	}
 	return nil
+}
+
+// unpackBytes is UnpackStream's fast path for contiguous bytes into contiguous codes, packBytes
+// in reverse: bits bytes, read as one little-endian uint64, are spread into eight codes in three
+// steps (halves, quarters, codes: each lane's upper part shifted up to the next lane). It unpacks
+// whole groups of eight while a uint64 read stays inside src, and returns how many codes and
+// bytes it consumed.
+func unpackBytes(dst, src []uint8, count, bits int) (i, s int) {
+	b := uint(bits)
+	codes := ^uint64(0) // the group's 8·bits bits
+	if b < 8 {
+		codes = uint64(1)<<(8*b) - 1
+	}
+	fours := uint64(1)<<(4*b) - 1
+	pairs := 0x0000000100000001 * (uint64(1)<<(2*b) - 1)
+	ones := 0x0001000100010001 * (uint64(1)<<b - 1)
+	for ; i+8 <= count && i+8 <= len(dst) && s+8 <= len(src); i, s = i+8, s+bits {
+		x := binary.LittleEndian.Uint64(src[s:]) & codes
+		x = x&fours | (x>>(4*b)&fours)<<32
+		x = x&pairs | (x>>(2*b)&pairs)<<16
+		x = x&ones | (x>>b&ones)<<8
+		binary.LittleEndian.PutUint64(dst[i:], x)
+	}
+	return i, s
 }
 
 // AWQOrder is AutoAWQ's interleave for 4-bit GEMM words: nibble i of a word holds column

@@ -141,7 +141,8 @@ func TestPackStreamStridesAndBytes(t *testing.T) {
 
 // TestPackStreamBytesFastPath: contiguous codes into bytes (packBytes, eight codes at a time)
 // give the spec's stream at every width and at lengths around its groups of eight, write no byte
-// past the packed length, and report a code too wide by its index.
+// past the packed length, and report a code too wide by its index; unpackBytes gives the codes
+// back and writes nothing past them.
 func TestPackStreamBytesFastPath(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	for bits := 1; bits <= 8; bits++ {
@@ -160,6 +161,13 @@ func TestPackStreamBytesFastPath(t *testing.T) {
 			}
 			if tail := bytes[n:]; slices.ContainsFunc(tail, func(b uint8) bool { return b != 0xAA }) {
 				t.Fatalf("%d-bit, %d codes: bytes past the packed length changed: %02x", bits, count, tail)
+			}
+			back := slices.Repeat([]uint8{0xAA}, count+9) // unpackBytes, the general loop after it
+			if err := UnpackStream(back, 1, bytes[:n], 1, count, bits); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(back[:count], codes) || slices.ContainsFunc(back[count:], func(b uint8) bool { return b != 0xAA }) {
+				t.Fatalf("%d-bit, %d codes: unpacked %v, want %v and the rest untouched", bits, count, back, codes)
 			}
 		}
 		if bits < 8 {

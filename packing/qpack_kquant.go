@@ -9,30 +9,20 @@ import (
 )
 
 // packRows stores an n×count array of b-bit values as the U8 tensor name [n, ⌈count·b/8⌉],
-// each row one bitstream (PackStream). Large arrays are split by rows over GOMAXPROCS
-// goroutines: a 7B's MLP weight is 45 M codes.
+// each row one bitstream (PackStream), large arrays over several goroutines (eachRows).
 func packRows(name string, v []uint8, n, count, bits int) (Raw, error) {
 	rb := PackedLen[uint8](count, bits)
 	data := make([]byte, n*rb)
-	workers := min(runtime.GOMAXPROCS(0), max(1, n*count/(1<<20)), max(n, 1))
-	errs := make([]error, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		r0, r1 := w*n/workers, (w+1)*n/workers
-		wg.Go(func() {
-			for r := r0; r < r1; r++ {
-				if err := PackStream(data[r*rb:(r+1)*rb], 1, v[r*count:], 1, count, bits); err != nil {
-					errs[w] = fmt.Errorf("tensor %s, row %d: %w", name, r, err)
-					return
-				}
+	err := eachRows(n, count, func(r0, r1 int) error {
+		for r := r0; r < r1; r++ {
+			if err := PackStream(data[r*rb:(r+1)*rb], 1, v[r*count:], 1, count, bits); err != nil {
+				return fmt.Errorf("tensor %s, row %d: %w", name, r, err)
 			}
-		})
-	}
-	wg.Wait()
-	for _, err := range errs { // the first row that failed
-		if err != nil {
-			return Raw{}, err
 		}
+		return nil
+	})
+	if err != nil {
+		return Raw{}, err
 	}
 	return Raw{Name: name, DType: "U8", Shape: []int{n, rb}, Data: data}, nil
 }
@@ -48,12 +38,34 @@ func unpackRows(g getter, name string, n, count, bits int) ([]uint8, error) {
 		return nil, err
 	}
 	v := make([]uint8, n*count)
-	for row := range n {
-		if err := UnpackStream(v[row*count:], 1, r.Data[row*rb:], 1, count, bits); err != nil {
-			return nil, err
+	err = eachRows(n, count, func(r0, r1 int) error {
+		for row := r0; row < r1; row++ {
+			if err := UnpackStream(v[row*count:(row+1)*count], 1, r.Data[row*rb:(row+1)*rb], 1, count, bits); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return v, err
+}
+
+// eachRows runs f over the rows [r0, r1) of an n×count array, split over GOMAXPROCS goroutines
+// when the array is large (a 7B's MLP weight is 45 M codes), and returns the error of the first
+// range that failed.
+func eachRows(n, count int, f func(r0, r1 int) error) error {
+	workers := min(runtime.GOMAXPROCS(0), max(1, n*count/(1<<20)), max(n, 1))
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() { errs[w] = f(w*n/workers, (w+1)*n/workers) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
 		}
 	}
-	return v, nil
+	return nil
 }
 
 // packKQuant appends a k-quant tensor's parameters to out (shape and codes): d, dmin and the
