@@ -1,6 +1,7 @@
 package packing
 
 import (
+	"maps"
 	"math/rand/v2"
 	"testing"
 
@@ -23,15 +24,37 @@ func BenchmarkPackGPTQ(b *testing.B) {
 
 // BenchmarkPackQPack packs an 11008×4096 weight (a 7B model's gate_proj) into the qpack layout
 // at 2, 3, 4 and 8 bits; bytes/s counts input codes (one per weight).
-func BenchmarkPackQPack(b *testing.B) {
+func BenchmarkPackQPack(b *testing.B) { benchPack(b, QPack{}, 2, 3, 4, 8) }
+
+// BenchmarkUnpackQPack unpacks what BenchmarkPackQPack packs (codes, scales and zeros); bytes/s
+// counts output codes.
+func BenchmarkUnpackQPack(b *testing.B) { benchUnpack(b, QPack{}, 2, 3, 4, 8) }
+
+// BenchmarkPackCompressed and BenchmarkUnpackCompressed are the same for compressed-tensors'
+// pack-quantized layout (32-bit words).
+func BenchmarkPackCompressed(b *testing.B)   { benchPack(b, CompressedTensors{}, 4, 8) }
+func BenchmarkUnpackCompressed(b *testing.B) { benchUnpack(b, CompressedTensors{}, 4, 8) }
+
+// benchWeights is an 11008×4096 int<bits>-g128-asym weight of random codes for each width.
+func benchWeights(b *testing.B, f Format, widths []int) []*quant.Tensor {
 	rng := rand.New(rand.NewPCG(1, 1))
-	for _, bits := range []int{2, 3, 4, 8} {
+	var ts []*quant.Tensor
+	for _, bits := range widths {
 		s := quant.Scheme{Grid: quant.Integer, Bits: bits, GroupSize: 128}
-		x := randomTensor(rng, s, 11008, 4096, false)
-		b.Run(s.String(), func(b *testing.B) {
+		if err := f.Supports(s); err != nil {
+			b.Fatal(err)
+		}
+		ts = append(ts, randomTensor(rng, s, 11008, 4096, false))
+	}
+	return ts
+}
+
+func benchPack(b *testing.B, f Format, widths ...int) {
+	for _, x := range benchWeights(b, f, widths) {
+		b.Run(x.Scheme.String(), func(b *testing.B) {
 			b.SetBytes(int64(x.N * x.K))
 			for b.Loop() {
-				if _, err := (QPack{}).Pack("p", x); err != nil {
+				if _, err := f.Pack("p", x); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -39,31 +62,18 @@ func BenchmarkPackQPack(b *testing.B) {
 	}
 }
 
-// BenchmarkUnpackQPack unpacks what BenchmarkPackQPack packs (the codes, scales and zeros of an
-// 11008×4096 weight); bytes/s counts output codes.
-func BenchmarkUnpackQPack(b *testing.B) {
-	rng := rand.New(rand.NewPCG(1, 1))
-	for _, bits := range []int{2, 3, 4, 8} {
-		s := quant.Scheme{Grid: quant.Integer, Bits: bits, GroupSize: 128}
-		x := randomTensor(rng, s, 11008, 4096, false)
-		f := QPack{}
+func benchUnpack(b *testing.B, f Format, widths ...int) {
+	for _, x := range benchWeights(b, f, widths) {
 		raws, err := f.Pack("p", x)
 		if err != nil {
 			b.Fatal(err)
 		}
-		get := func(name string) (Raw, bool) {
-			for _, r := range raws {
-				if r.Name == name {
-					return r, true
-				}
-			}
-			return Raw{}, false
-		}
-		meta := f.Metadata("p", x)
-		b.Run(s.String(), func(b *testing.B) {
+		meta := map[string]string{SchemeKey + ".p": x.Scheme.String()} // what a checkpoint's config gives the layouts that keep none
+		maps.Copy(meta, f.Metadata("p", x))
+		b.Run(x.Scheme.String(), func(b *testing.B) {
 			b.SetBytes(int64(x.N * x.K))
 			for b.Loop() {
-				if _, err := f.Unpack("p", get, meta); err != nil {
+				if _, err := f.Unpack("p", byName(raws), meta); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -51,8 +51,15 @@ func PackStream[W Word](dst []W, dstStride int, src []uint8, srcStride, count, b
 	if bits == 4 && srcStride == 1 && wb == 32 {
 		i, d = pack4Words(dst, dstStride, src, count)
 	}
-	if bytes, ok := any(dst).([]uint8); ok && srcStride == 1 && dstStride == 1 {
-		i, d = packBytes(bytes[:PackedLen[uint8](count, bits)], src, count, bits)
+	if srcStride == 1 && dstStride == 1 {
+		switch out := any(dst).(type) {
+		case []uint8:
+			i, d = packBytes(out[:PackedLen[uint8](count, bits)], src, count, bits)
+		case []uint32:
+			if bits != 4 { // pack4Words did these
+				i, d = packWords(out[:min(len(out), PackedLen[uint32](count, bits))], src, count, bits)
+			}
+		}
 	}
 	var acc uint64 // pending stream bits, lowest first
 	var have uint  // how many bits acc holds
@@ -98,6 +105,23 @@ func packBytes(dst, src []uint8, count, bits int) (i, d int) {
 	return i, d
 }
 
+// packWords is PackStream's fast path for contiguous codes into contiguous 32-bit words: 32
+// codes fill exactly bits words, packed as bytes (packBytes) and read back as little-endian words.
+// It returns how many codes it consumed and the next word; a code ≥ 2^bits stops it, leaving the
+// error to the general loop.
+func packWords(dst []uint32, src []uint8, count, bits int) (i, d int) {
+	var buf [40]byte // 4·bits bytes, and room for packBytes' last uint64 store
+	for ; i+32 <= count && d+bits <= len(dst); i, d = i+32, d+bits {
+		if n, _ := packBytes(buf[:], src[i:i+32], 32, bits); n < 32 {
+			break
+		}
+		for j := range bits {
+			dst[d+j] = binary.LittleEndian.Uint32(buf[4*j:])
+		}
+	}
+	return i, d
+}
+
 // pack4Words is PackStream's fast path for contiguous 4-bit codes into 32-bit words: eight
 // codes are read as one little-endian uint64 (code j in byte j) and their low nibbles squeezed
 // together (code j to bits 4j…4j+3). It packs whole words only and returns how many codes it
@@ -129,8 +153,13 @@ func UnpackStream[W Word](dst []uint8, dstStride int, src []W, srcStride, count,
 	var acc uint64
 	var have uint
 	i, s := 0, 0
-	if bytes, ok := any(src).([]uint8); ok && srcStride == 1 && dstStride == 1 {
-		i, s = unpackBytes(dst, bytes, count, bits)
+	if srcStride == 1 && dstStride == 1 {
+		switch in := any(src).(type) {
+		case []uint8:
+			i, s = unpackBytes(dst, in, count, bits)
+		case []uint32:
+			i, s = unpackWords(dst, in, count, bits)
+		}
 	}
 	for d := i; i < count; i, d = i+1, d+dstStride {
 		if have < b {
@@ -165,6 +194,20 @@ func unpackBytes(dst, src []uint8, count, bits int) (i, s int) {
 		x = x&pairs | (x>>(2*b)&pairs)<<16
 		x = x&ones | (x>>b&ones)<<8
 		binary.LittleEndian.PutUint64(dst[i:], x)
+	}
+	return i, s
+}
+
+// unpackWords is UnpackStream's fast path for contiguous 32-bit words into contiguous codes,
+// packWords in reverse: bits words, written out as little-endian bytes, unpack into 32 codes
+// (unpackBytes). It returns how many codes and words it consumed.
+func unpackWords(dst []uint8, src []uint32, count, bits int) (i, s int) {
+	var buf [40]byte // 4·bits bytes, and room for unpackBytes' last uint64 read
+	for ; i+32 <= count && i+32 <= len(dst) && s+bits <= len(src); i, s = i+32, s+bits {
+		for j := range bits {
+			binary.LittleEndian.PutUint32(buf[4*j:], src[s+j])
+		}
+		unpackBytes(dst[i:i+32], buf[:], 32, bits)
 	}
 	return i, s
 }

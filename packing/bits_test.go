@@ -181,6 +181,44 @@ func TestPackStreamBytesFastPath(t *testing.T) {
 	}
 }
 
+// TestPackStreamWordsFastPath: contiguous codes into 32-bit words (packWords, 32 codes at a
+// time) give the spec's words at every width, leave the words past the packed length alone,
+// unpack back (unpackWords), and report a code too wide by its index.
+func TestPackStreamWordsFastPath(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for bits := 1; bits <= 8; bits++ {
+		for _, count := range []int{32, 63, 64, 65, 200, 1024} {
+			codes := randomCodes(rng, count, bits)
+			n := PackedLen[uint32](count, bits)
+			words := slices.Repeat([]uint32{0xAAAAAAAA}, n+3)
+			if err := PackStream(words, 1, codes, 1, count, bits); err != nil {
+				t.Fatal(err)
+			}
+			if want := specWords(codes, bits); !slices.Equal(words[:n], want) {
+				t.Fatalf("%d-bit, %d codes: got %08x, want %08x", bits, count, words[:n], want)
+			}
+			if tail := words[n:]; slices.ContainsFunc(tail, func(w uint32) bool { return w != 0xAAAAAAAA }) {
+				t.Fatalf("%d-bit, %d codes: words past the packed length changed: %08x", bits, count, tail)
+			}
+			back := slices.Repeat([]uint8{0xAA}, count+5)
+			if err := UnpackStream(back, 1, words[:n], 1, count, bits); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(back[:count], codes) || slices.ContainsFunc(back[count:], func(b uint8) bool { return b != 0xAA }) {
+				t.Fatalf("%d-bit, %d codes: unpacked %v, want %v and the rest untouched", bits, count, back, codes)
+			}
+		}
+		if bits < 8 {
+			codes := make([]uint8, 96)
+			codes[41] = 1 << bits
+			err := PackStream(make([]uint32, PackedLen[uint32](96, bits)), 1, codes, 1, 96, bits)
+			if err == nil || !strings.Contains(err.Error(), "index 41") {
+				t.Fatalf("%d-bit words: a code of %d at index 41: %v", bits, codes[41], err)
+			}
+		}
+	}
+}
+
 func TestPackStreamRejectsBadInput(t *testing.T) {
 	dst := make([]uint32, 4)
 	if err := PackStream(dst, 1, []uint8{1, 16, 3}, 1, 3, 4); err == nil {

@@ -71,10 +71,16 @@ func (f CompressedTensors) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 	ng := s.Groups(k)
 	kw := PackedLen[uint32](k, s.Bits)
 	packed := make([]uint32, n*kw)
-	for r := range n {
-		if err := PackStream(packed[r*kw:], 1, t.Codes[r*k:], 1, k, s.Bits); err != nil {
-			return nil, fmt.Errorf("tensor %s, output row %d: %w", prefix, r, err)
+	err := eachRows(n, k, func(r0, r1 int) error {
+		for r := r0; r < r1; r++ {
+			if err := PackStream(packed[r*kw:(r+1)*kw], 1, t.Codes[r*k:(r+1)*k], 1, k, s.Bits); err != nil {
+				return fmt.Errorf("tensor %s, output row %d: %w", prefix, r, err)
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	scales, err := f16Raw(prefix+".weight_scale", t.Scales, identity, n, ng)
 	if err != nil {
@@ -136,10 +142,16 @@ func (f CompressedTensors) Unpack(prefix string, get func(string) (Raw, bool), m
 	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k),
 		Scales: make([]float32, n*ng), Zeros: make([]uint8, n*ng)}
 	words := rawWords(wp)
-	for r := range n {
-		if err := UnpackStream(t.Codes[r*k:], 1, words[r*kw:], 1, k, s.Bits); err != nil {
-			return nil, err
+	err = eachRows(n, k, func(r0, r1 int) error {
+		for r := r0; r < r1; r++ {
+			if err := UnpackStream(t.Codes[r*k:(r+1)*k], 1, words[r*kw:(r+1)*kw], 1, k, s.Bits); err != nil {
+				return err
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	rawF16(sc, t.Scales, identity)
 	if s.Sym {
