@@ -80,3 +80,7 @@ func benchUnpack(b *testing.B, f Format, widths ...int) {
 		})
 	}
 }
+
+// BenchmarkUnpackGPTQ unpacks GPTQ's qweight, qzeros and scales of an 11008×4096 weight (reading
+// an AutoGPTQ checkpoint) at 2, 3, 4 and 8 bits.
+func BenchmarkUnpackGPTQ(b *testing.B) { benchUnpack(b, GPTQ{}, 2, 3, 4, 8) }

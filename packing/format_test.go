@@ -306,3 +306,28 @@ func TestDimsEveryFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestRoundTripLargeTensors: tensors large enough to be packed and unpacked over several
+// goroutines (eachRows, when GOMAXPROCS allows) come back as they went, in the layouts that split
+// their rows.
+func TestRoundTripLargeTensors(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, f := range []Format{GPTQ{}, CompressedTensors{}, QPack{}} {
+		for _, bits := range []int{3, 4, 8} {
+			s := quant.Scheme{Grid: quant.Integer, Bits: bits, GroupSize: 128}
+			if f.Supports(s) != nil {
+				continue
+			}
+			want := randomTensor(rng, s, 523, 4096, false)
+			raws, err := f.Pack("p", want)
+			if err != nil {
+				t.Fatalf("%s %s: pack: %v", f.Name(), s, err)
+			}
+			got, err := f.Unpack("p", byName(raws), metaFor(f, "p", want))
+			if err != nil {
+				t.Fatalf("%s %s: unpack: %v", f.Name(), s, err)
+			}
+			sameTensor(t, got, want)
+		}
+	}
+}

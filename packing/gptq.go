@@ -203,6 +203,32 @@ func PackGPTQRows(qweight []byte, codes []uint8, n, k, bits, c0 int) error {
 	return nil
 }
 
+// unpackGPTQWords reads qweight [K·b/32, N] back into the n×k codes, in blocks of 32 codes as
+// PackGPTQRows wrote them: each block's b words of a column are gathered and unpacked as one
+// contiguous stream (UnpackStream's word path). Columns go 16 at a time, the 64 bytes of a word
+// row that they share read once, and the columns are split over goroutines (eachRows).
+func unpackGPTQWords(codes []uint8, words []uint32, n, k, bits int) error {
+	const tile = 16
+	return eachRows(n, k, func(c0, c1 int) error {
+		var col [8]uint32
+		for t0 := c0; t0 < c1; t0 += tile {
+			for k0 := 0; k0 < k; k0 += 32 {
+				r0, count := k0*bits/32, min(32, k-k0)
+				nw := PackedLen[uint32](count, bits)
+				for c := t0; c < min(t0+tile, c1); c++ {
+					for j := range nw {
+						col[j] = words[(r0+j)*n+c]
+					}
+					if err := UnpackStream(codes[c*k+k0:c*k+k0+count], 1, col[:nw], 1, count, bits); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	})
+}
+
 // packGPTQ4 packs all n rows of 4-bit codes: word (r, c) holds codes 8r…8r+7 of row c. Large
 // tensors are split by output rows over GOMAXPROCS goroutines. A code ≥ 16 returns an error
 // without saying where.
@@ -352,14 +378,8 @@ func (f GPTQ) Unpack(prefix string, get func(string) (Raw, bool), meta map[strin
 	}
 	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k),
 		Scales: make([]float32, n*ng), Zeros: make([]uint8, n*ng)}
-	words := rawWords(qw)
-	for k0 := 0; k0 < k; k0 += 32 { // in blocks of 32 codes, as Pack
-		r0, count := k0*s.Bits/32, min(32, k-k0)
-		for c := range n {
-			if err := UnpackStream(t.Codes[c*k+k0:], 1, words[r0*n+c:], n, count, s.Bits); err != nil {
-				return nil, err
-			}
-		}
+	if err := unpackGPTQWords(t.Codes, rawWords(qw), n, k, s.Bits); err != nil {
+		return nil, err
 	}
 	zwords := rawWords(qz)
 	for gi := range ng {
