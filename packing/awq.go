@@ -1,6 +1,7 @@
 package packing
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/qpack-dev/qpack/quant"
@@ -59,10 +60,8 @@ func (f AWQ) Pack(prefix string, t *quant.Tensor) ([]Raw, error) {
 	ng := s.Groups(k)
 	cols := n / 8
 	qweight := make([]uint32, k*cols)
-	for r := range k {
-		if err := PackAWQ4(qweight[r*cols:], t.Codes[r:], k, n); err != nil {
-			return nil, fmt.Errorf("tensor %s, input channel %d: %w", prefix, r, err)
-		}
+	if err := packAWQWeights(qweight, t.Codes, n, k); err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", prefix, err)
 	}
 	qzeros := make([]uint32, ng*cols)
 	for g := range ng {
@@ -118,12 +117,7 @@ func (f AWQ) Unpack(prefix string, get func(string) (Raw, bool), meta map[string
 	}
 	t := &quant.Tensor{Scheme: s, N: n, K: k, Codes: make([]uint8, n*k),
 		Scales: make([]float32, n*ng), Zeros: make([]uint8, n*ng)}
-	words := rawWords(qw)
-	for r := range k {
-		if err := UnpackAWQ4(t.Codes[r:], k, words[r*cols:], n); err != nil {
-			return nil, err
-		}
-	}
+	unpackAWQWeights(t.Codes, rawWords(qw), n, k)
 	zwords := rawWords(qz)
 	for gi := range ng {
 		if err := UnpackAWQ4(t.Zeros[gi:], ng, zwords[gi*cols:], n); err != nil {
@@ -141,4 +135,73 @@ func (AWQ) Bytes(s quant.Scheme, n, k int) int64 {
 
 func (AWQ) TensorNames(prefix string) []string {
 	return []string{prefix + ".qweight", prefix + ".qzeros", prefix + ".scales"}
+}
+
+// packAWQWeights writes qweight [K, N/8] from the n×k codes, a block of eight output rows (one
+// word column) at a time over goroutines (eachRows): each block's eight rows are read eight input
+// channels at a time, one uint64 per row, and the eight words of those channels made from them
+// (AWQOrder's nibble pairs are byte j of x[0]|x[2]<<4, x[4]|x[6]<<4, x[1]|x[3]<<4 and x[5]|x[7]<<4)
+// instead of gathering every code from its row, k bytes apart. A code that does not fit in 4 bits
+// is an error (checkTensor refuses such tensors first).
+func packAWQWeights(qweight []uint32, codes []uint8, n, k int) error {
+	cols := n / 8
+	return eachRows(cols, 8*k, func(c0, c1 int) error {
+		for c := c0; c < c1; c++ {
+			rows := codes[8*c*k : 8*(c+1)*k]
+			r := 0
+			for ; r+8 <= k; r += 8 {
+				var x [8]uint64
+				var seen uint64
+				for j := range x {
+					x[j] = binary.LittleEndian.Uint64(rows[j*k+r:])
+					seen |= x[j]
+				}
+				if seen&0xF0F0F0F0F0F0F0F0 != 0 {
+					return fmt.Errorf("a code of output rows %d–%d, input channels %d–%d does not fit in 4 bits", 8*c, 8*c+7, r, r+7)
+				}
+				p := [4]uint64{x[0] | x[2]<<4, x[4] | x[6]<<4, x[1] | x[3]<<4, x[5] | x[7]<<4}
+				for i := range uint(8) {
+					qweight[(r+int(i))*cols+c] = uint32(p[0]>>(8*i)&0xFF) | uint32(p[1]>>(8*i)&0xFF)<<8 |
+						uint32(p[2]>>(8*i)&0xFF)<<16 | uint32(p[3]>>(8*i)&0xFF)<<24
+				}
+			}
+			for ; r < k; r++ {
+				if err := PackAWQ4(qweight[r*cols+c:r*cols+c+1], rows[r:], k, 8); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// unpackAWQWeights is packAWQWeights in reverse: the eight words of eight input channels of a
+// word column become one uint64 per output row, written whole.
+func unpackAWQWeights(codes []uint8, qweight []uint32, n, k int) {
+	cols := n / 8
+	eachRows(cols, 8*k, func(c0, c1 int) error {
+		const low = 0x0F0F0F0F0F0F0F0F
+		for c := c0; c < c1; c++ {
+			rows := codes[8*c*k : 8*(c+1)*k]
+			r := 0
+			for ; r+8 <= k; r += 8 {
+				var p [4]uint64
+				for i := range uint(8) {
+					w := uint64(qweight[(r+int(i))*cols+c])
+					p[0] |= (w & 0xFF) << (8 * i)
+					p[1] |= (w >> 8 & 0xFF) << (8 * i)
+					p[2] |= (w >> 16 & 0xFF) << (8 * i)
+					p[3] |= (w >> 24 & 0xFF) << (8 * i)
+				}
+				for j, x := range [8]uint64{p[0] & low, p[2] & low, p[0] >> 4 & low, p[2] >> 4 & low,
+					p[1] & low, p[3] & low, p[1] >> 4 & low, p[3] >> 4 & low} {
+					binary.LittleEndian.PutUint64(rows[j*k+r:], x)
+				}
+			}
+			for ; r < k; r++ {
+				UnpackAWQ4(rows[r:], k, qweight[r*cols+c:r*cols+c+1], 8) // eight codes: no error
+			}
+		}
+		return nil
+	})
 }

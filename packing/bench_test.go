@@ -84,3 +84,7 @@ func benchUnpack(b *testing.B, f Format, widths ...int) {
 // BenchmarkUnpackGPTQ unpacks GPTQ's qweight, qzeros and scales of an 11008×4096 weight (reading
 // an AutoGPTQ checkpoint) at 2, 3, 4 and 8 bits.
 func BenchmarkUnpackGPTQ(b *testing.B) { benchUnpack(b, GPTQ{}, 2, 3, 4, 8) }
+
+// BenchmarkPackAWQ and BenchmarkUnpackAWQ are the same for AutoAWQ's GEMM layout (4-bit).
+func BenchmarkPackAWQ(b *testing.B)   { benchPack(b, AWQ{}, 4) }
+func BenchmarkUnpackAWQ(b *testing.B) { benchUnpack(b, AWQ{}, 4) }

@@ -51,6 +51,7 @@ func casesFor(f Format) []roundTripCase {
 	case AWQ:
 		add([]quant.Scheme{{Grid: quant.Integer, Bits: 4, GroupSize: 32}, {Grid: quant.Integer, Bits: 4, GroupSize: 64},
 			{Grid: quant.Integer, Bits: 4, GroupSize: quant.PerChannel}}, [][2]int{{8, 64}, {24, 192}, {136, 64}}, false)
+		add([]quant.Scheme{{Grid: quant.Integer, Bits: 4, GroupSize: quant.PerChannel}}, [][2]int{{16, 37}, {8, 5}}, false) // K not a multiple of 8
 	case CompressedTensors:
 		add(intSchemes([]int{2, 4, 8}, []int{8, 32, 128, quant.PerChannel}), [][2]int{{5, 37}, {33, 160}, {1, 3}, {17, 129}}, false)
 		add(intSchemes([]int{2, 4, 8}, []int{32}), [][2]int{{9, 100}}, true)
@@ -309,16 +310,16 @@ func TestDimsEveryFormat(t *testing.T) {
 
 // TestRoundTripLargeTensors: tensors large enough to be packed and unpacked over several
 // goroutines (eachRows, when GOMAXPROCS allows) come back as they went, in the layouts that split
-// their rows.
+// their rows (AWQ its blocks of eight rows).
 func TestRoundTripLargeTensors(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
-	for _, f := range []Format{GPTQ{}, CompressedTensors{}, QPack{}} {
+	for _, f := range []Format{GPTQ{}, CompressedTensors{}, QPack{}, AWQ{}} {
 		for _, bits := range []int{3, 4, 8} {
 			s := quant.Scheme{Grid: quant.Integer, Bits: bits, GroupSize: 128}
 			if f.Supports(s) != nil {
 				continue
 			}
-			want := randomTensor(rng, s, 523, 4096, false)
+			want := randomTensor(rng, s, 528, 4096, false)
 			raws, err := f.Pack("p", want)
 			if err != nil {
 				t.Fatalf("%s %s: pack: %v", f.Name(), s, err)
@@ -328,6 +329,18 @@ func TestRoundTripLargeTensors(t *testing.T) {
 				t.Fatalf("%s %s: unpack: %v", f.Name(), s, err)
 			}
 			sameTensor(t, got, want)
+		}
+	}
+}
+
+// TestAWQRejectsWideCodes: packAWQWeights refuses a code of 16 or more, in the eight channels at
+// a time and in the channels past them.
+func TestAWQRejectsWideCodes(t *testing.T) {
+	for _, at := range []int{9*37 + 21, 9*37 + 35} {
+		codes := make([]uint8, 16*37)
+		codes[at] = 16
+		if err := packAWQWeights(make([]uint32, 37*2), codes, 16, 37); err == nil {
+			t.Errorf("a 5-bit code at %d packed", at)
 		}
 	}
 }
