@@ -88,3 +88,7 @@ func BenchmarkUnpackGPTQ(b *testing.B) { benchUnpack(b, GPTQ{}, 2, 3, 4, 8) }
 // BenchmarkPackAWQ and BenchmarkUnpackAWQ are the same for AutoAWQ's GEMM layout (4-bit).
 func BenchmarkPackAWQ(b *testing.B)   { benchPack(b, AWQ{}, 4) }
 func BenchmarkUnpackAWQ(b *testing.B) { benchUnpack(b, AWQ{}, 4) }
+
+// BenchmarkPackGPTQWidths packs an 11008×4096 int<b>-g128-asym weight into the GPTQ layout at 2,
+// 3, 4 and 8 bits.
+func BenchmarkPackGPTQWidths(b *testing.B) { benchPack(b, GPTQ{}, 2, 3, 4, 8) }

@@ -160,15 +160,17 @@ func checkParams(t *quant.Tensor) error {
 	return nil
 }
 
-// packGPTQWeights writes qweight [K·b/32, N] from all of t's codes; 4-bit codes of a large
-// tensor are packed on GOMAXPROCS goroutines.
+// packGPTQWeights writes qweight [K·b/32, N] from all of t's codes, a large tensor's rows on
+// GOMAXPROCS goroutines (each row is a column of qweight).
 func packGPTQWeights(data []byte, t *quant.Tensor) error {
 	if t.Scheme.Bits == 4 {
 		if err := packGPTQ4(data, t.Codes, t.N, t.K); err == nil {
 			return nil
 		} // else redo it the general way for the error message
 	}
-	return PackGPTQRows(data, t.Codes, t.N, t.K, t.Scheme.Bits, 0)
+	return eachRows(t.N, t.K, func(r0, r1 int) error {
+		return PackGPTQRows(data, t.Codes[r0*t.K:r1*t.K], t.N, t.K, t.Scheme.Bits, r0)
+	})
 }
 
 // PackGPTQRows packs rows c0 … c0+len(codes)/k−1 of an n×k tensor of b-bit codes into qweight,
