@@ -27,8 +27,8 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"sync"
 
+	"github.com/qpack-dev/qpack/internal/shares"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -136,7 +136,7 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 	dst.GlobalScale = opt.GlobalScale
 	quantize, bufLen := rowQuantizerFor(s, k, opt)
 	blocks := (n + rowBlock - 1) / rowBlock
-	return inRuns(blocks, min(runtime.GOMAXPROCS(0), blocks, max(1, n*k/(1<<16))), func(lo, hi int) error {
+	return shares.Runs(blocks, min(runtime.GOMAXPROCS(0), blocks, max(1, n*k/(1<<16))), func(lo, hi int) error {
 		buf := make([]float32, bufLen)
 		var block []uint8
 		if sink != nil {
@@ -149,23 +149,6 @@ func quantizeRows(dst *quant.Tensor, src rowSource, n, k int, s quant.Scheme, op
 		}
 		return nil
 	})
-}
-
-// inRuns splits [0, n) into workers contiguous runs and calls run on each from its own
-// goroutine; it returns the error of the lowest failing run.
-func inRuns(n, workers int, run func(lo, hi int) error) error {
-	errs := make([]error, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() { errs[w] = run(w*n/workers, (w+1)*n/workers) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // quantizeBlock quantizes rows r0 … r1−1 into dst.Codes or, with a sink, into block (len ≥

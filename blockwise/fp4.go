@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/internal/shares"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -93,7 +94,7 @@ func scaleSearch(q groupQuantizer, se scaleEnumerator, w []float32, r span, imp 
 func tensorAbsMax(src rowSource, n, k int) (float32, error) {
 	var mu sync.Mutex
 	var amax float32
-	err := inRuns(n, min(runtime.GOMAXPROCS(0), n, max(1, n*k/(1<<16))), func(lo, hi int) error {
+	err := shares.Runs(n, min(runtime.GOMAXPROCS(0), n, max(1, n*k/(1<<16))), func(lo, hi int) error {
 		buf := make([]float32, k)
 		var m float32
 		for row := lo; row < hi; row++ {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 
+	"github.com/qpack-dev/qpack/internal/shares"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -16,7 +17,7 @@ func quantizeFP8Blocks(dst *quant.Tensor, src rowSource, n, k int, s quant.Schem
 	resize(dst, n, k, s, true)
 	dst.GlobalScale = 0
 	bands := (n + b - 1) / b
-	return inRuns(bands, min(runtime.GOMAXPROCS(0), bands), func(lo, hi int) error {
+	return shares.Runs(bands, min(runtime.GOMAXPROCS(0), bands), func(lo, hi int) error {
 		buf, amax := make([]float32, k), make([]float32, groups)
 		for band := lo; band < hi; band++ {
 			if err := quantizeFP8Band(dst, src, band*b, min((band+1)*b, n), buf, amax); err != nil {

@@ -3,8 +3,8 @@ package packing
 import (
 	"fmt"
 	"runtime"
-	"sync"
 
+	"github.com/qpack-dev/qpack/internal/shares"
 	"github.com/qpack-dev/qpack/quant"
 )
 
@@ -53,19 +53,7 @@ func unpackRows(g getter, name string, n, count, bits int) ([]uint8, error) {
 // when the array is large (a 7B's MLP weight is 45 M codes), and returns the error of the first
 // range that failed.
 func eachRows(n, count int, f func(r0, r1 int) error) error {
-	workers := min(runtime.GOMAXPROCS(0), max(1, n*count/(1<<20)), max(n, 1))
-	errs := make([]error, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() { errs[w] = f(w*n/workers, (w+1)*n/workers) })
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return shares.Runs(n, min(runtime.GOMAXPROCS(0), max(1, n*count/(1<<20)), max(n, 1)), f)
 }
 
 // packKQuant appends a k-quant tensor's parameters to out (shape and codes): d, dmin and the

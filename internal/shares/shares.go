@@ -1,8 +1,28 @@
-// Package shares splits work among several GPUs in contiguous parts: equal counts of things, or
-// bands of a triangular matrix's columns holding equal areas.
+// Package shares splits work among several GPUs or goroutines in contiguous parts: equal counts
+// of things, or bands of a triangular matrix's columns holding equal areas.
 package shares
 
-import "math"
+import (
+	"math"
+	"sync"
+)
+
+// Runs splits [0, n) into workers contiguous runs and calls run on each from its own goroutine;
+// it returns the error of the lowest failing run.
+func Runs(n, workers int, run func(lo, hi int) error) error {
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() { errs[w] = run(w*n/workers, (w+1)*n/workers) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // Even splits n things (sequences, rows) into parts contiguous shares whose sizes differ by at
 // most one: share i is [at[i], at[i+1]).

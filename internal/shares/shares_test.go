@@ -1,8 +1,10 @@
 package shares
 
 import (
+	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -47,6 +49,31 @@ func TestTriangleBands(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// TestRuns: the runs cover [0, n) once, contiguously, and the lowest failing run's error comes back.
+func TestRuns(t *testing.T) {
+	seen := make([]int, 10)
+	var mu sync.Mutex
+	err := Runs(10, 3, func(lo, hi int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := lo; i < hi; i++ {
+			seen[i]++
+		}
+		if lo > 0 {
+			return fmt.Errorf("run from %d", lo)
+		}
+		return nil
+	})
+	if err == nil || err.Error() != "run from 3" {
+		t.Errorf("error %v, want the run from 3's", err)
+	}
+	for i, c := range seen {
+		if c != 1 {
+			t.Errorf("%d visited %d times", i, c)
 		}
 	}
 }
