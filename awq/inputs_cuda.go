@@ -12,7 +12,7 @@ import (
 // Stride-th token row kept in device memory for the searches. It is filled on the model
 // engine's stream while the engine runs a block (model.GPUCalibrator.ObserveGPU) and read once
 // that stream is synchronized. On several GPUs each GPU keeps the inputs of its share of the
-// tokens (NewShardInputs) and GPUSearch.Join gathers them where a search runs.
+// tokens (Reset's start) and GPUSearch.Join gathers them where a search runs.
 type DeviceInputs struct {
 	Cols, Stride int
 	X            cuda.DevicePtr // kept rows [Rows, Cols]
@@ -22,36 +22,43 @@ type DeviceInputs struct {
 	mem     cuda.DevicePtr // X, then Σx² and Σ|x| (float64, Cols each)
 	sq, abs cuda.DevicePtr
 	capRows int
-	start   int // the index of the first token among all the calibration's (a GPU's share)
-	tokens  int
+	start   int // the index among all the calibration's tokens of the first row offered to Keep
+	tokens  int // rows added to the channel sums
+	offered int // rows offered to Keep
 }
 
 // NewDeviceInputs allocates the inputs of a group of cols channels that will see at most
-// tokens token rows, keeping every stride-th.
+// tokens token rows, keeping every stride-th (room for the rows kept of any tokens consecutive
+// indices); the first row is token 0 until Reset says otherwise.
 func NewDeviceInputs(dev *cuda.Device, cols, stride, tokens int) (*DeviceInputs, error) {
-	return NewShardInputs(dev, cols, stride, 0, tokens)
-}
-
-// NewShardInputs allocates the inputs of one GPU's share of the tokens, those from index start
-// on (at most tokens of them): it keeps the rows whose index among all the calibration's tokens
-// is a multiple of stride, the rows one GPU would keep of all the tokens.
-func NewShardInputs(dev *cuda.Device, cols, stride, start, tokens int) (*DeviceInputs, error) {
 	stride = max(stride, 1)
-	ceil := func(n int) int { return (n + stride - 1) / stride }
-	in := &DeviceInputs{Cols: cols, Stride: stride, dev: dev, capRows: ceil(start+tokens) - ceil(start), start: start}
+	in := &DeviceInputs{Cols: cols, Stride: stride, dev: dev, capRows: (tokens + stride - 1) / stride}
 	xBytes := (4*in.capRows*cols + 255) / 256 * 256
 	var err error
 	if in.mem, err = dev.Alloc(xBytes + 16*cols); err != nil {
 		return nil, fmt.Errorf("awq: %d sampled input rows of %d channels on the GPU: %w", in.capRows, cols, err)
 	}
 	in.X, in.sq, in.abs = in.mem, in.mem.Add(xBytes), in.mem.Add(xBytes+8*cols)
-	return in, in.Reset()
+	return in, in.Reset(0)
 }
 
-// Reset forgets every row added, for the next block.
-func (in *DeviceInputs) Reset() error {
-	in.Rows, in.tokens = 0, 0
+// Reset forgets every row added, for the next block; the rows offered from then on are the
+// tokens from index start on among all the calibration's (a GPU's share of them: it keeps the
+// rows whose index is a multiple of Stride, those one GPU would keep of all the tokens).
+func (in *DeviceInputs) Reset(start int) error {
+	in.Rows, in.tokens, in.offered, in.start = 0, 0, 0, start
 	return in.dev.Fill32(in.sq, 0, 4*in.Cols) // Σx² and Σ|x|: 2·Cols float64 zeros
+}
+
+// Restart makes the rows offered from now on the tokens from index start on, those before it
+// offered to no Keep yet (a GPU's tokens routed to an expert, whose first index is known once
+// every GPU has routed them).
+func (in *DeviceInputs) Restart(start int) error {
+	if in.offered > 0 {
+		return fmt.Errorf("awq: inputs restarted at token %d after %d rows were offered", start, in.offered)
+	}
+	in.start = start
+	return nil
 }
 
 // Free releases the device memory.
@@ -67,7 +74,26 @@ func (in *DeviceInputs) Free() error {
 // Add queues, on the engine's stream, the channel sums of x [rows, Cols] (device) and the copy of
 // its kept rows (the token count runs on over all calls, as Inputs.Add's does).
 func (in *DeviceInputs) Add(e *model.GPU, g *GPUSearch, x cuda.DevicePtr, rows int) error {
-	first := (in.Stride - (in.start+in.tokens)%in.Stride) % in.Stride
+	if err := in.AddSums(e, x, rows); err != nil {
+		return err
+	}
+	return in.Keep(e, g, x, rows)
+}
+
+// AddSums queues the channel sums of x [rows, Cols] on the engine's stream and counts its rows.
+func (in *DeviceInputs) AddSums(e *model.GPU, x cuda.DevicePtr, rows int) error {
+	if err := e.AddChannelStats(in.sq, in.abs, x, rows, in.Cols); err != nil {
+		return err
+	}
+	in.tokens += rows
+	return nil
+}
+
+// Keep queues, on the engine's stream, the copy of the rows of x [rows, Cols] whose index
+// among all the calibration's tokens is a multiple of Stride (the rows offered run on over all
+// calls from Reset's start).
+func (in *DeviceInputs) Keep(e *model.GPU, g *GPUSearch, x cuda.DevicePtr, rows int) error {
+	first := (in.Stride - (in.start+in.offered)%in.Stride) % in.Stride
 	count := 0
 	if first < rows {
 		count = (rows - first + in.Stride - 1) / in.Stride
@@ -75,14 +101,11 @@ func (in *DeviceInputs) Add(e *model.GPU, g *GPUSearch, x cuda.DevicePtr, rows i
 	if in.Rows+count > in.capRows {
 		return fmt.Errorf("awq: more calibration tokens than the %d the inputs were sized for", in.capRows*in.Stride)
 	}
-	if err := e.AddChannelStats(in.sq, in.abs, x, rows, in.Cols); err != nil {
-		return err
-	}
 	if err := g.GatherRows(in.X.Add(4*in.Rows*in.Cols), x, in.Cols, first, in.Stride, count, e.Stream()); err != nil {
 		return err
 	}
 	in.Rows += count
-	in.tokens += rows
+	in.offered += rows
 	return nil
 }
 

@@ -2,6 +2,7 @@ package awq
 
 import (
 	"flag"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -250,7 +251,7 @@ func TestGPUDeviceInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	sameInputs(t, g, din, in)
-	if err := din.Reset(); err != nil {
+	if err := din.Reset(0); err != nil {
 		t.Fatal(err)
 	}
 	bad := make([]float32, 2*cols)
@@ -267,10 +268,19 @@ func TestGPUDeviceInputs(t *testing.T) {
 	}
 }
 
-// Shards' inputs (NewShardInputs over consecutive token ranges, chunks of unequal sizes, one
-// share without a kept row), joined, keep the rows and mean |x| that Inputs keeps of all the
-// tokens; a join into inputs too small for the rows is an error.
+// Shards' inputs (consecutive token ranges, Reset at each share's first index, chunks of
+// unequal sizes, one share without a kept row), joined, keep the rows and mean |x| that Inputs
+// keeps of all the tokens, whether each chunk's sums and rows are added at once (Add) or, as
+// an expert's routed tokens on several GPUs, every chunk's sums first (AddSums) and its rows in
+// a second pass once the share's first index is known (Restart, Keep); a join into inputs too
+// small for the rows is an error.
 func TestGPUJoinedInputs(t *testing.T) {
+	for _, twoPasses := range []bool{false, true} {
+		t.Run(fmt.Sprintf("two passes %v", twoPasses), func(t *testing.T) { testJoinedInputs(t, twoPasses) })
+	}
+}
+
+func testJoinedInputs(t *testing.T, twoPasses bool) {
 	dev, g, e := openSearchAndEngine(t)
 	r := rand.New(rand.NewPCG(19, 20))
 	const cols, stride = 70, 4
@@ -283,12 +293,22 @@ func TestGPUJoinedInputs(t *testing.T) {
 		for _, rows := range chunks {
 			tokens += rows
 		}
-		p, err := NewShardInputs(dev, cols, stride, start, tokens)
+		p, err := NewDeviceInputs(dev, cols, stride, tokens)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer p.Free()
-		addChunks(t, r, e, g, p, in, chunks)
+		if !twoPasses {
+			err = p.Reset(start)
+		} else if err = p.Reset(1 << 20); err == nil { // the first index is not known in the first pass
+			addChunksTwice(t, r, e, g, p, in, chunks, start)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !twoPasses {
+			addChunks(t, r, e, g, p, in, chunks)
+		}
 		parts = append(parts, p)
 		start += tokens
 	}
@@ -317,6 +337,30 @@ func TestGPUJoinedInputs(t *testing.T) {
 	defer small.Free()
 	if err := g.Join(small, parts); err == nil {
 		t.Error("joined more rows than the inputs have room for: no error")
+	}
+}
+
+// addChunksTwice adds random chunks to in, and to din in two passes: every chunk's sums, then
+// (Restart at start) every chunk's rows; a Restart after a row was offered is an error.
+func addChunksTwice(t *testing.T, r *rand.Rand, e *model.GPU, g *GPUSearch, din *DeviceInputs, in *Inputs, chunks []int, start int) {
+	t.Helper()
+	var xs []cuda.DevicePtr
+	for _, rows := range chunks {
+		xs = append(xs, randomChunk(t, r, e, in, rows, din.Cols))
+		if err := din.AddSums(e, xs[len(xs)-1], rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := din.Restart(start); err != nil {
+		t.Fatal(err)
+	}
+	for i, rows := range chunks {
+		if err := din.Keep(e, g, xs[i], rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := din.Restart(start); err == nil {
+		t.Error("restarted after rows were offered: no error")
 	}
 }
 
@@ -364,18 +408,24 @@ func openSearchAndEngine(t *testing.T) (*cuda.Device, *GPUSearch, *model.GPU) {
 	return dev, g, e
 }
 
+// randomChunk adds rows×cols random values to in and returns their copy on e's GPU.
+func randomChunk(t *testing.T, r *rand.Rand, e *model.GPU, in *Inputs, rows, cols int) cuda.DevicePtr {
+	t.Helper()
+	x := make([]float32, rows*cols)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	if err := in.Add(x, rows, cols); err != nil {
+		t.Fatal(err)
+	}
+	return gputest.Floats(t, e.Device(), x)
+}
+
 // addChunks adds chunks of random rows (counts in chunks) to din, on e's stream, and to in.
 func addChunks(t *testing.T, r *rand.Rand, e *model.GPU, g *GPUSearch, din *DeviceInputs, in *Inputs, chunks []int) {
 	t.Helper()
 	for _, rows := range chunks {
-		x := make([]float32, rows*din.Cols)
-		for i := range x {
-			x[i] = float32(r.NormFloat64())
-		}
-		if err := in.Add(x, rows, din.Cols); err != nil {
-			t.Fatal(err)
-		}
-		if err := din.Add(e, g, gputest.Floats(t, e.Device(), x), rows); err != nil {
+		if err := din.Add(e, g, randomChunk(t, r, e, in, rows, din.Cols), rows); err != nil {
 			t.Fatal(err)
 		}
 	}

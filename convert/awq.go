@@ -63,6 +63,7 @@ type awqScaler struct {
 	starts    []int                          // the index of each GPU's first token, and the count of all (shares.Even)
 	mu        sync.Mutex                     // observing, while the GPUs observe at once; clip and quantize, while they quantize
 	folding   map[int]chan struct{}          // awq+gptq on the GPU: closed when the host has folded the block's scales in
+	passEnded map[int]bool                   // blocks of experts whose gate/up inputs every GPU has observed once (EndPass)
 
 	search, clip, quantize time.Duration
 	clipAndQuantize        time.Duration // quantizeBlock's wall time (clip and quantize add up every GPU's)
@@ -73,7 +74,7 @@ type awqScaler struct {
 func useAWQ(r *blockRunner, items []Item, opt Options, g *gpu) error {
 	s := &awqScaler{r: r, opt: awq.Options{Duo: opt.AWQ.Duo}, gptq: opt.Method.Solves(), noClip: opt.AWQ.NoClip, tokens: opt.AWQ.SearchTokens,
 		inputs: map[string]groupInputs{}, scaled: map[int]bool{}, kept: map[string]bool{}, joined: map[model.Group]*awq.DeviceInputs{},
-		observing: map[string][]*awq.DeviceInputs{}, folding: map[int]chan struct{}{}}
+		observing: map[string][]*awq.DeviceInputs{}, folding: map[int]chan struct{}{}, passEnded: map[int]bool{}}
 	if s.tokens <= 0 {
 		s.tokens = DefaultAWQSearchTokens
 	}
@@ -125,16 +126,8 @@ func searchesOnCPU(items []Item) bool {
 }
 
 // awqOnOneGPU says that AWQ calibrates on the first GPU alone: where its searches run on the CPU
-// (the calibration then does too), and for a mixture of experts (an expert's inputs are the
-// tokens routed to it, which no GPU's share of the tokens tells where to sample).
-func awqOnOneGPU(items []Item) bool {
-	for _, it := range items {
-		if t := model.ParseTensorName(it.Info.Name); t.Expert >= 0 || t.Role == model.RoleRouter {
-			return true
-		}
-	}
-	return searchesOnCPU(items)
-}
+// (the calibration then does too).
+func awqOnOneGPU(items []Item) bool { return searchesOnCPU(items) }
 
 // awqSearchMath is the α search's GEMM arithmetic for calibration math name (Options.CalibMath):
 // scaled FP16 by default, true float32 for fp32, and TF32 under the others (BF16's 8-bit
@@ -213,6 +206,7 @@ func (s *awqScaler) calibrate(m *model.Model, seqs [][]int, opt model.CalibrateO
 		return append(steps, b.Groups())
 	}
 	opt.ObserveOnly = !s.gptq
+	opt.Experts.GateUpAgain = s.routedTwice
 	s.stride = stride
 	if s.gpus != nil { // the token shares of model.CalibrateSharded
 		at := shares.Even(len(seqs), min(len(s.gpus), len(seqs)))
@@ -275,7 +269,10 @@ func (s *awqScaler) ObserveGPU(block int, g model.Group, x cuda.DevicePtr, rows,
 	return s.ObserveShard(0, block, g, x, rows, cols)
 }
 
-// ObserveShard is ObserveGPU for the share of the tokens of GPU shard (x is there).
+// ObserveShard is ObserveGPU for the share of the tokens of GPU shard (x is there). On several
+// GPUs an expert's gate/up inputs come twice in a block's first step (routedTwice): the first
+// pass adds their channel sums and counts the rows, the second keeps the sampled rows, from the
+// index among all the GPUs' tokens routed to the expert that EndPass gave the GPU's first.
 func (s *awqScaler) ObserveShard(shard, block int, g model.Group, x cuda.DevicePtr, rows, cols int) error {
 	if s.gptq && s.scaled[block] {
 		return s.r.ObserveShard(shard, block, g, x, rows, cols)
@@ -283,16 +280,36 @@ func (s *awqScaler) ObserveShard(shard, block int, g model.Group, x cuda.DeviceP
 	if s.r.stopped.Load() {
 		return fmt.Errorf("stopped")
 	}
-	in, err := s.shardInputs(shard, block, g, rows, cols)
+	in, again, err := s.shardInputs(shard, block, g, rows, cols)
 	if err != nil {
 		return fmt.Errorf("block %d, input of %s: %w", block, strings.Join(g.Modules(), ", "), err)
 	}
-	return in.Add(s.r.gpu.shards[shard].e, s.gpus[shard], x, rows)
+	e := s.r.gpu.shards[shard].e
+	switch {
+	case again:
+		return in.Keep(e, s.gpus[shard], x, rows)
+	case s.routedTwice(block) && isExpertGateUp(g):
+		return in.AddSums(e, x, rows)
+	}
+	return in.Add(e, s.gpus[shard], x, rows)
+}
+
+// routedTwice says that the experts' gate/up inputs of block are observed twice
+// (model.ExpertObservation.GateUpAgain): in AWQ's step on several GPUs, where no GPU knows before
+// every GPU has routed its tokens where its share of an expert's tokens begins.
+func (s *awqScaler) routedTwice(block int) bool {
+	return len(s.starts) > 2 && !s.scaled[block]
+}
+
+func isExpertGateUp(g model.Group) bool {
+	_, expert := g.Expert()
+	return expert && g.Stage() == model.GroupGateUp.Stage()
 }
 
 // shardInputs returns GPU shard's inputs of group g in block, emptied on their first use in the
-// block (reused from the blocks before where the width is the same), the rows counted.
-func (s *awqScaler) shardInputs(shard, block int, g model.Group, rows, cols int) (*awq.DeviceInputs, error) {
+// block (reused from the blocks before where the width is the same), the rows counted; again
+// says that these are an expert's gate/up rows handed again after EndPass.
+func (s *awqScaler) shardInputs(shard, block int, g model.Group, rows, cols int) (in *awq.DeviceInputs, again bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := hessianKey(block, g)
@@ -302,25 +319,77 @@ func (s *awqScaler) shardInputs(shard, block int, g model.Group, rows, cols int)
 		s.observing[key] = ins
 		s.r.experts.start(block, g)
 	}
+	if s.passEnded[block] && isExpertGateUp(g) {
+		if ins[shard] == nil {
+			return nil, false, fmt.Errorf("GPU %d routed %d tokens in a second pass and none in the first", shard, rows)
+		}
+		return ins[shard], true, nil
+	}
 	s.r.experts.add(block, g, rows)
 	if ins[shard] != nil {
-		return ins[shard], nil
+		return ins[shard], false, nil
 	}
-	in := s.gpuInput[shard][g]
+	in = s.gpuInput[shard][g]
 	if in != nil && in.Cols != cols {
 		in.Free()
 		in = nil
 	}
 	if in == nil {
-		var err error
-		start, tokens := s.starts[shard], s.starts[shard+1]-s.starts[shard]
-		if in, err = awq.NewShardInputs(s.r.gpu.shards[shard].e.Device(), cols, s.stride, start, tokens); err != nil {
-			return nil, err
+		tokens := s.starts[shard+1] - s.starts[shard]
+		if in, err = awq.NewDeviceInputs(s.r.gpu.shards[shard].e.Device(), cols, s.stride, tokens); err != nil {
+			return nil, false, err
 		}
 		s.gpuInput[shard][g] = in
 	}
 	ins[shard] = in
-	return in, in.Reset()
+	return in, false, in.Reset(s.firstToken(shard, block, g))
+}
+
+// firstToken is the index, among the tokens whose inputs group g observes, of GPU shard's first:
+// its share's first token, or for an expert's routed tokens the count routed to the expert on
+// the GPUs before it (known after the first pass; before it, an expert's gate/up rows are not
+// kept yet, EndPass).
+func (s *awqScaler) firstToken(shard, block int, g model.Group) int {
+	e, expert := g.Expert()
+	if !expert || g.Stage() == model.GroupDown.Stage() && s.r.experts.allTokens(block, e) {
+		return s.starts[shard]
+	}
+	return s.routedBefore(shard, block, e)
+}
+
+// routedBefore counts the tokens routed to expert e of block on the GPUs before shard (its
+// gate/up inputs' first pass over; s.mu held).
+func (s *awqScaler) routedBefore(shard, block, e int) int {
+	n := 0
+	for _, in := range s.observing[hessianKey(block, model.ExpertGateUp(e))][:shard] {
+		if in != nil {
+			n += in.Tokens()
+		}
+	}
+	return n
+}
+
+// EndPass (model.PassEnder: every GPU has observed the gate/up inputs of a block of experts)
+// sets where each GPU's share of each expert's routed tokens begins, for the rows of its
+// gate/up inputs handed again in the next pass.
+func (s *awqScaler) EndPass(b *model.Block) error {
+	if b.MoE == nil || !s.routedTwice(b.Index) {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.passEnded[b.Index] = true
+	for e := range b.MoE.Experts {
+		for shard, in := range s.observing[hessianKey(b.Index, model.ExpertGateUp(e))] {
+			if in == nil {
+				continue
+			}
+			if err := in.Restart(s.routedBefore(shard, b.Index, e)); err != nil {
+				return fmt.Errorf("block %d, expert %d: %w", b.Index, e, err)
+			}
+		}
+	}
+	return nil
 }
 
 // joinInputs makes the inputs each group of block b was observed with, for the searches: one
@@ -401,6 +470,7 @@ func (s *awqScaler) Update(b *model.Block, groups []model.Group) error {
 }
 
 func (s *awqScaler) dropInputs(b *model.Block) {
+	delete(s.passEnded, b.Index)
 	for _, g := range b.Groups() {
 		delete(s.inputs, hessianKey(b.Index, g))
 	}

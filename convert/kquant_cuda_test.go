@@ -3,6 +3,7 @@ package convert
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/qpack-dev/qpack/internal/gputest"
 	"github.com/qpack-dev/qpack/internal/testenv"
 	"github.com/qpack-dev/qpack/quant"
+	"github.com/qpack-dev/qpack/safetensors"
 )
 
 var q4k, _ = quant.KQuantScheme(4)
@@ -128,7 +130,44 @@ func sameFiles(t *testing.T, a, b string) {
 			t.Fatal(err)
 		}
 		if got, err := os.ReadFile(filepath.Join(a, e.Name())); err != nil || !bytes.Equal(got, want) {
-			t.Errorf("%s differs between the GPU's and the CPU's conversion (%v)", e.Name(), err)
+			t.Errorf("%s differs between the GPU's and the CPU's conversion (%v)%s", e.Name(), err, differingTensors(a, b, e.Name()))
 		}
 	}
+}
+
+// differingTensors names the first tensors whose bytes differ between two safetensors files
+// of one name in directories a and b ("" for other files).
+func differingTensors(a, b, name string) string {
+	if !strings.HasSuffix(name, ".safetensors") {
+		return ""
+	}
+	differ, err := tensorsDiffering(a, b, name)
+	if err != nil {
+		return ": " + err.Error()
+	}
+	return fmt.Sprintf(": %d tensors differ, %s", len(differ), strings.Join(differ[:min(len(differ), 12)], " "))
+}
+
+// tensorsDiffering lists the tensors of the safetensors file name in directory b whose bytes
+// differ in a's, or that a lacks.
+func tensorsDiffering(a, b, name string) ([]string, error) {
+	ca, err := safetensors.Open(filepath.Join(a, name))
+	if err != nil {
+		return nil, err
+	}
+	defer ca.Close()
+	cb, err := safetensors.Open(filepath.Join(b, name))
+	if err != nil {
+		return nil, err
+	}
+	defer cb.Close()
+	var differ []string
+	for _, n := range cb.Names() {
+		x, errA := ca.Bytes(n)
+		y, errB := cb.Bytes(n)
+		if errA != nil || errB != nil || !bytes.Equal(x, y) {
+			differ = append(differ, n)
+		}
+	}
+	return differ, nil
 }

@@ -19,6 +19,13 @@ import (
 	"github.com/qpack-dev/qpack/safetensors"
 )
 
+// expertCase is a conversion of a mixture of experts: a method and how its experts are calibrated.
+type expertCase struct {
+	name    string
+	method  Method
+	experts ExpertOptions
+}
+
 // TestGPUExperts: GPTQ (routed, weighted and every-token calibration of the experts) and AWQ of
 // the tiny model made a Qwen2-MoE on --device cuda: the forward passes, routing and per-expert
 // Hessians on the GPU give, linear by linear, the activation-weighted errors of the all-CPU
@@ -33,11 +40,7 @@ func TestGPUExperts(t *testing.T) {
 	t.Cleanup(func() { calibrationRounds = true })
 	tiny := testenv.Testdata(t, "models/tiny")
 	src := moetest.FromDense(t, tiny, "qwen2_moe", nil)
-	for _, c := range []struct {
-		name    string
-		method  Method
-		experts ExpertOptions
-	}{
+	for _, c := range []expertCase{
 		{"gptq/routed", GPTQ, ExpertOptions{}}, {"gptq/weighted", GPTQ, ExpertOptions{RoutingWeighted: true}},
 		{"gptq/all", GPTQ, ExpertOptions{AllTokens: true}}, {"awq", AWQ, ExpertOptions{}},
 	} {
@@ -95,22 +98,100 @@ func TestGPUExpertsOnSeveralGPUs(t *testing.T) {
 		opt.GPTQ.TrueSequential = c.trueSeq
 		opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
 		opt.InputHash = HashNone
-		dir := t.TempDir()
-		convertOn := func(name string, gpus int) (string, string) { return convertOnGPUs(t, src, opt, dir, name, gpus) }
-		one, oneLog := convertOn("one", 1)
-		for _, gpus := range []int{2, 3} {
-			t.Run(fmt.Sprintf("%s/gpus=%d", c.name, gpus), func(t *testing.T) {
-				out, log := convertOn(fmt.Sprintf("gpus%d", gpus), gpus)
-				if want := fmt.Sprintf("gptq on %d × ", gpus); !strings.Contains(log, want) {
-					t.Errorf("the log does not say %q:\n%s", want, log)
-				}
-				compareRouting(t, routedCounts(t, log), routedCounts(t, oneLog), 8*128*2, 0.08)
-				compareWeightedErrors(t, src, opt, out, one, 0.03, 4*(4+3*4+3))
-				again, _ := convertOn(fmt.Sprintf("gpus%d-again", gpus), gpus)
-				sameFiles(t, again, out)
-			})
-		}
+		onSeveralGPUs(t, src, opt, c.name, "gptq on %d × ", func(t *testing.T, r severalGPUs) {
+			compareWeightedErrors(t, src, opt, r.out, r.one, 0.03, 4*(4+3*4+3))
+			sameFiles(t, r.again(), r.out)
+		})
 	}
+}
+
+// severalGPUs is a conversion on several GPUs and the one-GPU conversion it is checked against.
+type severalGPUs struct {
+	out, one string
+	again    func() string // converts again on as many GPUs
+}
+
+// onSeveralGPUs converts src (a Qwen2-MoE made of tiny, calibrated on 8 × 128 tokens) with opt
+// on one GPU, then, in subtests name/gpus=N, on two and three (several handles on GPU 0 where
+// the machine has fewer): each log must say it used them (says, with the GPU count) and route
+// every token, each expert's count near one GPU's, before check compares the conversions.
+func onSeveralGPUs(t *testing.T, src string, opt Options, name, says string, check func(t *testing.T, r severalGPUs)) {
+	dir := t.TempDir()
+	convertOn := func(name string, gpus int) (string, string) { return convertOnGPUs(t, src, opt, dir, name, gpus) }
+	one, oneLog := convertOn("one", 1)
+	for _, gpus := range []int{2, 3} {
+		t.Run(fmt.Sprintf("%s/gpus=%d", name, gpus), func(t *testing.T) {
+			out, log := convertOn(fmt.Sprintf("gpus%d", gpus), gpus)
+			if want := fmt.Sprintf(says, gpus); !strings.Contains(log, want) {
+				t.Errorf("the log does not say %q:\n%s", want, log)
+			}
+			compareRouting(t, routedCounts(t, log), routedCounts(t, oneLog), 8*128*2, 0.08)
+			again := func() string {
+				out, _ := convertOn(fmt.Sprintf("gpus%d-again", gpus), gpus)
+				return out
+			}
+			check(t, severalGPUs{out, one, again})
+		})
+	}
+}
+
+// TestGPUAWQExpertsOnSeveralGPUs: AWQ and awq+gptq of the tiny model made a Qwen2-MoE on two and
+// three GPUs (routed with some experts below --moe-min-tokens, and weighted). Each GPU keeps the
+// rows of an expert's inputs whose index among all the GPUs' tokens routed to it is a multiple
+// of the stride, once it knows how many the GPUs before it routed (the gate/up inputs handed
+// again in the down pass). Under AWQ the first block's tensors are the one-GPU conversion's,
+// byte for byte, but for the experts' up and down projections: the gate projections' clipping
+// searches ran on exactly the rows one GPU keeps (their inputs are the routed rows of the normed
+// hidden state, whose bits do not depend on the GPU's share), while an expert's down input comes
+// from GEMMs over the tokens routed to it on each GPU, whose last bits cuBLAS's choice of kernel
+// for that many rows may change (so the later blocks' inputs, and their bytes, differ in places;
+// on a Mixtral-shaped model of 4096 hidden channels every byte was one GPU's). Every conversion
+// routes every token (the counts add up to tokens × top-k, each near one GPU's), its perplexity
+// is within 5% of one GPU's, and awq+gptq repeats its bytes.
+func TestGPUAWQExpertsOnSeveralGPUs(t *testing.T) {
+	gputest.Open(t) // skips without a GPU
+	tiny := testenv.Testdata(t, "models/tiny")
+	src := moetest.FromDense(t, tiny, "qwen2_moe", nil)
+	for _, c := range []expertCase{
+		{"awq/routed", AWQ, ExpertOptions{MinTokens: 450}}, {"awq/weighted", AWQ, ExpertOptions{RoutingWeighted: true}},
+		{"awq+gptq/routed", AWQGPTQ, ExpertOptions{MinTokens: 450}},
+	} {
+		opt := c.method.DefaultOptions()
+		opt.Alloc, opt.Format, opt.Experts, opt.Device = Uniform(quant.Scheme{Bits: 4, GroupSize: 32, Sym: true}), "qpack", c.experts, DeviceCUDA
+		opt.Calib = CalibOptions{File: testenv.Testdata(t, "models/tiny/heldout.txt"), Samples: 8, SeqLen: 128}
+		opt.AWQ.SearchTokens = 200 // a stride of 5: each GPU's first kept row of an expert depends on the GPUs before it
+		opt.InputHash = HashNone
+		onSeveralGPUs(t, src, opt, c.name, "on cuda (%d × ", func(t *testing.T, r severalGPUs) {
+			if p1, pn := moePerplexity(t, tiny, r.one), moePerplexity(t, tiny, r.out); math.Abs(pn-p1) > 0.05*p1 {
+				t.Errorf("perplexity %.4f on several GPUs, %.4f on one", pn, p1)
+			}
+			if c.method != AWQ {
+				sameFiles(t, r.again(), r.out)
+				return
+			}
+			differ, err := tensorsDiffering(r.out, r.one, "model.safetensors")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range differ {
+				expertUpDown := strings.Contains(name, ".experts.") && (strings.Contains(name, ".up_proj.") || strings.Contains(name, ".down_proj."))
+				if model.ParseTensorName(name).Block == 0 && !expertUpDown {
+					t.Errorf("%s differs from the one-GPU conversion's", name)
+				}
+			}
+		})
+	}
+}
+
+// moePerplexity is the perplexity of a converted MoE made of the tiny model on two held-out
+// sequences, on the CPU.
+func moePerplexity(t *testing.T, tiny, dir string) float64 {
+	t.Helper()
+	ev, err := evaluate.Run(dir, evaluate.Options{Data: filepath.Join(tiny, "heldout_ids.npy"), MaxSeqs: 2, Device: DeviceCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev.Perplexity
 }
 
 // routedCounts reads the tokens routed to each expert of each block from a conversion's log.

@@ -210,21 +210,30 @@ func observeStep(b *Block, seqs [][]int, hidden [][]float32, c Calibrator, step 
 // observationPasses splits a step of a block of experts that observes gate/up and down inputs
 // into two passes, the down inputs after every gate/up input, so that a calibrator has
 // counted each expert's tokens when it chooses how its down input is observed
-// (ExpertObservation.AllTokens).
+// (ExpertObservation.AllTokens). The second pass observes the experts' gate/up inputs again
+// where the calibrator asks (ExpertObservation.GateUpAgain).
 func observationPasses(b *Block, step []Group) [][]Group {
 	if b.MoE == nil {
 		return [][]Group{step}
 	}
-	var early, down []Group
+	var early, again, down []Group
 	for _, g := range step {
-		if g.Stage() == GroupDown.Stage() {
+		_, expert := g.Expert()
+		switch {
+		case g.Stage() == GroupDown.Stage():
 			down = append(down, g)
-		} else {
+		case expert:
+			again = append(again, g)
+			fallthrough
+		default:
 			early = append(early, g)
 		}
 	}
 	if len(early) == 0 || len(down) == 0 {
 		return [][]Group{step}
+	}
+	if b.MoE.observe.gateUpAgain() {
+		down = append(again, down...)
 	}
 	return [][]Group{early, down}
 }

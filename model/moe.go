@@ -145,11 +145,18 @@ type ExpertObservation struct {
 	// w the token's routing weight to the expert, so that their Gram matrices are Σ w^p·x·xᵀ:
 	// the expert's output reaches the block's scaled by w, so its squared error by w².
 	WeightPower float64
+	// GateUpAgain, when set, is asked before each step of block that observes the experts'
+	// gate/up inputs in one pass and down inputs in a second: true hands the gate/up inputs
+	// again in the second pass, before the down inputs. On several GPUs a calibrator that keeps
+	// an expert's rows by their index among all the GPUs' tokens routed to it learns between the
+	// passes how many each GPU routed (PassEnder) and keeps them in the second.
+	GateUpAgain func(block int) bool
 }
 
 // expertObserver is an ExpertObservation bound to one block.
 type expertObserver struct {
 	all   func(expert int) bool
+	again func() bool
 	power float64
 }
 
@@ -157,6 +164,9 @@ func (o ExpertObservation) forBlock(block int) expertObserver {
 	ob := expertObserver{power: o.WeightPower}
 	if o.AllTokens != nil {
 		ob.all = func(e int) bool { return o.AllTokens(block, e) }
+	}
+	if o.GateUpAgain != nil {
+		ob.again = func() bool { return o.GateUpAgain(block) }
 	}
 	return ob
 }
@@ -173,6 +183,9 @@ func (b *Block) observing(o ExpertObservation) (reset func()) {
 
 // allTokens says whether expert e's down input is observed over every token.
 func (o expertObserver) allTokens(e int) bool { return o.all != nil && o.all(e) }
+
+// gateUpAgain says whether the experts' gate/up inputs are handed again in the down pass.
+func (o expertObserver) gateUpAgain() bool { return o.again != nil && o.again() }
 
 // Expert is one SiLU-gated MLP: down(silu(gate(x))·up(x)).
 type Expert struct{ Gate, Up, Down *Linear }

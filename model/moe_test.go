@@ -439,31 +439,40 @@ func (r *orderRecorder) Observe(block int, g Group, x []float32, rows, cols int)
 // TestExpertObservation: with a WeightPower each routed row is observed times its routing
 // weight^(p/2); an expert AllTokens names observes silu(gate)·up of every token as its down
 // input; every gate/up input of a step is observed before its first down input (observe-only
-// and single-step calibrations alike), and the block's outputs do not change.
+// and single-step calibrations alike; with GateUpAgain the experts' gate/up inputs come again,
+// the same, in the down pass), and the block's outputs do not change.
 func TestExpertObservation(t *testing.T) {
 	js := moeTestConfigs[2].json // a shared expert too
 	r := rand.New(rand.NewPCG(4, 4))
 	cfg := mustConfig(t, js)
 	seqs := [][]int{randomIDs(r, 19, cfg.Vocab), randomIDs(r, 19, cfg.Vocab), randomIDs(r, 19, cfg.Vocab)}
 	all := func(block, e int) bool { return e%2 == 1 }
+	again := func(block int) bool { return true }
 	for _, opt := range []CalibrateOptions{
 		{Experts: ExpertObservation{AllTokens: all, WeightPower: 2}},
 		{ObserveOnly: true, Experts: ExpertObservation{AllTokens: all, WeightPower: 1}},
+		{Experts: ExpertObservation{AllTokens: all, WeightPower: 2, GateUpAgain: again}},
+		{ObserveOnly: true, Experts: ExpertObservation{AllTokens: all, WeightPower: 1, GateUpAgain: again}},
 	} {
 		m := moeModel(t, js, true, 2)
 		rec := &orderRecorder{recorder: newRecorder()}
 		if err := Calibrate(m, seqs, rec, opt); err != nil {
 			t.Fatal(err)
 		}
+		twice := opt.Experts.GateUpAgain != nil
 		firstDown := slices.IndexFunc(rec.order, func(g Group) bool { return g.Stage() == 3 })
-		lastGateUp := -1
+		gateUps, before := 0, 0 // the experts' gate/up inputs observed, and those before the first down input
 		for i, g := range rec.order {
-			if g.Stage() == 2 {
-				lastGateUp = i
+			if _, expert := g.Expert(); expert && g.Stage() == 2 {
+				gateUps++
+				if i < firstDown {
+					before++
+				}
 			}
 		}
-		if firstDown < 0 || lastGateUp > firstDown {
-			t.Errorf("observe-only %v: a down input observed (at %d) before the last gate/up input (at %d)", opt.ObserveOnly, firstDown, lastGateUp)
+		if n := len(seqs) * cfg.MoE.Experts; firstDown < 0 || before < n || twice != (gateUps == 2*n) || !twice && gateUps != n {
+			t.Errorf("observe-only %v, again %v: %d experts' gate/up inputs observed, %d before the first down input; %d sequences × experts",
+				opt.ObserveOnly, twice, gateUps, before, n)
 		}
 		b, _ := m.Block(0)
 		for s := range seqs {
@@ -485,6 +494,9 @@ func TestExpertObservation(t *testing.T) {
 				}
 				where := fmt.Sprintf("observe-only %v, seq %d, expert %d", opt.ObserveOnly, s, e)
 				assertClose(t, where+" gate/up input", rec.input(t, 0, ExpertGateUp(e), s), want, 1e-6)
+				if twice && !slices.Equal(rec.input(t, 0, ExpertGateUp(e), len(seqs)+s), rec.input(t, 0, ExpertGateUp(e), s)) {
+					t.Errorf("%s: gate/up input handed again differs", where)
+				}
 				if all(0, e) {
 					act := naiveLinear(h, x.Gate, T)
 					siluMul(act, naiveLinear(h, x.Up, T))

@@ -30,6 +30,13 @@ type ShardedCalibrator interface {
 	Update(b *Block, groups []Group) error
 }
 
+// PassEnder is a ShardedCalibrator told when every engine has finished an observing pass of
+// block b that another pass of the same step follows (in a block of experts, the pass of the
+// gate/up inputs), before any engine begins the next.
+type PassEnder interface {
+	EndPass(b *Block) error
+}
+
 // CalibrateSharded is GPU.Calibrate with the sequences split across engines in contiguous
 // shares (engine i gets the i-th; they differ in size by at most one sequence). There must
 // be at least as many sequences as engines.
@@ -123,7 +130,12 @@ func calibrateShards(engines []*GPU, b *Block, gs []*gpuBlock, xs []*DeviceBatch
 		}
 	}
 	updates := newRendezvous(len(engines), update)
-	passes := newRendezvous(len(engines), func(*Block, []Group) error { return nil })
+	passes := newRendezvous(len(engines), func(b *Block, _ []Group) error {
+		if p, ok := c.(PassEnder); ok {
+			return p.EndPass(b)
+		}
+		return nil
+	})
 	return eachEngine(engines, func(i int, e *GPU) error {
 		calibrate := e.calibrateBlock
 		if opt.ObserveOnly {
