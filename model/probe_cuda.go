@@ -30,7 +30,7 @@ func LinearKLSharded(engines []*GPU, m *Model, seqs [][]int, replace Replacement
 	if err := checkProbeSeqs(m, seqs); err != nil {
 		return nil, err
 	}
-	sp := &shardedProbe{engines: engines}
+	sp := &shardedProbe{engines: engines, uploads: &probeUploads{engines: engines, m: m}}
 	n, slot := int64(len(engines)), streamBytes(m, seqs)
 	for _, e := range engines {
 		if err := e.accepts(m); err != nil {
@@ -50,6 +50,7 @@ type shardedProbe struct {
 	engines []*GPU
 	parts   []*gpuProbe // parts[i] runs on engines[i]
 	streams int         // slots between the reference and the last
+	uploads *probeUploads
 }
 
 // local returns the GPU holding stream slot and the slot's number there.
@@ -113,18 +114,49 @@ func (s *shardedProbe) copy(dst, src int) error {
 }
 
 // enter puts b on every GPU, each uploading a share of its bytes from the host and copying the
-// others' from the GPUs that uploaded them (uploadShards).
+// others' from the GPUs that uploaded them (probeUploads).
 func (s *shardedProbe) enter(b *Block) error {
-	defer timeline.Begin(timeline.Host, "probe: block %d up", b.Index)()
-	gs, err := uploadShards(s.engines, b)
+	gs, err := s.uploads.enter(b)
 	if err != nil {
-		freeShards(s.engines, gs)
 		return err
 	}
 	for i, p := range s.parts {
 		p.block, p.lin = gs[i], gs[i].lin
 	}
 	return nil
+}
+
+// probeUploads puts the probe's blocks on its GPUs, each block's weights going up while the
+// block before it runs (uploadAhead: each engine's second stream and pinned buffer). Uploaded
+// when it was entered, a block waited for the passes through the block before it, and they for
+// its upload: on two H200s a 7B's block took 60–120 ms to enter.
+type probeUploads struct {
+	engines []*GPU
+	m       *Model
+	ahead   *blockUpload // the next block's upload, begun when the block before it was entered
+}
+
+// enter returns the engines' copies of b, uploaded ahead or now, and begins the next block's
+// upload.
+func (u *probeUploads) enter(b *Block) ([]*gpuBlock, error) {
+	defer timeline.Begin(timeline.Host, "probe: block %d up", b.Index)()
+	gs, err := u.ahead.take(u.engines, b)
+	u.ahead = nil
+	if err == nil && gs == nil {
+		gs, err = uploadShards(u.engines, b)
+	}
+	if err != nil {
+		freeShards(u.engines, gs)
+		return nil, err
+	}
+	u.ahead = uploadAhead(u.engines, u.m, b.Index+1)
+	return gs, nil
+}
+
+// discard waits for an upload ahead and frees what it placed.
+func (u *probeUploads) discard() {
+	u.ahead.discard(u.engines)
+	u.ahead = nil
 }
 
 func (s *shardedProbe) leave() error {
@@ -169,6 +201,7 @@ func (s *shardedProbe) meanKL(ref, slot int) (float64, error) {
 }
 
 func (s *shardedProbe) close() error {
+	s.uploads.discard()
 	return s.each(func(_ int, p *gpuProbe) error { return p.close() })
 }
 
@@ -179,8 +212,9 @@ type gpuProbe struct {
 	seqs  [][]int
 	slot  int64          // bytes per slot
 	x     cuda.DevicePtr // every slot's hidden states
-	block *gpuBlock
-	lin   map[*Linear]*gpuLinear
+	block   *gpuBlock
+	lin     map[*Linear]*gpuLinear
+	uploads *probeUploads // alone on its GPU (not a part of a shardedProbe)
 }
 
 func (p *gpuProbe) at(slot int) cuda.DevicePtr { return p.x.Add(int(int64(slot) * p.slot)) }
@@ -208,11 +242,15 @@ func (p *gpuProbe) copy(dst, src int) error {
 	return p.e.dev.CopyDeviceAsync(p.at(dst), p.at(src), int(p.slot), p.e.stream)
 }
 
-func (p *gpuProbe) enter(b *Block) (err error) {
-	if p.block, err = p.e.uploadBlock(b); err != nil {
+func (p *gpuProbe) enter(b *Block) error {
+	if p.uploads == nil {
+		p.uploads = &probeUploads{engines: []*GPU{p.e}, m: p.m}
+	}
+	gs, err := p.uploads.enter(b)
+	if err != nil {
 		return err
 	}
-	p.lin = p.block.lin
+	p.block, p.lin = gs[0], gs[0].lin
 	return nil
 }
 
@@ -283,6 +321,9 @@ func (p *gpuProbe) meanKL(ref, slot int) (float64, error) {
 }
 
 func (p *gpuProbe) close() error {
+	if p.uploads != nil {
+		p.uploads.discard()
+	}
 	if p.block != nil {
 		p.e.freeBlock(p.block)
 	}
