@@ -319,3 +319,111 @@ func BenchmarkGPUFactorShared(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkGPUFirstUse times, step by step and each step synchronized, what a fresh process's
+// first solver pays before its work runs at speed: making the solver, the column loop's FP32
+// GEMMs (each shape's first call, then the loop again), the baseline's TF32 GEMM, the synthetic
+// factorisation and solve of a conversion's warm-up (gptq.GPUSolver.WarmFactor and Warm), twice
+// each. Run it alone in its process (-test.run '^$' -test.bench GPUFirstUse): it measures the
+// first use of the driver's, cuBLAS's and cuSOLVER's kernels. QPACK_FIRST_N sets the rows (4096).
+func BenchmarkGPUFirstUse(b *testing.B) {
+	dev := gputest.Open(b)
+	n, k := 4096, 4096
+	if s := os.Getenv("QPACK_FIRST_N"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n < 1 {
+			b.Fatalf("QPACK_FIRST_N=%q is not a number of rows", s)
+		}
+	}
+	var g *GPUSolver
+	step := func(name string, f func() error) {
+		start := time.Now()
+		err := f()
+		if err == nil && g != nil {
+			err = dev.SynchronizeStream(g.stream)
+		}
+		if err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		fmt.Printf("TABLE first use, %d×%d: %-44s %8.2f ms\n", n, k, name, 1000*time.Since(start).Seconds())
+	}
+	step("solver", func() (err error) { g, err = NewGPUSolver(dev); return err })
+	defer g.Close()
+	var w, t, diff, wh cuda.DevicePtr
+	step("buffers", func() (err error) {
+		for _, s := range []struct {
+			p     *cuda.DevicePtr
+			slot  int
+			bytes int
+		}{{&w, slotW, 4 * n * k}, {&t, slotT, 4 * k * k}, {&diff, slotDiff, 4 * n * gpuBlockSize}, {&wh, slotBaseWH, 4 * n * k}} {
+			if *s.p, err = g.buffer(s.slot, s.bytes); err == nil {
+				err = dev.Fill32Async(*s.p, 0, s.bytes/4, g.stream)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	gemm := func(i2 int) error {
+		return g.blas.Sgemm(cuda.NoTrans, cuda.NoTrans, k-i2, n, gpuBlockSize, 1, t.Add(4*(i2-gpuBlockSize)*k+4*i2), k, diff, gpuBlockSize, 1, w.Add(4*i2), k)
+	}
+	for i2 := gpuBlockSize; i2 < k; i2 += gpuBlockSize * 8 {
+		step(fmt.Sprintf("column GEMM %d×%d×%d, first", k-i2, n, gpuBlockSize), func() error { return gemm(i2) })
+	}
+	for round := range 2 {
+		step(fmt.Sprintf("column loop's GEMMs, round %d", round), func() error {
+			for i2 := gpuBlockSize; i2 < k; i2 += gpuBlockSize {
+				if err := gemm(i2); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	for round := range 2 {
+		step(fmt.Sprintf("baseline's TF32 GEMM, round %d", round), func() error {
+			err := g.blas.SetTF32(true)
+			if err == nil {
+				err = g.blas.Sgemm(cuda.NoTrans, cuda.NoTrans, k, n, k, 1, t, k, w, k, 0, wh, k)
+			}
+			if e := g.blas.SetTF32(false); err == nil {
+				err = e
+			}
+			return err
+		})
+	}
+	var f *Factor
+	for round := range 2 {
+		step(fmt.Sprintf("warm-up factorisation, round %d", round), func() (err error) { f, err = g.WarmFactor(k, Options{}); return err })
+	}
+	s := quant.Scheme{Bits: 4, GroupSize: 128}
+	for round := range 3 {
+		opt := Options{BaselineLoss: round < 2}
+		step(fmt.Sprintf("warm-up solve (baseline %v), round %d", opt.BaselineLoss, round), func() error { return g.Warm(n, f, s, opt) })
+	}
+	// A second solver on the GPU (its own cuBLAS handle and stream): what is paid per handle.
+	first := g
+	step("second solver", func() (err error) { g, err = NewGPUSolver(dev); return err })
+	defer g.Close()
+	if err := dev.SynchronizeStream(first.stream); err != nil {
+		b.Fatal(err)
+	}
+	t = f.t // the synthetic factor's T′, finite
+	for _, s := range []struct {
+		p     *cuda.DevicePtr
+		slot  int
+		bytes int
+	}{{&w, slotW, 4 * n * k}, {&diff, slotDiff, 4 * n * gpuBlockSize}} {
+		var err error
+		if *s.p, err = g.buffer(s.slot, s.bytes); err == nil {
+			err = dev.Fill32Async(*s.p, 0, s.bytes/4, g.stream)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	step(fmt.Sprintf("second solver: column GEMM %d×%d×%d, first", k-gpuBlockSize, n, gpuBlockSize), func() error { return gemm(gpuBlockSize) })
+	step("second solver: warm-up solve (baseline true)", func() error { return g.Warm(n, f, s, Options{BaselineLoss: true}) })
+	step("second solver: warm-up solve, again", func() error { return g.Warm(n, f, s, Options{BaselineLoss: true}) })
+}
