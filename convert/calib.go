@@ -277,7 +277,8 @@ func measureImportance(ctx context.Context, src string, c *Calibration, device s
 	if devs == nil {
 		err = model.Calibrate(m, c.seqs, e, opt)
 	} else {
-		m.SetBlockReaders(gpuPassReaders) // the GPUs would wait for one thread's reads
+		m.SetBlockReaders(gpuPassReaders)               // the GPUs would wait for one thread's reads
+		m.SetRawLinears(func(int) bool { return true }) // the weights only go up: as stored, widened there
 		where = gpuNames(devs[:min(len(devs), len(c.seqs))])
 		err = e.calibrateOnGPU(devs, m, c.seqs, opt, engine)
 	}

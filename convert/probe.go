@@ -97,6 +97,7 @@ func outputCoefficients(ctx context.Context, src string, c *Calibration, importa
 	} else {
 		where = gpuNames(devs)
 		m.SetBlockReaders(gpuPassReaders)
+		m.SetRawLinears(func(block int) bool { return !probed[block] }) // only uploaded: as stored, widened there
 		var engines []*model.GPU
 		engines, err = newEngines(devs, m.Config, engine)
 		defer closeEngines(engines)

@@ -25,8 +25,9 @@ type blockUpload struct {
 
 // aheadCopier is an engine's stream and pinned buffer for uploads ahead, made on first use.
 type aheadCopier struct {
-	stream cuda.Stream
-	stager *cuda.Stager
+	stream  cuda.Stream
+	stager  *cuda.Stager
+	staging *rawArea
 }
 
 // uploadAhead starts putting block i of m on every engine; nil past the last block.
@@ -63,18 +64,22 @@ func uploadAll(engines []*GPU, b *Block) []*gpuBlock {
 		if gs[i], err = e.placeBlock(b); err != nil {
 			return err
 		}
-		if err := uploadShare(engines, gs, all, i, c.stager, c.stream); err != nil {
+		if err := uploadShare(engines, gs, all, i, c.stager, c.staging, c.stream); err != nil {
 			return err
 		}
 		return e.dev.SynchronizeStream(c.stream)
 	})
 	if err == nil && len(engines) > 1 {
 		err = eachEngine(engines, func(i int, e *GPU) error {
-			if err := copyShares(engines, gs, all, i, e.ahead.stream); err != nil {
+			defer timeline.Begin(e.dev.Info().Ordinal, "weights ahead from the other GPUs (block %d)", b.Index)()
+			if err := copyShares(engines, gs, all, i, e.ahead.stream, func(e *GPU) *rawArea { return e.ahead.staging }); err != nil {
 				return err
 			}
 			return e.dev.SynchronizeStream(e.ahead.stream)
 		})
+	}
+	if err == nil {
+		b.releaseRaw()
 	}
 	if err != nil {
 		for _, e := range engines { // copies still queued there must land before the buffers are reused
@@ -104,6 +109,7 @@ func (u *blockUpload) take(engines []*GPU, b *Block) ([]*gpuBlock, error) {
 	for _, e := range engines {
 		e.blocksAhead++
 	}
+	defer timeline.Begin(timeline.Host, "finish block %d on the GPUs", b.Index)()
 	return gs, finishShards(engines, gs)
 }
 
@@ -121,7 +127,7 @@ func (u *blockUpload) discard(engines []*GPU) {
 func blockBytes(b *Block) uint64 {
 	var n uint64
 	for _, l := range b.AllLinears() {
-		n += 4 * uint64(len(l.W)+len(l.Bias))
+		n += 4 * uint64(l.Out*l.In+len(l.Bias))
 	}
 	return n
 }
@@ -152,7 +158,7 @@ func (e *GPU) copier() (aheadCopier, error) {
 		e.dev.DestroyStream(stream)
 		return aheadCopier{}, err
 	}
-	e.ahead = aheadCopier{stream, stager}
+	e.ahead = aheadCopier{stream, stager, &rawArea{}}
 	return e.ahead, nil
 }
 
@@ -168,6 +174,7 @@ func (e *GPU) PrepareUploadsAhead() error {
 // closeCopier frees the engine's copier, if it made one.
 func (e *GPU) closeCopier() {
 	if e.ahead.stager != nil {
+		e.ahead.staging.free(e.dev)
 		e.ahead.stager.Close()
 		e.dev.DestroyStream(e.ahead.stream)
 		e.ahead = aheadCopier{}

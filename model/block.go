@@ -86,6 +86,10 @@ type Block struct {
 	cfg   *Config
 	rope  *ropeTable
 	owned [][]float32 // the slices read into memory the model may reuse (Model.RecycleBlock)
+	// releaseRawPages lets the pages of the checkpoint's bytes that raw linears view leave the
+	// process's resident memory once they are on the GPUs (they come back from the page cache
+	// if read again); nil without raw linears.
+	releaseRawPages func()
 }
 
 // loadBlock reads block i through r, its linears (and experts) several at once.
@@ -141,7 +145,24 @@ func loadBlock(cfg *Config, r *tensorReader, rope *ropeTable, i int) (*Block, er
 		return nil, err
 	}
 	b.owned = r.owned
+	if rl, ok := r.w.(releaser); ok && r.raw {
+		b.releaseRawPages = func() {
+			for _, l := range b.AllLinears() {
+				if l.raw.data != nil {
+					rl.Release(l.Name + ".weight")
+				}
+			}
+		}
+	}
 	return b, nil
+}
+
+// releaseRaw releases the pages the block's raw linears view, if it has any (their bytes are
+// uploaded).
+func (b *Block) releaseRaw() {
+	if b.releaseRawPages != nil {
+		b.releaseRawPages()
+	}
 }
 
 // blockReaders is how many of a block's linears are read and converted at once: one for a
@@ -166,9 +187,17 @@ func loadLinear(w Weights, module string, out, in int) (*Linear, error) {
 
 func (r *tensorReader) linear(module string, out, in int) (*Linear, error) {
 	l := &Linear{Name: module, Out: out, In: in}
+	var raw bool
 	var err error
-	if l.W, err = r.tensor(module+".weight", out, in); err != nil {
-		return nil, err
+	if r.raw && ParseTensorName(module+".weight").Role.IsLinear() { // (a router's logits are routed on the host)
+		if l.raw, raw, err = r.rawTensor(module+".weight", out, in); err != nil {
+			return nil, err
+		}
+	}
+	if !raw {
+		if l.W, err = r.tensor(module+".weight", out, in); err != nil {
+			return nil, err
+		}
 	}
 	if l.Bias, err = r.optional(module+".bias", out); err != nil {
 		return nil, err

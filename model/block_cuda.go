@@ -7,6 +7,7 @@ import (
 
 	"github.com/qpack-dev/qpack/cuda"
 	"github.com/qpack-dev/qpack/internal/timeline"
+	"github.com/qpack-dev/qpack/safetensors"
 )
 
 // DeviceBatch is the hidden states [S, T, Hidden] of S sequences of T tokens on the GPU.
@@ -41,6 +42,7 @@ type gpuBlock struct {
 	mem                        cuda.DevicePtr
 	memHalf                    cuda.DevicePtr // the linears' wb and shifts (GPUOptions.BF16, F16), 0 otherwise
 	memSize, halfSize          int            // their sizes (allocBlock)
+	rawBytes                   int            // the rawArea its BF16 and F16 weights take when uploaded
 	inNorm, postNorm           cuda.DevicePtr
 	qNorm, kNorm               cuda.DevicePtr         // qwen3 only
 	q, k, v, o, gate, up, down *gpuLinear             // gate, up, down are nil in a mixture-of-experts block
@@ -55,42 +57,128 @@ func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range g.parts {
-		if err := e.stager.CopyToDevice(p.at, cuda.Bytes(p.data), e.stream); err != nil {
-			e.dev.Free(g.mem)
-			return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
-		}
+	if err := e.staging.upload(e.dev, e.stager, e.stream, g.parts, g.rawBytes); err != nil {
+		e.dev.Free(g.mem)
+		return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
 	}
+	b.releaseRaw()
 	if err := e.finishBlock(g); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
-// blockPart is one tensor of a block (or a piece of one) and where it goes on the GPU.
+// blockPart is one tensor of a block (or a piece of one) and where it goes on the GPU, as
+// float32 values or as a linear's weight in the checkpoint's encoding (Model.SetRawLinears).
 type blockPart struct {
-	at   cuda.DevicePtr
-	data []float32
+	at    cuda.DevicePtr
+	data  []float32
+	raw   rawWeight // when data is nil
+	rawAt int       // BF16 and F16 weights: where their bytes go in the uploading stream's rawArea
+}
+
+// len is how many values the part holds.
+func (p blockPart) len() int {
+	if p.raw.data == nil {
+		return len(p.data)
+	}
+	return len(p.raw.data) / (p.raw.dtype.Bits() / 8)
+}
+
+// slice is the part's values [a, b).
+func (p blockPart) slice(a, b int) blockPart {
+	if p.raw.data == nil {
+		return blockPart{at: p.at.Add(4 * a), data: p.data[a:b]}
+	}
+	w := p.raw.dtype.Bits() / 8
+	return blockPart{at: p.at.Add(4 * a), raw: rawWeight{p.raw.data[w*a : w*b], p.raw.dtype}, rawAt: p.rawAt + w*a}
+}
+
+// widened says whether the part's bytes are widened on the GPU (BF16 and F16 weights).
+func (p blockPart) widened() bool { return p.raw.data != nil && p.raw.dtype != safetensors.F32 }
+
+// rawArea is where a stream's uploads put a block's BF16 and F16 weights on the GPU before
+// widening them into place (cuda.Device.ConvertToF32), each at the same offset on every GPU
+// (blockPart.rawAt): on several GPUs each copies the others' shares of those bytes from their
+// areas, half the bytes of the widened values. The engine's stream has one, its uploads ahead
+// another.
+type rawArea struct{ buf cuda.DeviceBuffer }
+
+// ensure makes the area hold bytes, after the work queued on stream (which may read it).
+func (r *rawArea) ensure(dev *cuda.Device, stream cuda.Stream, bytes int) error {
+	if bytes <= r.buf.Size {
+		return nil
+	}
+	if err := dev.SynchronizeStream(stream); err != nil {
+		return err
+	}
+	return dev.Grow(&r.buf, bytes)
+}
+
+// upload queues on stream the copies of parts to the GPU through st: float32 values (and F32
+// weights) as they are, BF16 and F16 weights into the area (of rawBytes, the block's) and
+// widened from there.
+func (r *rawArea) upload(dev *cuda.Device, st *cuda.Stager, stream cuda.Stream, parts []blockPart, rawBytes int) error {
+	if err := r.ensure(dev, stream, rawBytes); err != nil {
+		return err
+	}
+	for _, p := range parts {
+		var err error
+		switch {
+		case p.widened():
+			if err = st.CopyToDevice(r.at(p), p.raw.data, stream); err == nil {
+				err = r.widen(dev, stream, p.at, p)
+			}
+		case p.raw.data != nil:
+			err = st.CopyToDevice(p.at, p.raw.data, stream)
+		default:
+			err = st.CopyToDevice(p.at, cuda.Bytes(p.data), stream)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// at is where p's bytes are in the area.
+func (r *rawArea) at(p blockPart) cuda.DevicePtr { return r.buf.Ptr.Add(p.rawAt) }
+
+// widen queues on stream the widening of p's bytes in the area into float32 at dst.
+func (r *rawArea) widen(dev *cuda.Device, stream cuda.Stream, dst cuda.DevicePtr, p blockPart) error {
+	return dev.ConvertToF32(dst, r.at(p), widenedType[p.raw.dtype], p.len(), stream)
+}
+
+// widenedType is the cuda package's name of each 16-bit checkpoint type.
+var widenedType = map[safetensors.DType]cuda.DType{safetensors.BF16: cuda.BF16, safetensors.F16: cuda.F16}
+
+// free releases the area.
+func (r *rawArea) free(dev *cuda.Device) {
+	if r.buf.Size > 0 {
+		dev.Free(r.buf.Ptr)
+		r.buf = cuda.DeviceBuffer{}
+	}
 }
 
 // placeBlock lays b's tensors out in one allocation (g.parts says where each goes) for the
 // caller to copy them there.
 func (e *GPU) placeBlock(b *Block) (*gpuBlock, error) {
 	type part struct {
-		dst  *cuda.DevicePtr
-		data []float32
+		dst *cuda.DevicePtr
+		blockPart
 	}
 	g := &gpuBlock{b: b, lin: map[*Linear]*gpuLinear{}}
-	parts := []part{{&g.inNorm, b.InputNorm}, {&g.postNorm, b.PostAttnNorm}}
+	values := func(dst *cuda.DevicePtr, v []float32) part { return part{dst, blockPart{data: v}} }
+	parts := []part{values(&g.inNorm, b.InputNorm), values(&g.postNorm, b.PostAttnNorm)}
 	if e.cfg.QKNorm {
-		parts = append(parts, part{&g.qNorm, b.QNorm}, part{&g.kNorm, b.KNorm})
+		parts = append(parts, values(&g.qNorm, b.QNorm), values(&g.kNorm, b.KNorm))
 	}
 	for _, l := range b.AllLinears() {
 		d := &gpuLinear{name: l.Name, out: l.Out, in: l.In}
 		g.lin[l] = d
-		parts = append(parts, part{&d.w, l.W})
+		parts = append(parts, part{&d.w, blockPart{data: l.W, raw: l.raw}})
 		if l.Bias != nil {
-			parts = append(parts, part{&d.bias, l.Bias})
+			parts = append(parts, values(&d.bias, l.Bias))
 		}
 	}
 	g.q, g.k, g.v, g.o = g.lin[b.Q], g.lin[b.K], g.lin[b.V], g.lin[b.O]
@@ -101,7 +189,7 @@ func (e *GPU) placeBlock(b *Block) (*gpuBlock, error) {
 	offsets, total := make([]int, len(parts)), 0
 	for i, p := range parts {
 		offsets[i] = total
-		total += (4*len(p.data) + align - 1) / align * align
+		total += (4*p.len() + align - 1) / align * align
 	}
 	var err error
 	if g.mem, err = e.allocBlock(total); err != nil {
@@ -111,7 +199,12 @@ func (e *GPU) placeBlock(b *Block) (*gpuBlock, error) {
 	g.parts = make([]blockPart, len(parts))
 	for i, p := range parts {
 		*p.dst = g.mem.Add(offsets[i])
-		g.parts[i] = blockPart{*p.dst, p.data}
+		g.parts[i] = p.blockPart
+		g.parts[i].at = *p.dst
+		if p.widened() {
+			g.parts[i].rawAt = g.rawBytes
+			g.rawBytes += (len(p.raw.data) + align - 1) / align * align
+		}
 	}
 	return g, nil
 }

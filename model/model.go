@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/safetensors"
 )
 
 // Model is a decoder-only transformer whose weights are float32 in memory. Decoder blocks are
@@ -20,11 +21,12 @@ type Model struct {
 	rope    *ropeTable
 	mu      sync.Mutex // blocks, loads, closed
 	blocks  []*Block
-	loads   map[int]*blockLoad  // blocks being read, each by the first caller that asked for it
-	spare   map[int][][]float32 // recycled blocks' weight memory, by length, for later reads
-	reading sync.WaitGroup      // the reads under way: Close waits for them before the weights go
-	closed  bool                // Close has released the weights: no block can be read any more
-	readers int                 // SetBlockReaders
+	loads   map[int]*blockLoad   // blocks being read, each by the first caller that asked for it
+	spare   map[int][][]float32  // recycled blocks' weight memory, by length, for later reads
+	reading sync.WaitGroup       // the reads under way: Close waits for them before the weights go
+	closed  bool                 // Close has released the weights: no block can be read any more
+	readers int                  // SetBlockReaders
+	raw     func(block int) bool // SetRawLinears
 }
 
 // blockLoad is one block being read; done is closed once b or err is set.
@@ -40,6 +42,14 @@ type Linear struct {
 	Out, In int
 	W       []float32
 	Bias    []float32 // nil when the module has none
+	raw     rawWeight // W as the checkpoint stores it, W nil, in a block read for a GPU pass (SetRawLinears)
+}
+
+// rawWeight is a linear's weight in the checkpoint's encoding (a view of its bytes), which a
+// GPU engine uploads as it is and widens to float32 there.
+type rawWeight struct {
+	data  []byte
+	dtype safetensors.DType
 }
 
 // Forward computes y[rows, Out] = x[rows, In]·Wᵀ + Bias.
@@ -106,9 +116,14 @@ func (m *Model) Block(i int) (*Block, error) {
 	m.loads[i] = ld
 	m.reading.Add(1)
 	readers := m.readers
+	raw := m.raw != nil && m.raw(i)
 	m.mu.Unlock()
 
-	ld.b, ld.err = loadBlock(m.Config, &tensorReader{w: m.weights, spare: m.takeSpare, readers: readers}, m.rope, i)
+	ld.b, ld.err = loadBlock(m.Config, &tensorReader{w: m.weights, spare: m.takeSpare, readers: readers, raw: raw}, m.rope, i)
+	if ld.err == nil && ld.b.releaseRawPages != nil {
+		release := ld.b.releaseRawPages
+		ld.b.releaseRawPages = func() { m.inBackground(release) } // (madvise over hundreds of MB: off the uploads' path)
+	}
 	m.mu.Lock()
 	delete(m.loads, i) // after an error, the next caller tries again
 	if ld.err == nil {
@@ -120,6 +135,21 @@ func (m *Model) Block(i int) (*Block, error) {
 	return ld.b, ld.err
 }
 
+// inBackground runs f on a goroutine that Close waits for, unless the model is closed (f
+// releases pages of the weights' mappings, which Close unmaps).
+func (m *Model) inBackground(f func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	m.reading.Add(1)
+	go func() {
+		defer m.reading.Done()
+		f()
+	}()
+}
+
 // SetBlockReaders makes every block's linears read and converted n at a time (a block of experts
 // reads several at once by default, a dense block one). A pass that does little with each block,
 // as a plan's statistics and output probe on GPUs, waits for its reads: eight threads convert
@@ -128,6 +158,18 @@ func (m *Model) SetBlockReaders(n int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.readers = max(n, 1)
+}
+
+// SetRawLinears makes Block leave the weights of the linear projections of each block that raw
+// says yes to as the checkpoint stores them, without converting them to float32 (W is nil), for
+// a pass whose GPU engines only upload them: they go up as BF16 or F16, half the bytes, and are
+// widened on the GPU, and the host does not convert them. The bytes are checked finite. Only
+// where the Weights hand out their bytes (safetensors checkpoints); others are read as before.
+// A block read so must not run on the CPU. Call it before any block is read.
+func (m *Model) SetRawLinears(raw func(block int) bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.raw = raw
 }
 
 // Prefetch starts reading block i in the background (nothing past the last block), so that the

@@ -207,11 +207,11 @@ func (s *shardedProbe) close() error {
 
 // gpuProbe is the probe engine of the GPU forward pass.
 type gpuProbe struct {
-	e     *GPU
-	m     *Model
-	seqs  [][]int
-	slot  int64          // bytes per slot
-	x     cuda.DevicePtr // every slot's hidden states
+	e       *GPU
+	m       *Model
+	seqs    [][]int
+	slot    int64          // bytes per slot
+	x       cuda.DevicePtr // every slot's hidden states
 	block   *gpuBlock
 	lin     map[*Linear]*gpuLinear
 	uploads *probeUploads // alone on its GPU (not a part of a shardedProbe)

@@ -161,6 +161,9 @@ func uploadShards(engines []*GPU, b *Block) ([]*gpuBlock, error) {
 		err = spread(engines, gs, func(g *gpuBlock) []blockPart { return g.parts }, func(e *GPU) *time.Duration { return &e.times.Upload })
 	}
 	if err == nil {
+		b.releaseRaw()
+	}
+	if err == nil {
 		err = finishShards(engines, gs)
 	}
 	return gs, err
@@ -203,7 +206,7 @@ func refreshShards(engines []*GPU, gs []*gpuBlock, groups []Group) error {
 	changed := func(g *gpuBlock) []blockPart {
 		var parts []blockPart
 		g.changeable(groups, func(dst cuda.DevicePtr, v []float32, _ string) error {
-			parts = append(parts, blockPart{dst, v})
+			parts = append(parts, blockPart{at: dst, data: v})
 			return nil
 		})
 		return parts
@@ -227,37 +230,47 @@ func spread(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart,
 			if err := e.Synchronize(); err != nil { // the passes before are done with the old weights
 				return err
 			}
-			return uploadShare(engines, gs, parts, i, e.stager, e.stream)
+			return uploadShare(engines, gs, parts, i, e.stager, &e.staging, e.stream)
 		})
 	})
 	if err != nil || len(engines) == 1 {
 		return err
 	}
 	return eachEngine(engines, func(i int, e *GPU) error {
-		return e.timed(phase(e), func() error { return copyShares(engines, gs, parts, i, e.stream) })
+		return e.timed(phase(e), func() error {
+			return copyShares(engines, gs, parts, i, e.stream, func(e *GPU) *rawArea { return &e.staging })
+		})
 	})
 }
 
 // uploadShare queues engine i's share of the parts' bytes from the host on stream, through st.
-func uploadShare(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, i int, st *cuda.Stager, stream cuda.Stream) error {
-	for _, p := range share(parts(gs[i]), i, len(engines)) {
-		if err := st.CopyToDevice(p.at, cuda.Bytes(p.data), stream); err != nil {
-			return fmt.Errorf("model: block %d weights on the GPU: %w", gs[i].b.Index, err)
-		}
+func uploadShare(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, i int, st *cuda.Stager, staging *rawArea, stream cuda.Stream) error {
+	if err := staging.upload(engines[i].dev, st, stream, share(parts(gs[i]), i, len(engines)), gs[i].rawBytes); err != nil {
+		return fmt.Errorf("model: block %d weights on the GPU: %w", gs[i].b.Index, err)
 	}
 	return nil
 }
 
 // copyShares queues on stream the copies of the other engines' shares (uploaded and finished)
-// into engine i's copy.
-func copyShares(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, i int, stream cuda.Stream) error {
+// into engine i's copy: float32 values as they are, BF16 and F16 weights as their bytes, from
+// the uploading engine's area (area) into engine i's, widened there.
+func copyShares(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, i int, stream cuda.Stream, area func(e *GPU) *rawArea) error {
 	for j, from := range engines {
 		if j == i {
 			continue
 		}
 		for _, p := range share(parts(gs[j]), j, len(engines)) {
 			to := gs[i].mem.Add(int(p.at - gs[j].mem)) // the engines' layouts are the same
-			if err := engines[i].dev.CopyFromPeerAsync(to, from.dev, p.at, 4*len(p.data), stream); err != nil {
+			var err error
+			if p.widened() {
+				src, dst := area(from), area(engines[i])
+				if err = engines[i].dev.CopyFromPeerAsync(dst.at(p), from.dev, src.at(p), len(p.raw.data), stream); err == nil {
+					err = dst.widen(engines[i].dev, stream, to, p)
+				}
+			} else {
+				err = engines[i].dev.CopyFromPeerAsync(to, from.dev, p.at, 4*p.len(), stream)
+			}
+			if err != nil {
 				return fmt.Errorf("model: block %d weights from GPU %d: %w", gs[i].b.Index, from.dev.Info().Ordinal, err)
 			}
 		}
@@ -269,17 +282,17 @@ func copyShares(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockP
 func share(parts []blockPart, i, n int) []blockPart {
 	total := 0
 	for _, p := range parts {
-		total += len(p.data)
+		total += p.len()
 	}
 	lo, hi := total*i/n, total*(i+1)/n
 	var out []blockPart
 	at := 0
 	for _, p := range parts {
-		a, b := max(lo, at), min(hi, at+len(p.data))
+		a, b := max(lo, at), min(hi, at+p.len())
 		if a < b {
-			out = append(out, blockPart{p.at.Add(4 * (a - at)), p.data[a-at : b-at]})
+			out = append(out, p.slice(a-at, b-at))
 		}
-		at += len(p.data)
+		at += p.len()
 	}
 	return out
 }

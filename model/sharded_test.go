@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/qpack-dev/qpack/cuda"
+	"github.com/qpack-dev/qpack/safetensors"
 )
 
 // TestRendezvousRunsEachUpdateOnce: n goroutines arriving at several steps; each step's
@@ -80,17 +81,26 @@ func TestEachEngineReportsTheCause(t *testing.T) {
 	}
 }
 
-// TestShareCutsPartsEvenly: the shares of a block's parts cover every value once, in order,
-// at the same device addresses, in shares whose sizes differ by at most one value.
+// TestShareCutsPartsEvenly: the shares of a block's parts, float32 values and raw weights (BF16
+// and F32 bytes) among them, cover every value once, in order, at the same device addresses, in
+// shares whose sizes differ by at most one value.
 func TestShareCutsPartsEvenly(t *testing.T) {
 	var parts []blockPart
+	var values [][]float32 // each part's
 	at := cuda.DevicePtr(1 << 20)
-	for i, n := range []int{3, 1000, 17, 1, 4096} {
+	for i, n := range []int{3, 1000, 17, 1, 4096, 255} {
 		data := make([]float32, n)
 		for j := range data {
-			data[j] = float32(i*10000 + j)
+			data[j] = float32((i*31 + j) % 256) // exact in BF16
 		}
-		parts = append(parts, blockPart{at, data})
+		p := blockPart{at: at, data: data}
+		switch i % 3 {
+		case 1:
+			p = blockPart{at: at, raw: rawWeight{safetensors.EncodeFloat32(safetensors.BF16, data), safetensors.BF16}}
+		case 2:
+			p = blockPart{at: at, raw: rawWeight{safetensors.EncodeFloat32(safetensors.F32, data), safetensors.F32}}
+		}
+		parts, values = append(parts, p), append(values, data)
 		at = at.Add(4*n + 256)
 	}
 	for _, n := range []int{1, 2, 3, 4, 7} {
@@ -100,7 +110,7 @@ func TestShareCutsPartsEvenly(t *testing.T) {
 			size := 0
 			for _, p := range share(parts, i, n) {
 				got = append(got, p)
-				size += len(p.data)
+				size += p.len()
 			}
 			sizes[size] = true
 		}
@@ -108,18 +118,36 @@ func TestShareCutsPartsEvenly(t *testing.T) {
 			t.Errorf("%d shares: sizes %v", n, sizes)
 		}
 		// Rejoin: every value once, at its address.
-		k := 0
-		for _, p := range parts {
-			for j, v := range p.data {
-				for k < len(got) && len(got[k].data) == 0 {
-					k++
+		var pieces []struct {
+			at cuda.DevicePtr
+			v  float32
+		}
+		for _, q := range got {
+			v := q.data
+			if q.raw.data != nil {
+				v = make([]float32, q.len())
+				if err := safetensors.DecodeFloat32(q.raw.dtype, v, q.raw.data); err != nil {
+					t.Fatal(err)
 				}
-				q := got[k]
-				if q.at != p.at.Add(4*j) || q.data[0] != v {
-					t.Fatalf("%d shares: value %g of a part at %#x: got %g at %#x", n, v, p.at.Add(4*j), q.data[0], q.at)
-				}
-				got[k] = blockPart{q.at.Add(4), q.data[1:]}
 			}
+			for j, x := range v {
+				pieces = append(pieces, struct {
+					at cuda.DevicePtr
+					v  float32
+				}{q.at.Add(4 * j), x})
+			}
+		}
+		k := 0
+		for i, p := range parts {
+			for j, v := range values[i] {
+				if k >= len(pieces) || pieces[k].at != p.at.Add(4*j) || pieces[k].v != v {
+					t.Fatalf("%d shares: value %g of part %d at %#x missing (%d of %d values seen)", n, v, i, p.at.Add(4*j), k, len(pieces))
+				}
+				k++
+			}
+		}
+		if k != len(pieces) {
+			t.Errorf("%d shares: %d values, %d in the parts", n, len(pieces), k)
 		}
 	}
 }

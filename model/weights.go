@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/qpack-dev/qpack/fp"
+	"github.com/qpack-dev/qpack/safetensors"
 )
 
 // Weights is where a Model reads its tensors from: a safetensors checkpoint, a reader that
@@ -75,6 +76,7 @@ type tensorReader struct {
 	w       Weights
 	spare   func(n int) []float32 // nil, or a slice of n values to overwrite (nil when it has none)
 	readers int                   // how many of a block's linears are read at once (0: blockReaders)
+	raw     bool                  // the projections' weights as the checkpoint stores them, where w hands them out
 	mu      sync.Mutex            // owned, as a block's tensors are read at once (loadBlock)
 	owned   [][]float32
 }
@@ -120,6 +122,38 @@ func (r *tensorReader) read(name string, n int) ([]float32, error) {
 		r.mu.Unlock()
 	}
 	return data, err
+}
+
+// rawReader is Weights that hand out a tensor's bytes as stored (safetensors.Checkpoint).
+type rawReader interface {
+	Info(name string) (safetensors.TensorInfo, bool)
+	Bytes(name string) ([]byte, error)
+}
+
+// rawTensor returns the bytes of a float tensor of the given shape as stored (BF16, F16 or F32),
+// checked finite; ok is false where w does not hand them out or stores another type.
+func (r *tensorReader) rawTensor(name string, shape ...int) (raw rawWeight, ok bool, err error) {
+	rr, can := r.w.(rawReader)
+	if !can {
+		return rawWeight{}, false, nil
+	}
+	info, found := rr.Info(name)
+	switch {
+	case !found:
+		return rawWeight{}, false, fmt.Errorf("model: tensor %q not found", name)
+	case !sameShape(info.Shape, shape):
+		return rawWeight{}, false, fmt.Errorf("model: tensor %q has shape %v, want %v", name, info.Shape, shape)
+	case info.DType != safetensors.BF16 && info.DType != safetensors.F16 && info.DType != safetensors.F32:
+		return rawWeight{}, false, nil
+	}
+	data, err := rr.Bytes(name)
+	if err != nil {
+		return rawWeight{}, false, fmt.Errorf("model: tensor %q: %w", name, err)
+	}
+	if i := safetensors.FirstNonFinite(info.DType, data); i >= 0 {
+		return rawWeight{}, false, fmt.Errorf("model: tensor %q has a non-finite value at index %d", name, i)
+	}
+	return rawWeight{data, info.DType}, true, nil
 }
 
 // optional is tensor for a tensor that may be absent (biases): nil, nil when it is.

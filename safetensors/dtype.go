@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 
 	"github.com/qpack-dev/qpack/fp"
@@ -151,18 +152,87 @@ func EncodeFloat32(d DType, v []float32) []byte {
 // byteSize is the stored size of n elements: ceil(n·bits/8).
 func byteSize(d DType, n int64) int64 { return (n*int64(d.Bits()) + 7) / 8 }
 
+// firstWordNotFinite returns the offset of the first 32- or 8-byte piece of raw that holds an element
+// (of size bytes, 2 or 4) whose exponent bits, mask, are all set, or of the bytes after the last
+// whole word. Each lane of the word, masked, is xored with the mask: a lane is zero exactly
+// where its exponent is all ones, and no lane has its top bit set (the masks leave the sign
+// out), so the zero-lane test (v − 1s) & ^v & top bits is exact.
+func firstWordNotFinite(raw []byte, size int, mask uint64) int {
+	var masks, ones, tops uint64
+	for lane := 0; lane < 8; lane += size {
+		shift := uint(8 * lane)
+		masks |= mask << shift
+		ones |= 1 << shift
+		tops |= 1 << (shift + uint(8*size) - 1)
+	}
+	zeroLane := func(w uint64) bool {
+		v := w&masks ^ masks
+		return (v-ones)&^v&tops != 0
+	}
+	i := 0
+	for ; i+32 <= len(raw); i += 32 { // four words a test
+		w := raw[i : i+32]
+		a, b := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
+		c, d := binary.LittleEndian.Uint64(w[16:]), binary.LittleEndian.Uint64(w[24:])
+		if zeroLane(a) || zeroLane(b) || zeroLane(c) || zeroLane(d) {
+			return i
+		}
+	}
+	for ; i+8 <= len(raw); i += 8 {
+		if zeroLane(binary.LittleEndian.Uint64(raw[i:])) {
+			return i
+		}
+	}
+	return i
+}
+
 // exponentMasks are the exponent bits of the IEEE-style dtypes: all of them set means NaN or ±Inf.
 var exponentMasks = map[DType]uint64{F16: 0x7c00, BF16: 0x7f80, F32: 0x7f800000, F64: 0x7ff0000000000000}
 
 // FirstNonFinite returns the index of the first NaN or ±Inf among the little-endian elements
 // of dtype d in raw, or −1 when there is none or d is not an F16, BF16, F32 or F64 dtype.
+// Narrower elements are tested a 64-bit word at a time, and a large tensor in pieces on every
+// core (a GPU pass checks the bytes it uploads without widening them on the host: a 7B's MLP
+// weight in BF16 took 18 ms on one core).
 func FirstNonFinite(d DType, raw []byte) int {
 	mask, ok := exponentMasks[d]
 	if !ok {
 		return -1
 	}
 	size := d.Bits() / 8
-	for i := 0; i+size <= len(raw); i += size {
+	const piece = 1 << 22 // bytes
+	workers := min(runtime.GOMAXPROCS(0), len(raw)/piece)
+	if workers < 2 {
+		return firstNonFinite(raw, size, mask)
+	}
+	per := (len(raw)/size + workers - 1) / workers * size
+	found := make([]int, 0, workers)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for at := 0; at < len(raw); at += per {
+		wg.Go(func() {
+			if i := firstNonFinite(raw[at:min(at+per, len(raw))], size, mask); i >= 0 {
+				mu.Lock()
+				found = append(found, at/size+i)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(found) == 0 {
+		return -1
+	}
+	return slices.Min(found)
+}
+
+// firstNonFinite is FirstNonFinite on one goroutine, for elements of size bytes whose exponent
+// bits are mask.
+func firstNonFinite(raw []byte, size int, mask uint64) int {
+	i := 0
+	if size < 8 {
+		i = firstWordNotFinite(raw, size, mask)
+	}
+	for ; i+size <= len(raw); i += size {
 		var bits uint64
 		switch size {
 		case 2:
