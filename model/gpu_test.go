@@ -799,7 +799,9 @@ func TestGPULinearKLMatchesCPU(t *testing.T) {
 					t.Fatalf("%d probes on the GPU, %d on the CPU", len(got), len(want))
 				}
 				for name, w := range want {
-					if g := got[name]; !(math.Abs(g-w) <= run.tol*w+1e-9) {
+					// 1e-8 absolute: float32 logits carry a KL of a few 1e-7 to about 1e-9 (an expert's
+					// down_proj at 7.2e-7 differed by 2.1e-9 from the CPU's, every GPU run alike).
+					if g := got[name]; !(math.Abs(g-w) <= run.tol*w+1e-8) {
 						t.Errorf("%s: %s: GPU KL %g, CPU %g", mem, name, g, w)
 					}
 				}
