@@ -123,11 +123,15 @@ func (u *blockUpload) discard(engines []*GPU) {
 	u.gs = nil
 }
 
-// blockBytes is the GPU memory that placeBlock takes for b, about.
+// blockBytes is the GPU memory that placeBlock takes for b, about, and the rawArea its BF16 and
+// F16 weights are staged in.
 func blockBytes(b *Block) uint64 {
 	var n uint64
 	for _, l := range b.AllLinears() {
 		n += 4 * uint64(l.Out*l.In+len(l.Bias))
+		if (blockPart{raw: l.raw}).widened() {
+			n += uint64(len(l.raw.data))
+		}
 	}
 	return n
 }
