@@ -85,6 +85,14 @@ func (d *Device) convertKernels() (*convertKernels, error) {
 // ConvertToF32 enqueues on stream s the widening of n elements of type t at src into float32
 // at dst (exact for F16 and BF16; F32 is a device copy). dst must not overlap src.
 func (d *Device) ConvertToF32(dst, src DevicePtr, t DType, n int, s Stream) error {
+	return d.ConvertToF32Checked(dst, src, t, n, 0, 0, s)
+}
+
+// ConvertToF32Checked is ConvertToF32 that also lowers the device word *first (uint64) to base + i
+// for each element i of an F16 or BF16 src that is a NaN or an infinity (atomicMin): start it at
+// the largest uint64, and after the stream's work it holds the first non-finite element's index
+// plus base, or the largest uint64. first 0 checks nothing; an F32 src is not checked.
+func (d *Device) ConvertToF32Checked(dst, src DevicePtr, t DType, n int, first DevicePtr, base uint64, s Stream) error {
 	if n <= 0 {
 		return fmt.Errorf("cuda: ConvertToF32 of %d elements", n)
 	}
@@ -104,7 +112,7 @@ func (d *Device) ConvertToF32(dst, src DevicePtr, t DType, n int, s Stream) erro
 	}
 	// Grid-stride loops: enough blocks to fill the GPU several times over, no more.
 	blocks := min((work+convertBlock-1)/convertBlock, 32*max(d.info.Multiprocessors, 1))
-	return fn.Launch(Dim3{blocks, 1, 1}, Dim3{convertBlock, 1, 1}, 0, s, src, dst, uint64(n))
+	return fn.Launch(Dim3{blocks, 1, 1}, Dim3{convertBlock, 1, 1}, 0, s, src, dst, uint64(n), first, base)
 }
 
 // ToF16Scaled enqueues on stream s dst[:n] = src[:n]·2^sh rounded to FP16 (to nearest even), sh

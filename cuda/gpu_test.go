@@ -229,6 +229,58 @@ func TestLaunchPassesParameters(t *testing.T) {
 	}
 }
 
+// ConvertToF32Checked finds the first NaN or infinity of an F16 or BF16 source, plus base, on the
+// vector and the scalar kernels, wherever it is (two planted, the later one not reported), and
+// nothing in finite values, whose exponents come up to one below all ones.
+func TestConvertCheckedFindsFirstNonFinite(t *testing.T) {
+	d := openTestDevice(t)
+	r := rand.New(rand.NewPCG(6, 7))
+	exponent := map[DType]uint16{F16: 0x7c00, BF16: 0x7f80}
+	for _, typ := range []DType{F16, BF16} {
+		for _, n := range []int{1, 9, 4097, 1<<20 + 3} {
+			for _, off := range []int{0, 1} { // aligned (vector kernel), misaligned (scalar)
+				vals := make([]uint16, n)
+				for i := range vals {
+					vals[i] = uint16(r.Uint32())
+					if vals[i]&exponent[typ] == exponent[typ] {
+						vals[i] &^= exponent[typ] & -exponent[typ] // the exponent's lowest bit cleared: finite
+					}
+				}
+				first := -1
+				if n > 1 {
+					a, b := r.IntN(n), r.IntN(n)
+					vals[a] |= exponent[typ] // NaN or ±Inf
+					vals[b] |= exponent[typ]
+					first = min(a, b)
+				}
+				src, _ := d.Alloc(2*n + 16)
+				dst, _ := d.Alloc(4*n + 64)
+				word, _ := d.Alloc(8)
+				d.CopyToDevice(src.Add(2*off), Bytes(vals))
+				d.Fill32(word, math.MaxUint32, 2)
+				const base = 1000
+				if err := d.ConvertToF32Checked(dst.Add(4*off), src.Add(2*off), typ, n, word, base, 0); err != nil {
+					t.Fatal(err)
+				}
+				var got [1]uint64
+				if err := d.CopyFromDevice(Bytes(got[:]), word); err != nil {
+					t.Fatal(err)
+				}
+				d.Free(src)
+				d.Free(dst)
+				d.Free(word)
+				want := uint64(math.MaxUint64)
+				if first >= 0 {
+					want = base + uint64(first)
+				}
+				if got[0] != want {
+					t.Errorf("%s n=%d offset %d: first non-finite %d, want %d", typ, n, off, got[0], want)
+				}
+			}
+		}
+	}
+}
+
 func TestConvertMatchesReference(t *testing.T) {
 	d := openTestDevice(t)
 	r := rand.New(rand.NewPCG(4, 5))

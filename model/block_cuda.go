@@ -57,7 +57,7 @@ func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.staging.upload(e.dev, e.stager, e.stream, g.parts, g.rawBytes); err != nil {
+	if err := e.staging.upload(e.dev, e.stager, e.stream, g, g.parts); err != nil {
 		e.dev.Free(g.mem)
 		return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
 	}
@@ -102,7 +102,10 @@ func (p blockPart) widened() bool { return p.raw.data != nil && p.raw.dtype != s
 // (blockPart.rawAt): on several GPUs each copies the others' shares of those bytes from their
 // areas, half the bytes of the widened values. The engine's stream has one, its uploads ahead
 // another.
-type rawArea struct{ buf cuda.DeviceBuffer }
+type rawArea struct {
+	buf   cuda.DeviceBuffer
+	first cuda.DeviceBuffer // the first non-finite value widened since upload began (ConvertToF32Checked)
+}
 
 // ensure makes the area hold bytes, after the work queued on stream (which may read it).
 func (r *rawArea) ensure(dev *cuda.Device, stream cuda.Stream, bytes int) error {
@@ -115,19 +118,28 @@ func (r *rawArea) ensure(dev *cuda.Device, stream cuda.Stream, bytes int) error 
 	return dev.Grow(&r.buf, bytes)
 }
 
-// upload queues on stream the copies of parts to the GPU through st: float32 values (and F32
-// weights) as they are, BF16 and F16 weights into the area (of rawBytes, the block's) and
-// widened from there.
-func (r *rawArea) upload(dev *cuda.Device, st *cuda.Stager, stream cuda.Stream, parts []blockPart, rawBytes int) error {
-	if err := r.ensure(dev, stream, rawBytes); err != nil {
+// upload queues on stream the copies of parts (of block g) to the GPU through st: float32
+// values (and F32 weights) as they are, BF16 and F16 weights into the area and widened from
+// there, checked finite on the way (the host does not read them), which with such weights it
+// waits for (checkFinite).
+func (r *rawArea) upload(dev *cuda.Device, st *cuda.Stager, stream cuda.Stream, g *gpuBlock, parts []blockPart) error {
+	if err := r.ensure(dev, stream, g.rawBytes); err != nil {
 		return err
+	}
+	if g.rawBytes > 0 {
+		if err := dev.Grow(&r.first, 8); err != nil {
+			return err
+		}
+		if err := dev.Fill32Async(r.first.Ptr, math.MaxUint32, 2, stream); err != nil {
+			return err
+		}
 	}
 	for _, p := range parts {
 		var err error
 		switch {
 		case p.widened():
 			if err = st.CopyToDevice(r.at(p), p.raw.data, stream); err == nil {
-				err = r.widen(dev, stream, p.at, p)
+				err = dev.ConvertToF32Checked(p.at, r.at(p), widenedType[p.raw.dtype], p.len(), r.first.Ptr, uint64(p.at-g.mem)/4, stream)
 			}
 		case p.raw.data != nil:
 			err = st.CopyToDevice(p.at, p.raw.data, stream)
@@ -138,7 +150,29 @@ func (r *rawArea) upload(dev *cuda.Device, st *cuda.Stager, stream cuda.Stream, 
 			return err
 		}
 	}
-	return nil
+	if g.rawBytes == 0 {
+		return nil
+	}
+	return r.checkFinite(st, stream, g)
+}
+
+// checkFinite waits for the uploads queued on stream and returns an error naming the weight of
+// g that holds the first non-finite value they widened, if any.
+func (r *rawArea) checkFinite(st *cuda.Stager, stream cuda.Stream, g *gpuBlock) error {
+	var first [1]uint64
+	if err := st.CopyFromDevice(cuda.Bytes(first[:]), r.first.Ptr, stream); err != nil {
+		return err
+	}
+	if first[0] == math.MaxUint64 {
+		return nil
+	}
+	at := g.mem.Add(4 * int(first[0]))
+	for l, d := range g.lin {
+		if n := l.Out * l.In; d.w <= at && at < d.w.Add(4*n) {
+			return fmt.Errorf("model: tensor %q has a non-finite value at index %d", l.Name+".weight", int(at-d.w)/4)
+		}
+	}
+	return fmt.Errorf("model: block %d: a non-finite weight at byte %d of its upload", g.b.Index, 4*first[0])
 }
 
 // at is where p's bytes are in the area.
@@ -154,9 +188,11 @@ var widenedType = map[safetensors.DType]cuda.DType{safetensors.BF16: cuda.BF16, 
 
 // free releases the area.
 func (r *rawArea) free(dev *cuda.Device) {
-	if r.buf.Size > 0 {
-		dev.Free(r.buf.Ptr)
-		r.buf = cuda.DeviceBuffer{}
+	for _, b := range []*cuda.DeviceBuffer{&r.buf, &r.first} {
+		if b.Size > 0 {
+			dev.Free(b.Ptr)
+			*b = cuda.DeviceBuffer{}
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/qpack-dev/qpack/cuda"
@@ -13,7 +14,9 @@ import (
 // the GPU the float32 weights of the same blocks read as float32, bit for bit: uploaded to one
 // engine (uploadBlock), shared by three engines (uploadShards: shares cut inside the raw
 // weights, the other shares copied between the GPUs), and uploaded ahead to the three
-// (uploadAll through their second streams); each upload's 16-bit copies are made from them.
+// (uploadAll through their second streams); each upload's 16-bit copies are made from them. A
+// NaN in a BF16 or F16 weight is an error naming the tensor and the index, on one engine and on
+// three (whichever GPU's share holds it), and an upload ahead that meets it places nothing.
 func TestGPURawUploads(t *testing.T) {
 	for _, d := range []safetensors.DType{safetensors.BF16, safetensors.F16, safetensors.F32} {
 		t.Run(string(d), func(t *testing.T) {
@@ -61,7 +64,44 @@ func TestGPURawUploads(t *testing.T) {
 				sameWeights(t, fmt.Sprintf("engine %d of 3, ahead", i), e, gs[i], ref)
 			}
 			freeShards(es, gs)
+			if d != safetensors.F32 {
+				rawNaN(t, d, es)
+			}
 		})
+	}
+}
+
+// rawNaN uploads the first block of tiny in d with a NaN in down_proj (index 5), read raw, to
+// es[0] and to all of es (errors naming it), and ahead (nothing placed).
+func rawNaN(t *testing.T, d safetensors.DType, es []*GPU) {
+	t.Helper()
+	bad := "model.layers.0.mlp.down_proj.weight"
+	m, err := Open(tinyAs(t, d, bad))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	m.SetRawLinears(func(int) bool { return true })
+	b, err := m.Block(0)
+	if err != nil {
+		t.Fatalf("a NaN read raw from %s: %v (found on the GPU, not here)", d, err)
+	}
+	want := fmt.Sprintf("%q has a non-finite value at index 5", bad)
+	if g, err := es[0].uploadBlock(b); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("one engine: %v, want an error saying %s", err, want)
+		if g != nil {
+			es[0].freeBlock(g)
+		}
+	}
+	gs, err := uploadShards(es, b)
+	freeShards(es, gs)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("three engines: %v, want an error saying %s", err, want)
+	}
+	ahead := uploadAhead(es, m, 0)
+	if gs, err := ahead.take(es, b); gs != nil || err != nil {
+		freeShards(es, gs)
+		t.Errorf("uploaded ahead with a NaN: placed %v, %v", gs != nil, err)
 	}
 }
 

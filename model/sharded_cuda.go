@@ -245,7 +245,7 @@ func spread(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart,
 
 // uploadShare queues engine i's share of the parts' bytes from the host on stream, through st.
 func uploadShare(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, i int, st *cuda.Stager, staging *rawArea, stream cuda.Stream) error {
-	if err := staging.upload(engines[i].dev, st, stream, share(parts(gs[i]), i, len(engines)), gs[i].rawBytes); err != nil {
+	if err := staging.upload(engines[i].dev, st, stream, gs[i], share(parts(gs[i]), i, len(engines))); err != nil {
 		return fmt.Errorf("model: block %d weights on the GPU: %w", gs[i].b.Index, err)
 	}
 	return nil

@@ -130,8 +130,8 @@ type rawReader interface {
 	Bytes(name string) ([]byte, error)
 }
 
-// rawTensor returns the bytes of a float tensor of the given shape as stored (BF16, F16 or F32),
-// checked finite; ok is false where w does not hand them out or stores another type.
+// rawTensor returns the bytes of a float tensor of the given shape as stored (BF16, F16 or F32;
+// F32 checked finite here, the others where the GPU widens them); ok is false where w does not hand them out or stores another type.
 func (r *tensorReader) rawTensor(name string, shape ...int) (raw rawWeight, ok bool, err error) {
 	rr, can := r.w.(rawReader)
 	if !can {
@@ -150,8 +150,10 @@ func (r *tensorReader) rawTensor(name string, shape ...int) (raw rawWeight, ok b
 	if err != nil {
 		return rawWeight{}, false, fmt.Errorf("model: tensor %q: %w", name, err)
 	}
-	if i := safetensors.FirstNonFinite(info.DType, data); i >= 0 {
-		return rawWeight{}, false, fmt.Errorf("model: tensor %q has a non-finite value at index %d", name, i)
+	if info.DType == safetensors.F32 { // (BF16 and F16 are checked on the GPU as they are widened: rawArea)
+		if i := safetensors.FirstNonFinite(info.DType, data); i >= 0 {
+			return rawWeight{}, false, fmt.Errorf("model: tensor %q has a non-finite value at index %d", name, i)
+		}
 	}
 	return rawWeight{data, info.DType}, true, nil
 }

@@ -5,30 +5,41 @@
 #include <cuda_fp16.h>
 
 struct F16 {
+    static constexpr unsigned short exponent = 0x7c00;
     static __device__ __forceinline__ float decode(unsigned short h) {
         return __half2float(__ushort_as_half(h));
     }
 };
 
 struct BF16 {
+    static constexpr unsigned short exponent = 0x7f80;
     static __device__ __forceinline__ float decode(unsigned short b) {
         return __uint_as_float((unsigned int)b << 16);
     }
 };
 
+// widen decodes element i, and when first is not null puts base + i into *first (atomicMin)
+// if the element is a NaN or an infinity (all exponent bits set): the checked conversions find
+// the first non-finite value of what they widen.
+template <typename T>
+__device__ __forceinline__ float widen(unsigned short v, unsigned long long i, unsigned long long* first, unsigned long long base) {
+    if (first && (v & T::exponent) == T::exponent) atomicMin(first, base + i);
+    return T::decode(v);
+}
+
 // One element per thread and step; works for any alignment.
 template <typename T>
-__device__ void widen_scalar(const unsigned short* in, float* out, unsigned long long n) {
+__device__ void widen_scalar(const unsigned short* in, float* out, unsigned long long n, unsigned long long* first, unsigned long long base) {
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        out[i] = T::decode(in[i]);
+        out[i] = widen<T>(in[i], i, first, base);
     }
 }
 
 // Eight elements per thread and step: one 16-byte load, two 16-byte stores. in and out must be
 // 16-byte aligned (the host checks). The n % 8 tail elements go to the first threads.
 template <typename T>
-__device__ void widen_vec8(const unsigned short* in, float* out, unsigned long long n) {
+__device__ void widen_vec8(const unsigned short* in, float* out, unsigned long long n, unsigned long long* first, unsigned long long base) {
     const uint4* in8 = reinterpret_cast<const uint4*>(in);
     float4* out4 = reinterpret_cast<float4*>(out);
     unsigned long long chunks = n / 8;
@@ -36,32 +47,33 @@ __device__ void widen_vec8(const unsigned short* in, float* out, unsigned long l
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
     for (unsigned long long c = tid; c < chunks; c += step) {
         uint4 v = in8[c];
+        unsigned long long i = 8 * c;
         // Little-endian: the low half of each word is the earlier element.
-        out4[2 * c] = make_float4(T::decode(v.x & 0xffff), T::decode(v.x >> 16),
-                                  T::decode(v.y & 0xffff), T::decode(v.y >> 16));
-        out4[2 * c + 1] = make_float4(T::decode(v.z & 0xffff), T::decode(v.z >> 16),
-                                      T::decode(v.w & 0xffff), T::decode(v.w >> 16));
+        out4[2 * c] = make_float4(widen<T>(v.x & 0xffff, i, first, base), widen<T>(v.x >> 16, i + 1, first, base),
+                                  widen<T>(v.y & 0xffff, i + 2, first, base), widen<T>(v.y >> 16, i + 3, first, base));
+        out4[2 * c + 1] = make_float4(widen<T>(v.z & 0xffff, i + 4, first, base), widen<T>(v.z >> 16, i + 5, first, base),
+                                      widen<T>(v.w & 0xffff, i + 6, first, base), widen<T>(v.w >> 16, i + 7, first, base));
     }
     unsigned long long t = chunks * 8 + tid;
     if (t < n) {
-        out[t] = T::decode(in[t]);
+        out[t] = widen<T>(in[t], t, first, base);
     }
 }
 
-extern "C" __global__ void f16_to_f32(const unsigned short* in, float* out, unsigned long long n) {
-    widen_scalar<F16>(in, out, n);
+extern "C" __global__ void f16_to_f32(const unsigned short* in, float* out, unsigned long long n, unsigned long long* first, unsigned long long base) {
+    widen_scalar<F16>(in, out, n, first, base);
 }
 
-extern "C" __global__ void f16_to_f32_vec8(const unsigned short* in, float* out, unsigned long long n) {
-    widen_vec8<F16>(in, out, n);
+extern "C" __global__ void f16_to_f32_vec8(const unsigned short* in, float* out, unsigned long long n, unsigned long long* first, unsigned long long base) {
+    widen_vec8<F16>(in, out, n, first, base);
 }
 
-extern "C" __global__ void bf16_to_f32(const unsigned short* in, float* out, unsigned long long n) {
-    widen_scalar<BF16>(in, out, n);
+extern "C" __global__ void bf16_to_f32(const unsigned short* in, float* out, unsigned long long n, unsigned long long* first, unsigned long long base) {
+    widen_scalar<BF16>(in, out, n, first, base);
 }
 
-extern "C" __global__ void bf16_to_f32_vec8(const unsigned short* in, float* out, unsigned long long n) {
-    widen_vec8<BF16>(in, out, n);
+extern "C" __global__ void bf16_to_f32_vec8(const unsigned short* in, float* out, unsigned long long n, unsigned long long* first, unsigned long long base) {
+    widen_vec8<BF16>(in, out, n, first, base);
 }
 
 // warp_amax folds the warp's m into *amax.
