@@ -27,7 +27,7 @@ type blockUpload struct {
 type aheadCopier struct {
 	stream  cuda.Stream
 	stager  *cuda.Stager
-	staging *rawArea
+	rawArea *rawArea
 }
 
 // uploadAhead starts putting block i of m on every engine; nil past the last block.
@@ -64,7 +64,7 @@ func uploadAll(engines []*GPU, b *Block) []*gpuBlock {
 		if gs[i], err = e.placeBlock(b); err != nil {
 			return err
 		}
-		if err := uploadShare(engines, gs, all, i, c.stager, c.staging, c.stream); err != nil {
+		if err := uploadShare(engines, gs, all, i, c.stager, c.rawArea, c.stream); err != nil {
 			return err
 		}
 		return e.dev.SynchronizeStream(c.stream)
@@ -72,7 +72,7 @@ func uploadAll(engines []*GPU, b *Block) []*gpuBlock {
 	if err == nil && len(engines) > 1 {
 		err = eachEngine(engines, func(i int, e *GPU) error {
 			defer timeline.Begin(e.dev.Info().Ordinal, "weights ahead from the other GPUs (block %d)", b.Index)()
-			if err := copyShares(engines, gs, all, i, e.ahead.stream, func(e *GPU) *rawArea { return e.ahead.staging }); err != nil {
+			if err := copyShares(engines, gs, all, i, e.ahead.stream, func(e *GPU) *rawArea { return e.ahead.rawArea }); err != nil {
 				return err
 			}
 			return e.dev.SynchronizeStream(e.ahead.stream)
@@ -129,7 +129,7 @@ func blockBytes(b *Block) uint64 {
 	var n uint64
 	for _, l := range b.AllLinears() {
 		n += 4 * uint64(l.Out*l.In+len(l.Bias))
-		if (blockPart{raw: l.raw}).widened() {
+		if l.raw.widened() {
 			n += uint64(len(l.raw.data))
 		}
 	}
@@ -178,7 +178,7 @@ func (e *GPU) PrepareUploadsAhead() error {
 // closeCopier frees the engine's copier, if it made one.
 func (e *GPU) closeCopier() {
 	if e.ahead.stager != nil {
-		e.ahead.staging.free(e.dev)
+		e.ahead.rawArea.free(e.dev)
 		e.ahead.stager.Close()
 		e.dev.DestroyStream(e.ahead.stream)
 		e.ahead = aheadCopier{}

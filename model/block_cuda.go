@@ -57,7 +57,7 @@ func (e *GPU) uploadBlock(b *Block) (*gpuBlock, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.staging.upload(e.dev, e.stager, e.stream, g, g.parts); err != nil {
+	if err := e.rawArea.upload(e.dev, e.stager, e.stream, g, g.parts); err != nil {
 		e.dev.Free(g.mem)
 		return nil, fmt.Errorf("model: block %d weights on the GPU: %w", b.Index, err)
 	}
@@ -95,10 +95,13 @@ func (p blockPart) slice(a, b int) blockPart {
 }
 
 // widened says whether the part's bytes are widened on the GPU (BF16 and F16 weights).
-func (p blockPart) widened() bool { return p.raw.data != nil && p.raw.dtype != safetensors.F32 }
+func (p blockPart) widened() bool { return p.raw.widened() }
+
+// widened says whether the weight's bytes are widened on the GPU (BF16 and F16, not F32).
+func (r rawWeight) widened() bool { return r.data != nil && r.dtype != safetensors.F32 }
 
 // rawArea is where a stream's uploads put a block's BF16 and F16 weights on the GPU before
-// widening them into place (cuda.Device.ConvertToF32), each at the same offset on every GPU
+// widening them into place (cuda.Device.ConvertToF32Checked), each at the same offset on every GPU
 // (blockPart.rawAt): on several GPUs each copies the others' shares of those bytes from their
 // areas, half the bytes of the widened values. The engine's stream has one, its uploads ahead
 // another.

@@ -67,7 +67,7 @@ type GPU struct {
 	blas        *cuda.BLAS
 	stream      cuda.Stream
 	stager      *cuda.Stager // uploads weights through pinned memory
-	staging     rawArea      // BF16 and F16 weights uploaded on the engine's stream, before widening
+	rawArea     rawArea      // BF16 and F16 weights uploaded on the engine's stream, before widening
 	ahead       aheadCopier  // uploads the next block's weights while this one calibrates (ahead_cuda.go)
 	blocksAhead int          // blocks whose weights came ahead (tests)
 	module      *cuda.Module
@@ -209,7 +209,7 @@ func (e *GPU) Close() error {
 		e.dev.Free(e.scalars)
 	}
 	e.scratch = nil
-	e.staging.free(e.dev)
+	e.rawArea.free(e.dev)
 	e.closeCopier()
 	if e.stager != nil {
 		e.stager.Close()

@@ -230,7 +230,7 @@ func spread(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart,
 			if err := e.Synchronize(); err != nil { // the passes before are done with the old weights
 				return err
 			}
-			return uploadShare(engines, gs, parts, i, e.stager, &e.staging, e.stream)
+			return uploadShare(engines, gs, parts, i, e.stager, &e.rawArea, e.stream)
 		})
 	})
 	if err != nil || len(engines) == 1 {
@@ -238,14 +238,14 @@ func spread(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart,
 	}
 	return eachEngine(engines, func(i int, e *GPU) error {
 		return e.timed(phase(e), func() error {
-			return copyShares(engines, gs, parts, i, e.stream, func(e *GPU) *rawArea { return &e.staging })
+			return copyShares(engines, gs, parts, i, e.stream, func(e *GPU) *rawArea { return &e.rawArea })
 		})
 	})
 }
 
 // uploadShare queues engine i's share of the parts' bytes from the host on stream, through st.
-func uploadShare(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, i int, st *cuda.Stager, staging *rawArea, stream cuda.Stream) error {
-	if err := staging.upload(engines[i].dev, st, stream, gs[i], share(parts(gs[i]), i, len(engines))); err != nil {
+func uploadShare(engines []*GPU, gs []*gpuBlock, parts func(g *gpuBlock) []blockPart, i int, st *cuda.Stager, area *rawArea, stream cuda.Stream) error {
+	if err := area.upload(engines[i].dev, st, stream, gs[i], share(parts(gs[i]), i, len(engines))); err != nil {
 		return fmt.Errorf("model: block %d weights on the GPU: %w", gs[i].b.Index, err)
 	}
 	return nil
