@@ -146,6 +146,9 @@ func timeSolves(b *testing.B, g *GPUSolver, n, k int, diag []float64, s quant.Sc
 	slices.Sort(times)
 	g.profile = &gpuProfile{}
 	once()
+	if err := g.finishProfile(); err != nil { // (run leaves the results, and the spans, to download)
+		b.Fatal(err)
+	}
 	ph := g.profile.phases
 	g.profile = nil
 	return times, st, ph
