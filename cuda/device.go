@@ -60,10 +60,11 @@ func Devices() ([]DeviceInfo, error) {
 	return infos, nil
 }
 
-func (d *driver) deviceInfo(ordinal int) (DeviceInfo, error) {
-	info := DeviceInfo{Ordinal: ordinal}
+// deviceInfo describes the driver's GPU index (its ordinal: ordinalAt).
+func (d *driver) deviceInfo(index int) (DeviceInfo, error) {
+	info := DeviceInfo{Ordinal: ordinalAt(index)}
 	var dev int32
-	if err := d.check("cuDeviceGet", d.cuDeviceGet(&dev, int32(ordinal))); err != nil {
+	if err := d.check("cuDeviceGet", d.cuDeviceGet(&dev, int32(index))); err != nil {
 		return info, err
 	}
 	name := make([]byte, 256)
@@ -117,7 +118,7 @@ type Device struct {
 	convertErr  error
 }
 
-// Open retains the primary context of GPU ordinal. Without a driver the error wraps
+// Open retains the primary context of GPU ordinal (as the process was given the GPUs: see UseOnly). Without a driver the error wraps
 // ErrNoDriver; with a driver that sees no GPU it matches ErrNoGPU.
 func Open(ordinal int) (*Device, error) {
 	drv, err := loadedDriver()
@@ -131,15 +132,19 @@ func Open(ordinal int) (*Device, error) {
 	if count == 0 {
 		return nil, fmt.Errorf("cuda: %w (the driver sees none)", ErrNoGPU)
 	}
-	if ordinal < 0 || ordinal >= int(count) {
-		return nil, fmt.Errorf("cuda: no GPU %d (the driver sees %d)", ordinal, count)
+	index, err := driverIndex(ordinal)
+	if err != nil {
+		return nil, err
 	}
-	info, err := drv.deviceInfo(ordinal)
+	if ordinal < 0 || index >= int(count) {
+		return nil, fmt.Errorf("cuda: no GPU %d (the driver sees %d%s)", ordinal, count, narrowedNote())
+	}
+	info, err := drv.deviceInfo(index)
 	if err != nil {
 		return nil, err
 	}
 	d := &Device{info: info, drv: drv, pinned: map[uintptr]int{}}
-	if err := drv.check("cuDeviceGet", drv.cuDeviceGet(&d.dev, int32(ordinal))); err != nil {
+	if err := drv.check("cuDeviceGet", drv.cuDeviceGet(&d.dev, int32(index))); err != nil {
 		return nil, err
 	}
 	if err := drv.check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(&d.ctx, d.dev)); err != nil {

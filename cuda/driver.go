@@ -70,6 +70,7 @@ var (
 // loadedDriver opens and initializes the driver once per process.
 func loadedDriver() (*driver, error) {
 	driverOnce.Do(func() {
+		markLoaded()
 		theDriver, driverErr = loadDriver(driverNames)
 		if driverErr == nil {
 			driverErr = theDriver.check("cuInit", theDriver.cuInit(0))

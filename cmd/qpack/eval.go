@@ -29,6 +29,9 @@ func runEval(c *cli.Context) (*evaluate.Report, error) {
 		return nil, fmt.Errorf("%s needs exactly one MODEL argument", c.Command.Name)
 	}
 	noteSlowPath(c.App.ErrWriter)
+	if err := useOnlyGPUs(c.String("device"), []int{0}); err != nil { // the forward pass runs on GPU 0
+		return nil, err
+	}
 	o := evaluate.Options{Data: c.String("data"), SeqLen: c.Int("seq-len"),
 		MaxSeqs: c.Int("max-seqs"), Reference: c.String("reference"), Device: c.String("device"), TF32: c.Bool("tf32"),
 		Logf: func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, format, args...) }}

@@ -27,6 +27,9 @@ func planCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			if err := useOnlyGPUs(opt.Device, opt.Devices); err != nil {
+				return err
+			}
 			if !c.Bool("quiet") {
 				bar := progress.New(c.App.ErrWriter, "plan: measured", "tensors")
 				opt.Progress = bar.Update
