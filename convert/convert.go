@@ -219,10 +219,7 @@ func setupMethod(opt Options, items []Item, f packing.Format, opening *modelOpen
 	logf := func(format string, args ...any) { fmt.Fprintf(opt.Log, format, args...) }
 	devices := opt.Devices
 	if !opt.Method.Calibrates() || opt.Method.Scales() && awqOnOneGPU(items) { // RTN's kernels run on one GPU
-		devices = []int{0}
-		if len(opt.Devices) > 0 {
-			devices = opt.Devices[:1]
-		}
+		devices = firstDevice(opt.Devices)
 	}
 	g, err := openGPU(opt.Device, devices, opt.GPUSlots, logf)
 	if err != nil {

@@ -134,7 +134,7 @@ func (g *gpu) close() {
 // four H100s, one after another) instead of once per pass. Nil where no pass runs on GPUs; errors
 // are left to the passes.
 func holdGPUs(opt Options, calib *Calibration) []*cuda.Device {
-	if calib == nil || opt.Plan != nil || opt.Device == DeviceCPU || !needsMeasurement(opt.Alloc) && !opt.Imatrix {
+	if calib == nil || !planPassesOnGPUs(opt) {
 		return nil
 	}
 	devs, _, err := cuda.SelectMany(opt.Device, opt.Devices)
@@ -142,6 +142,29 @@ func holdGPUs(opt Options, calib *Calibration) []*cuda.Device {
 		return nil
 	}
 	return devs
+}
+
+// planPassesOnGPUs says whether the plan's passes over calibration data (statistics, output
+// probe; given the data) may run, on every GPU of the conversion.
+func planPassesOnGPUs(opt Options) bool {
+	return opt.Plan == nil && opt.Device != DeviceCPU && (needsMeasurement(opt.Alloc) || opt.Imatrix)
+}
+
+// GPUsUsed are the ordinals of the GPUs a conversion with options opt may open (nil: every GPU
+// the driver sees): RTN without the plan's passes runs on the first of Devices only.
+func GPUsUsed(opt Options) []int {
+	if opt.Method.Calibrates() || planPassesOnGPUs(opt) {
+		return opt.Devices
+	}
+	return firstDevice(opt.Devices)
+}
+
+// firstDevice is the first of ordinals, GPU 0 when they are every GPU (nil).
+func firstDevice(ordinals []int) []int {
+	if len(ordinals) == 0 {
+		return []int{0}
+	}
+	return ordinals[:1]
 }
 
 // closeDevices releases the GPUs' contexts, all at once (each release frees its memory).

@@ -87,7 +87,7 @@ func convertCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if err := useOnlyGPUs(opt.Device, opt.Devices); err != nil {
+			if err := useOnlyGPUs(opt.Device, convert.GPUsUsed(opt)); err != nil {
 				return err
 			}
 			if !c.Bool("quiet") {
