@@ -74,6 +74,9 @@ func loadedDriver() (*driver, error) {
 		theDriver, driverErr = loadDriver(driverNames)
 		if driverErr == nil {
 			driverErr = theDriver.check("cuInit", theDriver.cuInit(0))
+			if note := narrowedNote(); driverErr != nil && note != "" { // (no GPU: one asked for does not exist)
+				driverErr = fmt.Errorf("%w (%s)", driverErr, strings.TrimPrefix(note, "; "))
+			}
 		}
 	})
 	return theDriver, driverErr

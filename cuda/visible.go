@@ -40,8 +40,8 @@ func UseOnly(ordinals []int) error {
 	if shown == nil {
 		given, givenSet = os.LookupEnv(visibleEnv)
 	}
-	v, err := narrowedVisible(given, givenSet, ordinals)
-	if err != nil {
+	v, narrowed, err := narrowedVisible(given, givenSet, ordinals)
+	if err != nil || !narrowed {
 		return err
 	}
 	if err := os.Setenv(visibleEnv, v); err != nil {
@@ -52,9 +52,10 @@ func UseOnly(ordinals []int) error {
 }
 
 // narrowedVisible is the CUDA_VISIBLE_DEVICES that shows only the GPUs with these ordinals of
-// those that given shows (when set: its entries, by position; else every GPU, by ordinal). An
-// ordinal past given's entries is left out: Open then finds no such GPU, as it would have.
-func narrowedVisible(given string, set bool, ordinals []int) (string, error) {
+// those that given shows (when set: its entries, by position; else every GPU, by ordinal). When
+// an ordinal is past given's entries it does not narrow (narrowed false): Open then says that
+// there is no such GPU, as it would have.
+func narrowedVisible(given string, set bool, ordinals []int) (v string, narrowed bool, err error) {
 	var entries []string
 	if set {
 		for _, e := range strings.Split(given, ",") {
@@ -67,14 +68,16 @@ func narrowedVisible(given string, set bool, ordinals []int) (string, error) {
 	for i, o := range ordinals {
 		switch {
 		case o < 0 || slices.Contains(ordinals[:i], o):
-			return "", fmt.Errorf("cuda: GPU ordinals %v: want distinct ordinals ≥ 0", ordinals)
+			return "", false, fmt.Errorf("cuda: GPU ordinals %v: want distinct ordinals ≥ 0", ordinals)
 		case !set:
 			picked = append(picked, strconv.Itoa(o))
 		case o < len(entries):
 			picked = append(picked, entries[o])
+		default:
+			return given, false, nil
 		}
 	}
-	return strings.Join(picked, ","), nil
+	return strings.Join(picked, ","), true, nil
 }
 
 // driverIndex is the driver's index of the GPU with this ordinal: the ordinal itself unless
@@ -109,14 +112,14 @@ func markLoaded() {
 	shownMu.Unlock()
 }
 
-// narrowedNote says, for an error, what UseOnly showed the driver.
+// narrowedNote says, for an error, what UseOnly showed the driver ("" when it did not narrow).
 func narrowedNote() string {
 	shownMu.Lock()
 	defer shownMu.Unlock()
 	if shown == nil {
 		return ""
 	}
-	return fmt.Sprintf(" of GPUs %s, shown it as %s=%s", ordinalList(shown), visibleEnv, os.Getenv(visibleEnv))
+	return fmt.Sprintf("; it was shown GPUs %s only, as %s=%s", ordinalList(shown), visibleEnv, os.Getenv(visibleEnv))
 }
 
 func ordinalList(ordinals []int) string {

@@ -8,27 +8,29 @@ import (
 
 func TestNarrowedVisible(t *testing.T) {
 	for _, c := range []struct {
-		given     string
-		set       bool
-		ordinals  []int
-		want, err string
+		given    string
+		set      bool
+		ordinals []int
+		want     string
+		narrowed bool
+		err      string
 	}{
-		{"", false, []int{2}, "2", ""},
-		{"", false, []int{3, 0, 1}, "3,0,1", ""},
-		{"4,5,6,7", true, []int{1, 3}, "5,7", ""},
-		{"GPU-aa, GPU-bb ,GPU-cc", true, []int{2, 0}, "GPU-cc,GPU-aa", ""},
-		{"MIG-x", true, []int{0}, "MIG-x", ""},
-		{"4,5", true, []int{1, 2}, "5", ""}, // GPU 2 is not shown: Open says so
-		{"", true, []int{0}, "", ""},        // none shown, as before
-		{"", false, []int{1, 1}, "", "distinct"},
-		{"", false, []int{-1}, "", "distinct"},
+		{"", false, []int{2}, "2", true, ""},
+		{"", false, []int{3, 0, 1}, "3,0,1", true, ""},
+		{"4,5,6,7", true, []int{1, 3}, "5,7", true, ""},
+		{"GPU-aa, GPU-bb ,GPU-cc", true, []int{2, 0}, "GPU-cc,GPU-aa", true, ""},
+		{"MIG-x", true, []int{0}, "MIG-x", true, ""},
+		{"4,5", true, []int{1, 2}, "4,5", false, ""}, // no GPU 2 among those given: left as it was, for Open to say so
+		{"", true, []int{0}, "", false, ""},          // none given
+		{"", false, []int{1, 1}, "", false, "distinct"},
+		{"", false, []int{-1}, "", false, "distinct"},
 	} {
-		got, err := narrowedVisible(c.given, c.set, c.ordinals)
+		got, narrowed, err := narrowedVisible(c.given, c.set, c.ordinals)
 		switch {
 		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
 			t.Errorf("narrowedVisible(%q, %v, %v): error %v, want one saying %q", c.given, c.set, c.ordinals, err, c.err)
-		case c.err == "" && (err != nil || got != c.want):
-			t.Errorf("narrowedVisible(%q, %v, %v) = %q, %v; want %q", c.given, c.set, c.ordinals, got, err, c.want)
+		case c.err == "" && (err != nil || got != c.want || narrowed != c.narrowed):
+			t.Errorf("narrowedVisible(%q, %v, %v) = %q, %v, %v; want %q, %v", c.given, c.set, c.ordinals, got, narrowed, err, c.want, c.narrowed)
 		}
 	}
 }
@@ -48,6 +50,9 @@ func TestUseOnlyKeepsOrdinals(t *testing.T) {
 		shownMu.Unlock()
 	})
 	t.Setenv(visibleEnv, "4,5,6,7")
+	if err := UseOnly([]int{4}); err != nil || os.Getenv(visibleEnv) != "4,5,6,7" || ordinalAt(4) != 4 { // no GPU 4 given: nothing changes
+		t.Fatalf("UseOnly(4) of four: %v, %s = %q", err, visibleEnv, os.Getenv(visibleEnv))
+	}
 	if err := UseOnly([]int{2}); err != nil {
 		t.Fatal(err)
 	}
