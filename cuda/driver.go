@@ -74,8 +74,10 @@ func loadedDriver() (*driver, error) {
 		theDriver, driverErr = loadDriver(driverNames)
 		if driverErr == nil {
 			driverErr = theDriver.check("cuInit", theDriver.cuInit(0))
-			if note := narrowedNote(); driverErr != nil && note != "" { // (no GPU: one asked for does not exist)
-				driverErr = fmt.Errorf("%w (%s)", driverErr, strings.TrimPrefix(note, "; "))
+			// After UseOnly, no GPU means that one asked for does not exist: not ErrNoGPU (which
+			// lets --device auto fall back to the CPU without a word) but an error saying so.
+			if note := narrowedNote(); driverErr != nil && note != "" {
+				driverErr = fmt.Errorf("%v (%s)", driverErr, strings.TrimPrefix(note, "; "))
 			}
 		}
 	})
