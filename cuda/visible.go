@@ -41,13 +41,23 @@ func UseOnly(ordinals []int) error {
 		given, givenSet = os.LookupEnv(visibleEnv)
 	}
 	v, narrowed, err := narrowedVisible(given, givenSet, ordinals)
-	if err != nil || !narrowed {
+	switch {
+	case err != nil:
 		return err
+	case !narrowed && shown == nil:
+		return nil
+	case !narrowed: // an earlier call narrowed: back to the variable as given
+		shown = nil
+		if !givenSet {
+			return os.Unsetenv(visibleEnv)
+		}
 	}
 	if err := os.Setenv(visibleEnv, v); err != nil {
 		return fmt.Errorf("cuda: setting %s: %w", visibleEnv, err)
 	}
-	shown = slices.Clone(ordinals)
+	if narrowed {
+		shown = slices.Clone(ordinals)
+	}
 	return nil
 }
 

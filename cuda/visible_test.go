@@ -73,6 +73,12 @@ func TestUseOnlyKeepsOrdinals(t *testing.T) {
 	if _, err := driverIndex(0); err == nil || !strings.Contains(err.Error(), "not among the GPUs this command uses (3,1)") {
 		t.Errorf("driverIndex(0) after UseOnly(3,1): %v", err)
 	}
+	if err := UseOnly([]int{9}); err != nil || os.Getenv(visibleEnv) != "4,5,6,7" || ordinalAt(1) != 1 { // no GPU 9: as given again
+		t.Errorf("UseOnly(9) after UseOnly(3,1): %v, %s = %q, GPU 1 is %d", err, visibleEnv, os.Getenv(visibleEnv), ordinalAt(1))
+	}
+	if err := UseOnly([]int{3, 1}); err != nil {
+		t.Fatal(err)
+	}
 	shownMu.Lock()
 	loaded = true
 	shownMu.Unlock()
