@@ -118,8 +118,9 @@ type Device struct {
 	convertErr  error
 }
 
-// Open retains the primary context of GPU ordinal (as the process was given the GPUs: see UseOnly). Without a driver the error wraps
-// ErrNoDriver; with a driver that sees no GPU it matches ErrNoGPU.
+// Open retains the primary context of GPU ordinal (as the process was given the GPUs: UseOnly
+// keeps the ordinals). Without a driver the error wraps ErrNoDriver; with a driver that sees no
+// GPU it matches ErrNoGPU.
 func Open(ordinal int) (*Device, error) {
 	drv, err := loadedDriver()
 	if err != nil {
