@@ -534,7 +534,7 @@ func (e *GPU) flashAttention(qh, kh, vh cuda.DevicePtr, S, T, window int) error 
 		return err
 	}
 	const queryTile = 64 // FA_Q
-	return e.fn.flash.Launch(cuda.Dim3{X: (T + queryTile - 1) / queryTile, Y: S * c.Heads, Z: 1}, cuda.Dim3{X: 128, Y: 1, Z: 1}, 0, e.stream,
+	return e.fn.flash.Launch(cuda.Dim3{X: S * c.Heads, Y: (T + queryTile - 1) / queryTile, Z: 1}, cuda.Dim3{X: 128, Y: 1, Z: 1}, 0, e.stream,
 		half[0], half[1], half[2], e.scalar(f16AlphaQK), e.scalar(f16AlphaV), float32(1/math.Sqrt(float64(c.HeadDim))),
 		int32(T), int32(c.Heads), int32(c.KVHeads), int32(window), qh)
 }

@@ -325,10 +325,13 @@ extern "C" __global__ void divide_rows(float* w, const float* s, long long n, in
 // the running maximum: FP16's 11-bit significand, TF32's). Keys after the query, and keys window
 // or more tokens before it when window > 0, are left out. Layouts: q and out [S, H, T, D], k and
 // v [S, KV, T, D] (query head h reads key/value head h / (H / KV)); out is float32. The key and
-// value tiles sit row-major in shared memory (rows padded by 8 halves: no bank conflicts), the
-// values' fragments transposed on load (ldmatrix .trans): 1.7 ms for a 7B's 4 × 2048 tokens on
-// an H100, where the scores' path takes 2.8 ms and transposing the values into shared memory took 2.6.
-// Grid: (ceil(T / FA_Q), S·H); 128 threads.
+// value tiles sit row-major in shared memory (rows padded by 8 halves: no bank conflicts), their
+// fragments read by ldmatrix (the values' transposed on load). A 7B's 4 × 2048 tokens on an
+// H200, the FP16 conversions included: 0.90 ms; 1.89 ms with one synchronous load of each tile
+// at a time, no ldmatrix for the keys, the query tiles in order and every tile masked (bit for
+// bit the same output); the scores' path 2.4 ms. Registers are capped for three blocks of 128
+// threads an SM with D = 128 (four with D = 64): a few spilled, faster than two (1.03 ms).
+// Grid: (S·H, ceil(T / FA_Q)); 128 threads.
 #define FA_Q 64
 #define FA_K 64
 
@@ -347,6 +350,36 @@ __device__ __forceinline__ unsigned pack_f16(float lo, float hi) {
     return d;
 }
 
+// cp_async16 copies 16 bytes from global to shared memory without waiting (cp.async, sm_80 on),
+// or writes 16 zero bytes where !valid (the source is then not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// cp_async_wait waits until at most n of this thread's committed groups are still in flight.
+template <int n>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(n)); }
+
+// flash_load_tile starts copying FA_K rows of D halves from src (rows k0 on, zero past T) into a
+// shared tile of row stride D + 8.
+template <int D>
+__device__ __forceinline__ void flash_load_tile(unsigned short* dst, const unsigned short* src, int k0, int T) {
+#pragma unroll
+    for (int idx = threadIdx.x; idx < FA_K * D / 8; idx += 128) { // 8 halves at a time
+        int key = idx / (D / 8), d = idx % (D / 8) * 8;
+        bool valid = k0 + key < T;
+        cp_async16(dst + key * (D + 8) + d, src + (long long)(valid ? k0 + key : 0) * D + d, valid);
+    }
+    cp_async_commit();
+}
+
+// flash_attention: the loads run beside the products (cp.async). Each step's values are copied
+// while its scores are computed and the next step's keys while the probabilities are formed
+// and multiplied by the values, so one tile of each fits under the 48 KB of static shared memory.
+// The query tiles are taken last first (grid y counts down), so that the longest (the latest
+// queries see the most keys) start first and the short ones fill the tail. Scores need masking
+// only in tiles that reach past a query of the tile, or past T, or under a window.
 template <int D>
 __device__ void flash_attention(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                                 const float* alpha_qk, const float* alpha_v, float scale, int T, int H, int KV,
@@ -355,12 +388,17 @@ __device__ void flash_attention(const unsigned short* q, const unsigned short* k
     __shared__ __align__(16) unsigned short ks[FA_K * KS];
     __shared__ __align__(16) unsigned short vs[FA_K * KS];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, tig = lane & 3;
-    const int sh = blockIdx.y, s = sh / H, h = sh % H, kvh = h / (H / KV);
-    const int q0 = blockIdx.x * FA_Q, r0 = q0 + warp * 16 + g; // this thread's rows: r0 and r0 + 8
+    const int sh = blockIdx.x, s = sh / H, h = sh % H, kvh = h / (H / KV);
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * FA_Q, r0 = q0 + warp * 16 + g; // this thread's rows: r0 and r0 + 8
     const unsigned short* qs = q + (long long)sh * T * D;
     const unsigned short* kb = k + ((long long)s * KV + kvh) * T * D;
     const unsigned short* vb = v + ((long long)s * KV + kvh) * T * D;
     const float sc = scale * *alpha_qk * 1.4426950408889634f; // scores in log2 units: exp2 below
+
+    const int last = min(T, q0 + FA_Q) - 1; // the tile's last query
+    int first_key = 0;
+    if (window > 0) first_key = max(0, q0 - window + 1) / FA_K * FA_K;
+    flash_load_tile<D>(ks, kb, first_key, T);
 
     unsigned qa[D / 16][4]; // the warp's 16 query rows as A fragments
 #pragma unroll
@@ -376,39 +414,37 @@ __device__ void flash_attention(const unsigned short* q, const unsigned short* k
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
-    const int last = min(T, q0 + FA_Q) - 1; // the tile's last query
-    int first_key = 0;
-    if (window > 0) first_key = max(0, q0 - window + 1) / FA_K * FA_K;
     for (int k0 = first_key; k0 <= last; k0 += FA_K) {
-        __syncthreads(); // the previous tile's reads are done
-        for (int idx = threadIdx.x; idx < FA_K * D / 8; idx += blockDim.x) { // 8 halves at a time
-            int key = idx / (D / 8), d = idx % (D / 8) * 8;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-            if (k0 + key < T) {
-                kv4 = *(const uint4*)(kb + (long long)(k0 + key) * D + d);
-                vv4 = *(const uint4*)(vb + (long long)(k0 + key) * D + d);
-            }
-            *(uint4*)(ks + key * KS + d) = kv4;
-            *(uint4*)(vs + key * KS + d) = vv4;
-        }
+        __syncthreads(); // every warp is done with the previous step's values
+        flash_load_tile<D>(vs, vb, k0, T);
+        cp_async_wait<1>(); // this step's keys are in (its values may not be)
         __syncthreads();
         float sacc[FA_K / 8][4];
 #pragma unroll
         for (int n = 0; n < FA_K / 8; n++) {
             sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const unsigned short* kr = ks + (n * 8 + g) * KS + kk * 16 + tig * 2;
-                mma_16816(sacc[n], qa[kk], *(const unsigned*)kr, *(const unsigned*)(kr + 8));
+            for (int kk = 0; kk < D / 16; kk += 2) {
+                // B = Kᵀ for kk and kk + 1: lanes 8j..8j+7 give the rows of matrix j (keys n·8 on, 8 columns)
+                unsigned b[4];
+                unsigned addr = (unsigned)__cvta_generic_to_shared(ks + (n * 8 + (lane & 7)) * KS + kk * 16 + (lane >> 3) * 8);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(addr));
+                mma_16816(sacc[n], qa[kk], b[0], b[1]);
+                mma_16816(sacc[n], qa[kk + 1], b[2], b[3]);
             }
         }
+        __syncthreads(); // every warp has read this step's keys
+        if (k0 + FA_K <= last) flash_load_tile<D>(ks, kb, k0 + FA_K, T);
+        else cp_async_commit(); // an empty group: the waits count the same
+        const bool masked = k0 + FA_K - 1 > q0 || k0 + FA_K > T || window > 0;
         float tile_max[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int n = 0; n < FA_K / 8; n++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 int row = r0 + (i >> 1) * 8, key = k0 + n * 8 + tig * 2 + (i & 1);
-                bool keep = key <= row && key < T && (window <= 0 || key > row - window);
+                bool keep = !masked || (key <= row && key < T && (window <= 0 || key > row - window));
                 sacc[n][i] = keep ? sacc[n][i] * sc : NEG_INF;
                 tile_max[i >> 1] = fmaxf(tile_max[i >> 1], sacc[n][i]);
             }
@@ -435,6 +471,8 @@ __device__ void flash_attention(const unsigned short* q, const unsigned short* k
             pa[n / 2][(n & 1) * 2] = pack_f16(p0, p1);
             pa[n / 2][(n & 1) * 2 + 1] = pack_f16(p2, p3);
         }
+        cp_async_wait<1>(); // this step's values are in (the next keys may not be)
+        __syncthreads();
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             o[n][0] *= rescale[0];
@@ -442,15 +480,19 @@ __device__ void flash_attention(const unsigned short* q, const unsigned short* k
             o[n][2] *= rescale[1];
             o[n][3] *= rescale[1];
 #pragma unroll
-            for (int kk = 0; kk < FA_K / 16; kk++) {
-                // B = V[keys kk·16 .. +16][d n·8 .. +8]: lanes 0-15 give the rows, transposed on load
-                unsigned b0, b1;
-                unsigned addr = (unsigned)__cvta_generic_to_shared(vs + (kk * 16 + (lane & 15)) * KS + n * 8);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
-                mma_16816(o[n], pa[kk], b0, b1);
+            for (int kk = 0; kk < FA_K / 16; kk += 2) {
+                // B = V[keys kk·16 .. +32][d n·8 .. +8], transposed on load: lanes 0-15 give the
+                // rows of kk's two matrices, lanes 16-31 those of kk + 1's
+                unsigned b[4];
+                unsigned addr = (unsigned)__cvta_generic_to_shared(vs + (kk * 16 + lane) * KS + n * 8);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "r"(addr));
+                mma_16816(o[n], pa[kk], b[0], b[1]);
+                mma_16816(o[n], pa[kk + 1], b[2], b[3]);
             }
         }
     }
+    cp_async_wait<0>();
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -471,12 +513,12 @@ __device__ void flash_attention(const unsigned short* q, const unsigned short* k
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) flash_attention_d64(const unsigned short* q, const unsigned short* k,
+extern "C" __global__ void __launch_bounds__(128, 4) flash_attention_d64(const unsigned short* q, const unsigned short* k,
         const unsigned short* v, const float* alpha_qk, const float* alpha_v, float scale, int T, int H, int KV, int window, float* out) {
     flash_attention<64>(q, k, v, alpha_qk, alpha_v, scale, T, H, KV, window, out);
 }
 
-extern "C" __global__ void __launch_bounds__(128) flash_attention_d128(const unsigned short* q, const unsigned short* k,
+extern "C" __global__ void __launch_bounds__(128, 3) flash_attention_d128(const unsigned short* q, const unsigned short* k,
         const unsigned short* v, const float* alpha_qk, const float* alpha_v, float scale, int T, int H, int KV, int window, float* out) {
     flash_attention<128>(q, k, v, alpha_qk, alpha_v, scale, T, H, KV, window, out);
 }
