@@ -3,6 +3,8 @@ package cuda
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
 // DevicePtr is an address in device memory (a CUdeviceptr).
@@ -15,6 +17,9 @@ func (p DevicePtr) Add(bytes int) DevicePtr { return p + DevicePtr(bytes) }
 func (d *Device) Alloc(bytes int) (DevicePtr, error) {
 	if bytes <= 0 {
 		return 0, fmt.Errorf("cuda: Alloc(%d): size must be positive", bytes)
+	}
+	if bytes >= 64<<20 { // large ones only: their time varies (peer mappings, the driver's locks)
+		defer timeline.Begin(d.Info().Ordinal, "alloc %d MB", bytes>>20)()
 	}
 	var p uintptr
 	err := d.do(func() error { return d.drv.check("cuMemAlloc_v2", d.drv.cuMemAlloc(&p, uint64(bytes))) })
