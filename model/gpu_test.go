@@ -867,6 +867,65 @@ func TestGPUFusedAttention(t *testing.T) {
 	}
 }
 
+// TestGPUFusedAttentionLong compares the fused kernel with the scores' path on sequences of
+// many tiles (T not a multiple of the 64-query tile), where most key tiles need no mask, the
+// tiles' copies run ahead of the products over many steps and the query tiles run last first:
+// head size 128 with grouped keys and values, 64 with a sliding window.
+func TestGPUFusedAttentionLong(t *testing.T) {
+	for _, tc := range []struct {
+		name, json   string
+		S, T, window int
+	}{
+		{"d128-gqa", `{"model_type": "llama", "hidden_size": 512, "intermediate_size": 64, "num_hidden_layers": 1,
+			"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 32}`, 2, 1000, 0},
+		{"d64-window", `{"model_type": "llama", "hidden_size": 192, "intermediate_size": 64, "num_hidden_layers": 1,
+			"num_attention_heads": 3, "num_key_value_heads": 3, "vocab_size": 32}`, 2, 700, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mustConfig(t, tc.json)
+			e := openGPU(t, cfg, GPUOptions{TF32: true, F16: true}, 0)
+			r := freshRand(t)
+			inputs := make([][]float32, 3) // q [S, H, T, D]; k and v [S, KV, T, D]
+			for i, heads := range []int{cfg.Heads, cfg.KVHeads, cfg.KVHeads} {
+				inputs[i] = make([]float32, tc.S*heads*tc.T*cfg.HeadDim)
+				for j := range inputs[i] {
+					inputs[i][j] = float32(r.NormFloat64()) * 1.5
+				}
+			}
+			attention := func(attend func(qh, kh, vh cuda.DevicePtr, S, T, window int) error) []float32 {
+				var bufs [3]cuda.DevicePtr
+				for i, v := range inputs {
+					var err error
+					if bufs[i], err = e.floats(fmt.Sprint("test.attention.", i), len(v)); err == nil {
+						err = e.upload(bufs[i], cuda.Bytes(v))
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := attend(bufs[0], bufs[1], bufs[2], tc.S, tc.T, tc.window); err != nil {
+					t.Fatal(err)
+				}
+				out := make([]float32, len(inputs[0]))
+				if err := e.Download(cuda.Bytes(out), bufs[0]); err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			fused, banded := attention(e.flashAttention), attention(e.bandedAttention)
+			if i := slices.IndexFunc(fused, func(v float32) bool { return math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) }); i >= 0 {
+				t.Fatalf("fused output %d is %v", i, fused[i])
+			}
+			apart := relL2(fused, banded)
+			t.Logf("%d × %d tokens, %d heads of %d (%d key/value), window %d: fused against the scores' path %.2e",
+				tc.S, tc.T, cfg.Heads, cfg.HeadDim, cfg.KVHeads, tc.window, apart)
+			if !(apart < 3e-3) {
+				t.Errorf("fused attention %.2e from the scores' path, want under 3e-3", apart)
+			}
+		})
+	}
+}
+
 // uploadFirstBlock uploads m's first block to e, freed when the test ends.
 func uploadFirstBlock(tb testing.TB, e *GPU, m *Model) (*Block, *gpuBlock) {
 	tb.Helper()
