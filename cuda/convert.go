@@ -49,6 +49,7 @@ type convertKernels struct {
 	scalar, vec8                 map[DType]Function
 	amaxAbs, toF16Scaled         Function
 	amaxAbsVec4, toF16ScaledVec8 Function // 16-byte aligned operands
+	f16Alpha                     Function
 }
 
 func (d *Device) convertKernels() (*convertKernels, error) {
@@ -71,7 +72,8 @@ func (d *Device) convertKernels() (*convertKernels, error) {
 		for _, f := range []struct {
 			dst  *Function
 			name string
-		}{{&k.amaxAbs, "amax_abs"}, {&k.toF16Scaled, "to_f16_scaled"}, {&k.amaxAbsVec4, "amax_abs_vec4"}, {&k.toF16ScaledVec8, "to_f16_scaled_vec8"}} {
+		}{{&k.amaxAbs, "amax_abs"}, {&k.toF16Scaled, "to_f16_scaled"}, {&k.amaxAbsVec4, "amax_abs_vec4"}, {&k.toF16ScaledVec8, "to_f16_scaled_vec8"},
+			{&k.f16Alpha, "f16_alpha"}} {
 			if *f.dst, err = m.Function(f.name); err != nil {
 				d.convertErr = err
 				return
@@ -147,4 +149,15 @@ func (d *Device) ToF16Scaled(dst, src DevicePtr, n int, amax, other, shift, alph
 		return err
 	}
 	return scale.Launch(Dim3{scaleBlocks, 1, 1}, Dim3{threads, 1, 1}, 0, s, src, dst, int64(n), amax, other, shift, alpha)
+}
+
+// F16Alpha enqueues on stream s the alpha that ToF16Scaled writes, 2^−(sh+t), for an operand it
+// scaled by 2^sh (sh = *shift, as it wrote it) and a GEMM with another scaled by 2^t (t = *other,
+// or sh when other is 0): an input converted once, then read by GEMMs with several operands.
+func (d *Device) F16Alpha(shift, other, alpha DevicePtr, s Stream) error {
+	k, err := d.convertKernels()
+	if err != nil {
+		return err
+	}
+	return k.f16Alpha.Launch(Dim3{1, 1, 1}, Dim3{1, 1, 1}, 0, s, shift, other, alpha)
 }

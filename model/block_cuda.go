@@ -440,13 +440,19 @@ func (e *GPU) attention(out, h cuda.DevicePtr, g *gpuBlock, S, T int, hook GPUHo
 		}
 	}
 	q, k, v, qh, kh, vh := bufs[0], bufs[1], bufs[2], bufs[3], bufs[4], bufs[5]
-	for _, p := range []struct {
-		y cuda.DevicePtr
-		l *gpuLinear
-	}{{q, g.q}, {k, g.k}, {v, g.v}} {
-		if err := e.linear(p.y, h, p.l, rows); err != nil {
-			return err
+	err := e.readSame(h, rows*c.Hidden, func() error {
+		for _, p := range []struct {
+			y cuda.DevicePtr
+			l *gpuLinear
+		}{{q, g.q}, {k, g.k}, {v, g.v}} {
+			if err := e.linear(p.y, h, p.l, rows); err != nil {
+				return err
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if c.QKNorm {
 		if err := e.rmsNorm(q, q, g.qNorm, rows*c.Heads, D); err != nil {
@@ -597,10 +603,7 @@ func (e *GPU) mlp(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) er
 	if err != nil {
 		return err
 	}
-	if err := e.linear(gate, h, g.gate, rows); err != nil {
-		return err
-	}
-	if err := e.linear(up, h, g.up, rows); err != nil {
+	if err := e.gateUp(gate, up, h, g.gate, g.up, rows); err != nil {
 		return err
 	}
 	if err := e.elementwise(e.fn.siluMul, rows*c.Intermediate, gate, up, int64(rows*c.Intermediate)); err != nil {
@@ -610,6 +613,16 @@ func (e *GPU) mlp(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) er
 		return err
 	}
 	return e.linear(out, gate, g.down, rows)
+}
+
+// gateUp computes gate(h) and up(h), h [rows, gate.in] converted once for both (readSame).
+func (e *GPU) gateUp(gateOut, upOut, h cuda.DevicePtr, gate, up *gpuLinear, rows int) error {
+	return e.readSame(h, rows*gate.in, func() error {
+		if err := e.linear(gateOut, h, gate, rows); err != nil {
+			return err
+		}
+		return e.linear(upOut, h, up, rows)
+	})
 }
 
 func callGPUHook(hook GPUHook, g Group, x cuda.DevicePtr, rows, cols int) error {

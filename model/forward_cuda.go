@@ -88,6 +88,8 @@ type GPU struct {
 	current   *gpuBlock      // the block calibrateBlock is working on
 	poison    bool           // tests: fill work buffers with NaN whenever they are handed out
 	noStaging bool           // tests: calibrate dense blocks by recomputing passes (stagedState)
+	sameInput sameInput      // the input of the linears run one after another on it (readSame)
+	noSharing bool           // tests: convert the input for each linear (readSame)
 	linears   halfFormat     // the linears' operands (GPUOptions)
 	grams     halfFormat     // the Gram matrices' operands
 	scalars   cuda.DevicePtr // with halfF16: the amax, shift and alpha of the last to_f16_scaled, and 0 and 1 (f16Scalar)
@@ -361,7 +363,7 @@ func (e *GPU) linear(y, x cuda.DevicePtr, l *gpuLinear, rows int) error {
 
 // halfLinear is linear's GEMM with 16-bit operands (GPUOptions.BF16 or F16).
 func (e *GPU) halfLinear(y, x cuda.DevicePtr, l *gpuLinear, rows int) error {
-	xb, err := e.half(e.linears, "linear.x", x, rows*l.in, l.shift)
+	xb, err := e.linearInput(x, rows*l.in, l.shift)
 	if err != nil {
 		return err
 	}
@@ -371,11 +373,53 @@ func (e *GPU) halfLinear(y, x cuda.DevicePtr, l *gpuLinear, rows int) error {
 	return e.blas.GemmBF16(cuda.Trans, cuda.NoTrans, l.out, rows, l.in, 1, l.wb, l.in, xb, l.in, 0, y, l.out)
 }
 
+// sameInput is an input that several linears read one after another (q, k and v; gate and up):
+// converted to 16 bits for the first, then read as it is by the others.
+type sameInput struct {
+	x, half   cuda.DevicePtr
+	n         int
+	converted bool
+}
+
+// readSame runs linears, which all read x (n values), with x converted to 16 bits once: a
+// conversion reads x twice (its largest magnitude, then the values) and writes half as much.
+// With FP16 the power of two found for x is x's own, so each GEMM needs only its alpha for the
+// weight's (cuda.Device.F16Alpha): the same bits as converting x for each.
+func (e *GPU) readSame(x cuda.DevicePtr, n int, linears func() error) error {
+	if !e.noSharing {
+		e.sameInput = sameInput{x: x, n: n}
+		defer func() { e.sameInput = sameInput{} }()
+	}
+	return linears()
+}
+
+// linearInput returns x (n values) in the linears' 16-bit format, and with FP16 sets the GEMM's
+// alpha for a weight scaled by 2^*shift: converted, or as converted for the linear before it
+// (readSame).
+func (e *GPU) linearInput(x cuda.DevicePtr, n int, shift cuda.DevicePtr) (cuda.DevicePtr, error) {
+	same := &e.sameInput
+	if same.x != x || same.n != n {
+		return e.half(e.linears, "linear.x", x, n, shift)
+	}
+	if same.converted {
+		if e.linears != halfF16 {
+			return same.half, nil
+		}
+		return same.half, e.dev.F16Alpha(e.scalar(f16Shift), shift, e.scalar(f16Alpha), e.stream)
+	}
+	xb, err := e.half(e.linears, "linear.x", x, n, shift)
+	same.half, same.converted = xb, err == nil
+	return xb, err
+}
+
 // AddGram queues sum += xᵀx for x [rows, cols] (row-major) and sum [cols, cols] on the
 // engine's stream: the Gram matrix of a linear's inputs, from which GPTQ's Hessian is made. As the
 // matrix is symmetric, only the tiles on and above the diagonal are computed (gramTiles); call
 // FinishGram once the sum is complete, before reading it.
 func (e *GPU) AddGram(sum, x cuda.DevicePtr, rows, cols int) error {
+	if rows == 0 { // an expert no token was routed to: nothing to add (nor to convert)
+		return nil
+	}
 	src, size, gemm := x, 4, e.blas.Sgemm
 	if e.grams != noHalf {
 		xb, err := e.half(e.grams, "gram.x", x, rows*cols, 0)

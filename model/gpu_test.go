@@ -444,6 +444,29 @@ func testToF16Scaled(t *testing.T, e *GPU, x []float32, mag float64) {
 	if alpha := math.Float32frombits(sc[f16Alpha]); float64(alpha) != math.Ldexp(1, -(shift-5)) {
 		t.Errorf("magnitude %g, offset %d: alpha %g with shift %d and the other's −5, want 2^%d", mag, off, alpha, shift, -(shift - 5))
 	}
+	// The alphas for the same converted input and other operands (cuda.Device.F16Alpha): +7, itself.
+	if err := e.dev.CopyToDevice(other, cuda.Bytes([]int32{7})); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []struct {
+		other cuda.DevicePtr
+		t     int
+	}{{other, 7}, {0, shift}} {
+		alpha := []float32{0}
+		err := e.dev.F16Alpha(e.scalar(f16Shift), o.other, e.scalar(f16Alpha), e.stream)
+		if err == nil {
+			err = e.Synchronize()
+		}
+		if err == nil {
+			err = e.dev.CopyFromDevice(cuda.Bytes(alpha), e.scalar(f16Alpha))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if float64(alpha[0]) != math.Ldexp(1, -(shift+o.t)) {
+			t.Errorf("magnitude %g, offset %d: F16Alpha %g with shift %d and the other's %d, want 2^%d", mag, off, alpha[0], shift, o.t, -(shift + o.t))
+		}
+	}
 	for i, h := range got {
 		v := math.Ldexp(float64(fp.F16ToF32(h)), -shift)
 		if i == nan {
@@ -628,6 +651,54 @@ func TestGPUStagedCalibrationIsExact(t *testing.T) {
 				for key, want := range grams[1] {
 					if !slices.Equal(grams[0][key], want) {
 						t.Errorf("%s: staged Gram matrix differs from the recomputing passes' (relative %.2e)", key, relativeDiff(grams[0][key], want))
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestGPUSameInputConvertedOnce: linears that read the same input (q/k/v, gate/up, an expert's
+// gate/up) convert it to 16 bits once (readSame), with the same bits as converting it for each:
+// a true-sequential calibration's Gram matrices and the logits, with FP16 and BF16, every family.
+func TestGPUSameInputConvertedOnce(t *testing.T) {
+	for _, tc := range gpuTestConfigs {
+		for _, opt := range []GPUOptions{{TF32: true, F16: true}, {TF32: true, BF16: true}} {
+			t.Run(fmt.Sprintf("%s/f16=%v", tc.name, opt.F16), func(t *testing.T) {
+				cfg := mustConfig(t, strings.Replace(tc.json, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
+				r := freshRand(t)
+				w := randomWeights(cfg, tc.bias, !cfg.TieEmbeddings, r)
+				seqs := make([][]int, 5)
+				for i := range seqs {
+					seqs[i] = randomIDs(r, 23, cfg.Vocab)
+				}
+				var grams [2]map[string][]float64
+				var logits [2][]float32
+				for i, sharing := range []bool{true, false} {
+					e := openGPU(t, cfg, opt, 50)
+					e.noSharing = !sharing
+					m, err := Load(cfg, w)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if logits[i], err = e.Logits(m, seqs[0]); err != nil {
+						t.Fatal(err)
+					}
+					rec := newGramRecorder(e)
+					if err := e.Calibrate(m, seqs, rec, CalibrateOptions{TrueSequential: true}); err != nil {
+						t.Fatal(err)
+					}
+					grams[i] = rec.grams
+				}
+				if !slices.Equal(logits[0], logits[1]) {
+					t.Errorf("logits differ (relative %.2e)", relL2(logits[0], logits[1]))
+				}
+				if len(grams[0]) != groupCount(cfg) {
+					t.Fatalf("observed %d groups, want %d", len(grams[0]), groupCount(cfg))
+				}
+				for key, want := range grams[1] {
+					if !slices.Equal(grams[0][key], want) {
+						t.Errorf("%s: Gram matrix differs (relative %.2e)", key, relativeDiff(grams[0][key], want))
 					}
 				}
 			})

@@ -66,10 +66,7 @@ func (e *GPU) moe(out, h cuda.DevicePtr, g *gpuBlock, rows int, hook GPUHook) er
 		if a == b {
 			continue
 		}
-		if err := e.linear(gate.Add(4*a*I), x.Add(4*a*H), g.lin[ex.Gate], b-a); err != nil {
-			return err
-		}
-		if err := e.linear(up.Add(4*a*I), x.Add(4*a*H), g.lin[ex.Up], b-a); err != nil {
+		if err := e.gateUp(gate.Add(4*a*I), up.Add(4*a*I), x.Add(4*a*H), g.lin[ex.Gate], g.lin[ex.Up], b-a); err != nil {
 			return err
 		}
 	}
@@ -137,10 +134,7 @@ func (e *GPU) expertActivation(x *Expert, g *gpuBlock, h cuda.DevicePtr, rows in
 	if err != nil {
 		return 0, err
 	}
-	if err := e.linear(gate, h, g.lin[x.Gate], rows); err != nil {
-		return 0, err
-	}
-	if err := e.linear(up, h, g.lin[x.Up], rows); err != nil {
+	if err := e.gateUp(gate, up, h, g.lin[x.Gate], g.lin[x.Up], rows); err != nil {
 		return 0, err
 	}
 	return gate, e.elementwise(e.fn.siluMul, rows*I, gate, up, int64(rows*I))

@@ -188,10 +188,7 @@ func (e *GPU) stageDown(g *gpuBlock, x *DeviceBatch, st *stagedState, s, n int, 
 	if err != nil {
 		return err
 	}
-	if err := e.linear(act, h, g.gate, rows); err != nil {
-		return err
-	}
-	if err := e.linear(up, h, g.up, rows); err != nil {
+	if err := e.gateUp(act, up, h, g.gate, g.up, rows); err != nil {
 		return err
 	}
 	if err := e.elementwise(e.fn.siluMul, rows*c.Intermediate, act, up, int64(rows*c.Intermediate)); err != nil {

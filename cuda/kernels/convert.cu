@@ -168,3 +168,10 @@ extern "C" __global__ void to_f16_scaled_vec8(const float* x, unsigned short* y,
     long long t = chunks * 8 + tid;
     if (t < n) y[t] = scaled_f16(x[t], s);
 }
+
+// f16_alpha writes to *alpha what to_f16_scaled would for an operand it already scaled by
+// 2^*shift, read by a GEMM with another scaled by 2^t (t = *other, or *shift when other is null):
+// an input converted once and read by several GEMMs, each with its own other operand.
+extern "C" __global__ void f16_alpha(const int* shift, const int* other, float* alpha) {
+    write_scale(*shift, other, 0, alpha);
+}
