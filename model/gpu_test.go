@@ -621,13 +621,7 @@ func TestGPUStagedCalibrationIsExact(t *testing.T) {
 	for _, tc := range gpuTestConfigs[:4] {
 		for _, opt := range []CalibrateOptions{{TrueSequential: true}, {Steps: allFirst}} {
 			t.Run(fmt.Sprintf("%s/all-first=%v", tc.name, opt.Steps != nil), func(t *testing.T) {
-				cfg := mustConfig(t, strings.Replace(tc.json, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
-				r := freshRand(t)
-				w := randomWeights(cfg, tc.bias, !cfg.TieEmbeddings, r)
-				seqs := make([][]int, 5)
-				for i := range seqs {
-					seqs[i] = randomIDs(r, 23, cfg.Vocab)
-				}
+				cfg, w, seqs := threeBlockCase(t, tc.json, tc.bias)
 				var grams [2]map[string][]float64
 				for i, staged := range []bool{true, false} {
 					e := openGPU(t, cfg, GPUOptions{}, 50)
@@ -645,14 +639,7 @@ func TestGPUStagedCalibrationIsExact(t *testing.T) {
 					}
 					grams[i] = rec.grams
 				}
-				if len(grams[0]) != groupCount(cfg) {
-					t.Fatalf("staged calibration observed %d groups, want %d", len(grams[0]), groupCount(cfg))
-				}
-				for key, want := range grams[1] {
-					if !slices.Equal(grams[0][key], want) {
-						t.Errorf("%s: staged Gram matrix differs from the recomputing passes' (relative %.2e)", key, relativeDiff(grams[0][key], want))
-					}
-				}
+				sameGrams(t, cfg, grams[0], grams[1], "the recomputing passes'")
 			})
 		}
 	}
@@ -665,13 +652,7 @@ func TestGPUSameInputConvertedOnce(t *testing.T) {
 	for _, tc := range gpuTestConfigs {
 		for _, opt := range []GPUOptions{{TF32: true, F16: true}, {TF32: true, BF16: true}} {
 			t.Run(fmt.Sprintf("%s/f16=%v", tc.name, opt.F16), func(t *testing.T) {
-				cfg := mustConfig(t, strings.Replace(tc.json, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
-				r := freshRand(t)
-				w := randomWeights(cfg, tc.bias, !cfg.TieEmbeddings, r)
-				seqs := make([][]int, 5)
-				for i := range seqs {
-					seqs[i] = randomIDs(r, 23, cfg.Vocab)
-				}
+				cfg, w, seqs := threeBlockCase(t, tc.json, tc.bias)
 				var grams [2]map[string][]float64
 				var logits [2][]float32
 				for i, sharing := range []bool{true, false} {
@@ -693,15 +674,35 @@ func TestGPUSameInputConvertedOnce(t *testing.T) {
 				if !slices.Equal(logits[0], logits[1]) {
 					t.Errorf("logits differ (relative %.2e)", relL2(logits[0], logits[1]))
 				}
-				if len(grams[0]) != groupCount(cfg) {
-					t.Fatalf("observed %d groups, want %d", len(grams[0]), groupCount(cfg))
-				}
-				for key, want := range grams[1] {
-					if !slices.Equal(grams[0][key], want) {
-						t.Errorf("%s: Gram matrix differs (relative %.2e)", key, relativeDiff(grams[0][key], want))
-					}
-				}
+				sameGrams(t, cfg, grams[0], grams[1], "those converted for each linear")
 			})
+		}
+	}
+}
+
+// threeBlockCase is a fresh random model of the family js (three blocks) and five sequences
+// of 23 tokens to calibrate it on.
+func threeBlockCase(t *testing.T, js string, bias bool) (*Config, *MapWeights, [][]int) {
+	cfg := mustConfig(t, strings.Replace(js, `"num_hidden_layers": 2`, `"num_hidden_layers": 3`, 1))
+	r := freshRand(t)
+	w := randomWeights(cfg, bias, !cfg.TieEmbeddings, r)
+	seqs := make([][]int, 5)
+	for i := range seqs {
+		seqs[i] = randomIDs(r, 23, cfg.Vocab)
+	}
+	return cfg, w, seqs
+}
+
+// sameGrams wants got to hold every group of cfg's blocks, each Gram matrix equal to want's bit
+// for bit.
+func sameGrams(t *testing.T, cfg *Config, got, want map[string][]float64, wantName string) {
+	t.Helper()
+	if len(got) != groupCount(cfg) {
+		t.Fatalf("observed %d groups, want %d", len(got), groupCount(cfg))
+	}
+	for key, w := range want {
+		if !slices.Equal(got[key], w) {
+			t.Errorf("%s: Gram matrix differs from %s (relative %.2e)", key, wantName, relativeDiff(got[key], w))
 		}
 	}
 }
