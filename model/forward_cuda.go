@@ -381,16 +381,17 @@ type sameInput struct {
 	converted bool
 }
 
-// readSame runs linears, which all read x (n values), with x converted to 16 bits once: a
-// conversion reads x twice (its largest magnitude, then the values) and writes half as much.
-// With FP16 the power of two found for x is x's own, so each GEMM needs only its alpha for the
-// weight's (cuda.Device.F16Alpha): the same bits as converting x for each.
-func (e *GPU) readSame(x cuda.DevicePtr, n int, linears func() error) error {
+// readSame calls run, whose linears all read x (n values) one after another, with x converted
+// to 16 bits once: a conversion reads x twice (its largest magnitude, then the values) and writes
+// half as much. With FP16 the power of two found for x is x's own, so each GEMM needs only its
+// alpha for the weight's (cuda.Device.F16Alpha): the same bits as converting x for each. Nothing
+// else may convert an input between those linears (the shift is read from the last conversion).
+func (e *GPU) readSame(x cuda.DevicePtr, n int, run func() error) error {
 	if !e.noSharing {
 		e.sameInput = sameInput{x: x, n: n}
 		defer func() { e.sameInput = sameInput{} }()
 	}
-	return linears()
+	return run()
 }
 
 // linearInput returns x (n values) in the linears' 16-bit format, and with FP16 sets the GEMM's
