@@ -179,6 +179,7 @@ func (r *blockRunner) run(opening *modelOpening, calib *Calibration, trueSequent
 			m.Close()
 		}()
 		r.tokens = calib.Samples * calib.SeqLen
+		r.tensors.last = m.Config.Layers - 1
 		opt := model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true, Experts: r.experts.observation(),
 			RecycleBlocks: r.awq == nil} // GPTQ's runner keeps none of a block's slices past its Update (AWQ hands some to the writer)
 		if r.awq != nil {
@@ -319,11 +320,13 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 		}
 	}
 	r.onGPU = r.replacesOnGPU(b, groups)
-	if r.onGPU && b.MoE == nil { // (a block of experts would make hundreds of them at once)
-		r.tensors.start(b, groups, func(l *model.Linear) (quant.Scheme, bool) {
-			s, ok := r.schemes[l.Name]
-			return s, ok && r.solver.first().Supports(s, r.opt)
-		})
+	planned := func(l *model.Linear) (quant.Scheme, bool) {
+		s, ok := r.schemes[l.Name]
+		return s, ok && r.solver.first().Supports(s, r.opt)
+	}
+	aheadTensors := r.onGPU && b.MoE == nil // (a block of experts would make hundreds of them at once)
+	if aheadTensors {
+		r.tensors.start(b, planned)
 	}
 	bundles := bundlesOf(sources)
 	solve := r.solveBundles
@@ -337,6 +340,9 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 		if src := r.experts.source(b.Index, g); src != g {
 			r.dropHessian(b.Index, g)
 		}
+	}
+	if aheadTensors {
+		r.tensors.next(b, groups, planned)
 	}
 	if r.onGPU {
 		return r.gpu.keepDeviceWeights()

@@ -178,49 +178,96 @@ func (r *blockRunner) engines(devs []*cuda.Device, cfg *model.Config) ([]*model.
 	return engines, err
 }
 
-// tensorsAhead makes the result tensors of a dense block's later groups (newResultTensor: tens of
-// MB each, which held a solve's start by a few milliseconds) in the background, while the block's
-// earlier groups are observed and solved.
+// tensorsAhead makes the result tensors of a dense model's GPTQ solves in the background
+// (newResultTensor), kept by kind (scheme and shape) for the solves that take them. A tensor's
+// fresh pages fault in at about 3 GB/s: a 70B block's seven result tensors hold 1.1 GB, and q_proj's
+// 64 MB, made when its solve began, held that solve by 30–40 ms. So after each Update the same
+// group's tensors are made for the next block, during the passes that follow (the host waits for
+// the GPUs then); a block whose tensors were not all made so (the first, or one planned
+// differently) makes the rest at its first Update.
 type tensorsAhead struct {
 	mu    sync.Mutex
-	block int
-	made  map[string]chan *quant.Tensor // by linear name
+	block int // the block whose first Update last counted its tensors (start)
+	last  int // the model's last block: nothing is made after its Updates
+	made  map[tensorKind][]chan *quant.Tensor
 }
 
-// start begins making the tensors of every linear that planned(l) gives a scheme, in block b's
-// groups other than now, once per block (at its first Update).
-func (a *tensorsAhead) start(b *model.Block, now []model.Group, planned func(*model.Linear) (quant.Scheme, bool)) {
+// tensorKind is what makes result tensors interchangeable.
+type tensorKind struct {
+	s    quant.Scheme
+	n, k int
+}
+
+// plannedKinds returns the kinds of the tensors that the solves of the groups' linears in block b
+// take (planned gives a linear's scheme, when it has one that the GPU solves).
+func plannedKinds(b *model.Block, groups []model.Group, planned func(*model.Linear) (quant.Scheme, bool)) []tensorKind {
+	var kinds []tensorKind
+	for _, g := range groups {
+		for _, l := range b.Linears(g) {
+			if s, ok := planned(l); ok {
+				kinds = append(kinds, tensorKind{s, l.Out, l.In})
+			}
+		}
+	}
+	return kinds
+}
+
+// start makes, at block b's first Update, the tensors that block b's solves will take and that
+// are not made already; the made tensors that b takes none of are dropped.
+func (a *tensorsAhead) start(b *model.Block, planned func(*model.Linear) (quant.Scheme, bool)) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.made != nil && a.block == b.Index {
 		return
 	}
-	a.block, a.made = b.Index, map[string]chan *quant.Tensor{}
-	for _, g := range b.Groups() {
-		if slices.Contains(now, g) {
-			continue
+	a.block = b.Index
+	need := map[tensorKind]int{}
+	for _, kind := range plannedKinds(b, b.Groups(), planned) {
+		need[kind]++
+	}
+	made := map[tensorKind][]chan *quant.Tensor{}
+	for kind, n := range need {
+		made[kind] = a.made[kind][:min(n, len(a.made[kind]))]
+		for range n - len(made[kind]) {
+			made[kind] = append(made[kind], makeTensor(kind))
 		}
-		for _, l := range b.Linears(g) {
-			if s, ok := planned(l); ok {
-				made := make(chan *quant.Tensor, 1)
-				a.made[l.Name] = made
-				go func() { made <- newResultTensor(s, l.Out, l.In) }()
-			}
-		}
+	}
+	a.made = made
+}
+
+// next makes, after an Update of block b's groups, their tensors for the next block's solves of
+// the same groups.
+func (a *tensorsAhead) next(b *model.Block, groups []model.Group, planned func(*model.Linear) (quant.Scheme, bool)) {
+	if b.Index >= a.last {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, kind := range plannedKinds(b, groups, planned) {
+		a.made[kind] = append(a.made[kind], makeTensor(kind))
 	}
 }
 
-// take returns the tensor for linear l of scheme s: the one made ahead, or a new one.
+// makeTensor makes a tensor of the kind in the background.
+func makeTensor(kind tensorKind) chan *quant.Tensor {
+	made := make(chan *quant.Tensor, 1)
+	go func() { made <- newResultTensor(kind.s, kind.n, kind.k) }()
+	return made
+}
+
+// take returns a tensor for linear l of scheme s: one made ahead, or a new one.
 func (a *tensorsAhead) take(l *model.Linear, s quant.Scheme) *quant.Tensor {
+	kind := tensorKind{s, l.Out, l.In}
 	a.mu.Lock()
-	made := a.made[l.Name]
-	delete(a.made, l.Name)
+	var made chan *quant.Tensor
+	if q := a.made[kind]; len(q) > 0 {
+		made, a.made[kind] = q[0], q[1:]
+	}
 	a.mu.Unlock()
 	if made != nil {
-		if t := <-made; t.Scheme == s && t.N == l.Out && t.K == l.In {
-			return t
-		}
+		return <-made
 	}
+	defer timeline.Begin(timeline.Host, "result tensor of %s", l.Name)()
 	return newResultTensor(s, l.Out, l.In)
 }
 

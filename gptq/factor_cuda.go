@@ -96,7 +96,10 @@ func factorAll(solvers []*GPUSolver, diag []float64, k int, opt Options, start t
 		meanDiag += diagFixed(diag[i], dead[i])
 	}
 	meanDiag /= float64(k)
-	if err := eachSolver(solvers, func(_ int, g *GPUSolver) error { return g.prepareFactor(k, perm, dead) }); err != nil {
+	if err := eachSolver(solvers, func(_ int, g *GPUSolver) error {
+		defer g.mark("factor's buffers")()
+		return g.prepareFactor(k, perm, dead)
+	}); err != nil {
 		return nil, err
 	}
 	f := &Factor{k: k, opt: opt, diag: diag}
