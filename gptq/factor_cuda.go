@@ -243,9 +243,24 @@ func (g *GPUSolver) factorFailed() (bool, error) {
 	return got != [3]int32{}, nil
 }
 
-// splitFactorMin is the narrowest Hessian whose factorisation several GPUs share
-// (factorShared). Narrower ones are latency-bound: on four H100s at k = 8192 sharing took 9.7 ms
-// against 9.5 whole (BenchmarkGPUFactorShared), so each GPU factors its copy.
+// sharedFactorFailed waits for a shared factorisation and says whether one of its leaves' potrf or
+// T′ failed.
+func (g *GPUSolver) sharedFactorFailed(leaves int) (bool, error) {
+	if bad, err := g.factorFailed(); bad || err != nil {
+		return bad, err
+	}
+	infos := make([]int32, leaves)
+	if err := g.stager.CopyFromDevice(cuda.Bytes(infos), g.bufs[slotInfos].ptr, g.stream); err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(infos, func(v int32) bool { return v != 0 }), nil
+}
+
+// splitFactorMin is the narrowest Hessian whose factorisation several GPUs share, and the
+// narrowest half of one that they share again (factorShared). Narrower ones are latency-bound:
+// on four H100s at k = 8192 sharing took 9.7 ms against 9.5 whole (BenchmarkGPUFactorShared),
+// so each GPU factors its copy. On four H200s a 70B's down_proj (k = 28672) took 164 ms whole,
+// 105 ms shared in halves and 97 ms with each half shared again.
 var splitFactorMin = 10240
 
 // sharesFactor says whether solvers (one per GPU, each reaching the others' memory) share the
@@ -261,21 +276,78 @@ func sharesFactor(solvers []*GPUSolver, k int) bool {
 	return cuda.AllReach(devs)
 }
 
-// factorShared is factor on several GPUs at once, the work shared where it is largest. With the
-// damped matrix A = [A11 ·; A21 A22] split in halves, its Cholesky factor is L11 = chol(A11),
-// L21 = A21·L11⁻ᵀ, L22 = chol(A22 − L21·L21ᵀ). Every GPU builds A and factors A11
-// (latency-bound) and solves its share of L21's rows; once all have, each copies the others'
-// rows from their memory, updates a band of A22's columns (equal areas of its lower triangle)
-// and writes it into every GPU's matrix; once all have, each factors A22 and writes T′. Every
-// GPU ends with the same bits. The triangular solve and the update, two thirds of the flops,
-// divide by the GPUs; no GPU writes where another reads between two rendezvous.
+// factorShared is factor on several GPUs at once, the work shared where it is largest
+// (choleskyShared). Every GPU ends with the same bits.
 func factorShared(solvers []*GPUSolver, k int, lambda float64) (failed []bool, err error) {
-	n1 := k / 2
-	n2 := k - n1
-	rows, cols := shares.Even(n2, len(solvers)), shares.Lower(n2, len(solvers))
+	leaves := sharedLeaves(k)
+	err = eachSolver(solvers, func(_ int, g *GPUSolver) error { // queued: the steps after it wait
+		infos, err := g.buffer(slotInfos, 4*leaves)
+		if err == nil {
+			err = g.dev.Fill32Async(infos, 0, leaves, g.stream)
+		}
+		if err == nil {
+			err = g.buildDamped(k, lambda)
+		}
+		return err
+	})
+	if err == nil {
+		leaf := 0
+		err = choleskyShared(solvers, k, 0, k, &leaf)
+	}
+	if err != nil {
+		return nil, err
+	}
+	failed = make([]bool, len(solvers))
+	err = eachSolver(solvers, func(i int, g *GPUSolver) (err error) {
+		defer g.mark("Cholesky, the last block and T′")()
+		end := g.span(phaseCholesky)
+		err = g.writeT(k)
+		end()
+		if err == nil {
+			failed[i], err = g.sharedFactorFailed(leaves)
+		}
+		return err
+	})
+	return failed, err
+}
+
+// sharedLeaves is how many diagonal blocks choleskyShared factors whole for a k×k matrix.
+func sharedLeaves(n int) int {
+	if n < splitFactorMin || n < 2 {
+		return 1
+	}
+	return sharedLeaves(n/2) + sharedLeaves(n-n/2)
+}
+
+// choleskyShared factors the diagonal block [off, off+n) of every solver's damped matrix, which
+// the blocks before it have updated, sharing the work among the GPUs where it is largest. With the
+// block A = [A11 ·; A21 A22] split in halves, its Cholesky factor is L11 = chol(A11),
+// L21 = A21·L11⁻ᵀ, L22 = chol(A22 − L21·L21ᵀ). The halves are factored the same way while they
+// are at least splitFactorMin wide; narrower ones every GPU factors whole (potrf is
+// latency-bound there), its info at the next leaf of slotInfos. Each GPU solves its share of
+// L21's rows; once all have, each copies the others' rows from their memory, updates a band of
+// A22's columns (equal areas of its lower triangle) and writes it into every GPU's matrix. The
+// triangular solves and the updates, most of the flops, divide by the GPUs; no GPU writes where
+// another reads between two rendezvous.
+func choleskyShared(solvers []*GPUSolver, k, off, n int, leaf *int) error {
 	at := func(g *GPUSolver, row, col int) cuda.DevicePtr { // entry (row, col) of g's matrix
 		return g.bufs[slotFactor].ptr.Add(8 * (row + col*k))
 	}
+	if n < splitFactorMin || n < 2 {
+		info := *leaf
+		*leaf++
+		return eachSolver(solvers, func(_ int, g *GPUSolver) error { // queued: only this GPU's next steps read it
+			defer g.span(phaseCholesky)()
+			return g.solver.Potrf(cuda.Lower, n, cuda.Float64, at(g, off, off), k, g.bufs[slotInfos].ptr.Add(4*info))
+		})
+	}
+	n1 := n / 2
+	n2 := n - n1
+	if err := choleskyShared(solvers, k, off, n1, leaf); err != nil {
+		return err
+	}
+	top := off + n1 // A22's first row and column
+	rows, cols := shares.Even(n2, len(solvers)), shares.Lower(n2, len(solvers))
 	copyBlock := func(g, from, to *GPUSolver, row0, rows, col0, cols int) error { // on g's stream
 		if rows == 0 || cols == 0 {
 			return nil
@@ -283,16 +355,13 @@ func factorShared(solvers []*GPUSolver, k int, lambda float64) (failed []bool, e
 		return g.fn.copyBlock.Launch(cuda.Dim3{X: (rows + 255) / 256, Y: cols, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, g.stream,
 			from.bufs[slotFactor].ptr, to.bufs[slotFactor].ptr, int32(k), int32(row0), int32(rows), int32(col0))
 	}
-	err = eachSolver(solvers, func(i int, g *GPUSolver) error {
-		defer g.mark("Cholesky, first half and rows")()
+	err := eachSolver(solvers, func(i int, g *GPUSolver) error { // a share of L21's rows each
+		defer g.mark(fmt.Sprintf("Cholesky, %d columns and the rows below", n1))()
 		defer g.span(phaseCholesky)()
-		r0, r1 := n1+rows[i], n1+rows[i+1]
-		err := g.buildDamped(k, lambda)
-		if err == nil {
-			err = g.solver.Potrf(cuda.Lower, n1, cuda.Float64, at(g, 0, 0), k, g.infoAt(0))
-		}
-		if err == nil && r1 > r0 {
-			err = g.blas.DtrsmRightLowerTrans(r1-r0, n1, 1, at(g, 0, 0), k, at(g, r0, 0), k)
+		r0, r1 := top+rows[i], top+rows[i+1]
+		var err error
+		if r1 > r0 {
+			err = g.blas.DtrsmRightLowerTrans(r1-r0, n1, 1, at(g, off, off), k, at(g, r0, off), k)
 		}
 		if err == nil {
 			err = g.dev.SynchronizeStream(g.stream)
@@ -300,29 +369,30 @@ func factorShared(solvers []*GPUSolver, k int, lambda float64) (failed []bool, e
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	err = eachSolver(solvers, func(i int, g *GPUSolver) error { // A22 − L21·L21ᵀ, a band of columns each
-		defer g.mark("Cholesky, update")()
+		defer g.mark(fmt.Sprintf("Cholesky, update of %d", n2))()
 		defer g.span(phaseCholesky)()
 		for j, other := range solvers { // the others' rows of L21
 			if j != i {
-				if err := copyBlock(g, other, g, n1+rows[j], rows[j+1]-rows[j], 0, n1); err != nil {
+				if err := copyBlock(g, other, g, top+rows[j], rows[j+1]-rows[j], off, n1); err != nil {
 					return err
 				}
 			}
 		}
-		a, b := n1+cols[i], n1+cols[i+1]
+		end := off + n
+		a, b := top+cols[i], top+cols[i+1]
 		if b == a {
 			return g.dev.SynchronizeStream(g.stream)
 		}
-		err := g.blas.DsyrkLower(b-a, n1, -1, at(g, a, 0), k, 1, at(g, a, a), k)
-		if err == nil && b < k {
-			err = g.blas.Dgemm(cuda.NoTrans, cuda.Trans, k-b, b-a, n1, -1, at(g, b, 0), k, at(g, a, 0), k, 1, at(g, b, a), k)
+		err := g.blas.DsyrkLower(b-a, n1, -1, at(g, a, off), k, 1, at(g, a, a), k)
+		if err == nil && b < end {
+			err = g.blas.Dgemm(cuda.NoTrans, cuda.Trans, end-b, b-a, n1, -1, at(g, b, off), k, at(g, a, off), k, 1, at(g, b, a), k)
 		}
-		for j, other := range solvers { // the band into the others' matrices (rows [a, k), the lower part used)
+		for j, other := range solvers { // the band into the others' matrices (rows [a, end), the lower part used)
 			if j != i && err == nil {
-				err = copyBlock(g, g, other, a, k-a, a, b-a)
+				err = copyBlock(g, g, other, a, end-a, a, b-a)
 			}
 		}
 		if err == nil {
@@ -331,21 +401,7 @@ func factorShared(solvers []*GPUSolver, k int, lambda float64) (failed []bool, e
 		return err
 	})
 	if err != nil {
-		return nil, err
-	}
-	failed = make([]bool, len(solvers))
-	err = eachSolver(solvers, func(i int, g *GPUSolver) (err error) {
-		defer g.mark("Cholesky, second half")()
-		end := g.span(phaseCholesky)
-		err = g.solver.Potrf(cuda.Lower, n2, cuda.Float64, at(g, n1, n1), k, g.infoAt(1))
-		if err == nil {
-			err = g.writeT(k)
-		}
-		end()
-		if err == nil {
-			failed[i], err = g.factorFailed()
-		}
 		return err
-	})
-	return failed, err
+	}
+	return choleskyShared(solvers, k, top, n2, leaf)
 }

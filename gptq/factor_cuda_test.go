@@ -1,6 +1,7 @@
 package gptq
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -124,7 +125,8 @@ func TestGPUFactorOnSeveralGPUs(t *testing.T) {
 }
 
 // TestGPUFactorSharedAmongGPUs: with the factorisation shared among 2, 3 and 4 solvers
-// (factorShared; on as many GPUs as there are, with peer access, or several on one), every
+// (factorShared; on as many GPUs as there are, with peer access, or several on one), its halves
+// factored whole or shared again down to eighths (choleskyShared), every
 // solver's T′ is the others' bit for bit and one solver's whole factorisation's within float64
 // rounding (dead columns, act-order, odd widths), damping retries are decided as one solver
 // decides them, and solves with any of the factors give the same tensor. Fresh random inputs.
@@ -183,8 +185,15 @@ func TestGPUFactorSharedAmongGPUs(t *testing.T) {
 		for _, v := range want {
 			largest = max(largest, math.Abs(float64(v)))
 		}
-		for parts := 2; parts <= len(team); parts++ {
+		for try := 0; try < 2*(len(team)-1); try++ {
+			parts, levels := 2+try/2, 1+2*(try%2) // halves factored whole, or eighths
+			splitFactorMin = (k-1)>>levels + 2 // one more than the widest block at that depth
+			if sharedLeaves(k) != 1<<levels {
+				t.Fatalf("%s: %d leaves at %d levels", c.name, sharedLeaves(k), levels)
+			}
+			what := fmt.Sprintf("%s, %d parts, %d levels", c.name, parts, levels)
 			factors, err := FactorGramOnAll(team[:parts], grams[:parts], k, 1, c.opt)
+			splitFactorMin = 1
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -193,7 +202,7 @@ func TestGPUFactorSharedAmongGPUs(t *testing.T) {
 			for i, v := range want {
 				if d := math.Abs(float64(first[i]) - float64(v)); d > 1e-6*largest+1e-5*math.Abs(float64(v)) {
 					if bad++; bad <= 3 {
-						t.Errorf("%s, %d parts: T′[%d][%d] = %g shared, %g whole", c.name, parts, i/k, i%k, first[i], v)
+						t.Errorf("%s: T′[%d][%d] = %g shared, %g whole", what, i/k, i%k, first[i], v)
 					}
 				}
 			}
@@ -203,20 +212,20 @@ func TestGPUFactorSharedAmongGPUs(t *testing.T) {
 			}
 			for i, f := range factors {
 				if f.retries != whole.retries || f.damp != whole.damp {
-					t.Errorf("%s, %d parts, solver %d: %d retries, damping %g; one solver's %d, %g", c.name, parts, i, f.retries, f.damp, whole.retries, whole.damp)
+					t.Errorf("%s, solver %d: %d retries, damping %g; one solver's %d, %g", what, i, f.retries, f.damp, whole.retries, whole.damp)
 				}
 				if i == 0 {
 					continue
 				}
 				if !slices.Equal(download(t, devs[i], f.t, k*k), first) {
-					t.Errorf("%s, %d parts: solver %d's T′ differs from solver 0's", c.name, parts, i)
+					t.Errorf("%s: solver %d's T′ differs from solver 0's", what, i)
 				}
 				got, _, err := team[i].QuantizeFactored(nil, 0, w, 0, n, f, s, c.opt)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if !slices.Equal(got.Codes, solved.Codes) || !slices.Equal(got.Scales, solved.Scales) {
-					t.Errorf("%s, %d parts: solver %d's solve differs from solver 0's", c.name, parts, i)
+					t.Errorf("%s: solver %d's solve differs from solver 0's", what, i)
 				}
 			}
 		}

@@ -126,6 +126,7 @@ const (
 	slotBaseRows        // N float64 row sums of W·H∘W; loadGram borrows it for diag H
 	slotImpOrig         // K float32 diag H in the original order (Options.Imatrix)
 	slotImpPos          // K float32 diag H in quantization order (Options.Imatrix)
+	slotInfos           // int32 potrf infos of a shared factorisation's leaves (choleskyShared)
 	numGPUSlots
 )
 

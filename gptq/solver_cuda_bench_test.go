@@ -263,7 +263,8 @@ func BenchmarkGPUQuantizeGramSetup(b *testing.B) {
 
 // BenchmarkGPUFactorShared times FactorGramOnAll of a banded Hessian on 1, 2 and 4 GPUs (as
 // many as there are, with peer access), each GPU factoring its copy whole and sharing the
-// factorisation (factorShared), median of 5 after a warm-up. Run with -test.benchtime=1x; each
+// factorisation (factorShared: halves at least splitFactorMin wide, or QPACK_FACTOR_MIN, shared
+// again), median of 5 after a warm-up. Run with -test.benchtime=1x; each
 // case prints a "TABLE" line with the least free GPU memory seen. QPACK_FACTOR_K (widths, comma
 // separated) and QPACK_FACTOR_GPUS (the most GPUs) replace the cases: QPACK_FACTOR_K=53248
 // QPACK_FACTOR_GPUS=1 asks whether a 405B's down_proj factors on one 80 GB GPU.
@@ -279,6 +280,13 @@ func BenchmarkGPUFactorShared(b *testing.B) {
 		team[i].poison = false
 	}
 	defer func(m int) { splitFactorMin = m }(splitFactorMin)
+	split := splitFactorMin
+	if v := os.Getenv("QPACK_FACTOR_MIN"); v != "" {
+		var err error
+		if split, err = strconv.Atoi(v); err != nil || split < 2 {
+			b.Fatalf("QPACK_FACTOR_MIN=%q is not a width", v)
+		}
+	}
 	for _, k := range widths {
 		h32 := bandedKMSHessian32(k)
 		grams := make([]cuda.DevicePtr, len(devs))
@@ -297,7 +305,7 @@ func BenchmarkGPUFactorShared(b *testing.B) {
 				b.Run(fmt.Sprintf("k=%d/gpus=%d/shared=%v", k, parts, shared), func(b *testing.B) {
 					splitFactorMin = math.MaxInt
 					if shared {
-						splitFactorMin = 1
+						splitFactorMin = min(split, k) // shared at least once
 					}
 					var times []time.Duration
 					leastFree := uint64(math.MaxUint64)
@@ -315,8 +323,8 @@ func BenchmarkGPUFactorShared(b *testing.B) {
 					}
 					slices.Sort(times)
 					b.ReportMetric(ms(times[2]), "ms")
-					fmt.Printf("TABLE k %5d  GPUs %d  shared %-5v  median %6.1f ms  least free on GPU 0 %.1f GB  (runs %v)\n",
-						k, parts, shared, ms(times[2]), float64(leastFree)/1e9, times)
+					fmt.Printf("TABLE k %5d  GPUs %d  shared %-5v (%d blocks whole)  median %6.1f ms  least free on GPU 0 %.1f GB  (runs %v)\n",
+						k, parts, shared, sharedLeaves(k), ms(times[2]), float64(leastFree)/1e9, times)
 				})
 			}
 		}
