@@ -200,7 +200,7 @@ func (g *GPUSolver) factor(k int, lambda float64) (failed bool, err error) {
 	end := g.span(phaseCholesky)
 	err = g.buildDamped(k, lambda)
 	if err == nil {
-		err = g.solver.Potrf(cuda.Lower, k, cuda.Float64, g.bufs[slotFactor].ptr, k, g.infoAt(0))
+		err = g.solver.Potrf(cuda.Lower, k, cuda.Float64, g.bufs[slotFactor].ptr, k, g.potrfInfo())
 	}
 	if err == nil {
 		err = g.writeT(k)
@@ -212,14 +212,14 @@ func (g *GPUSolver) factor(k int, lambda float64) (failed bool, err error) {
 	return g.factorFailed()
 }
 
-// infoAt is where potrf call i of a factorisation writes its info (0: the whole matrix or the
-// top-left block, 1: the bottom-right block); T′'s flag follows the first.
-func (g *GPUSolver) infoAt(i int) cuda.DevicePtr { return g.bufs[slotFlags].ptr.Add(8 + 8*i) }
+// potrfInfo is where a factorisation of the whole matrix writes potrf's info; T′'s flag follows
+// it. (A shared factorisation's potrf calls write theirs in slotInfos.)
+func (g *GPUSolver) potrfInfo() cuda.DevicePtr { return g.bufs[slotFlags].ptr.Add(8) }
 
 // buildDamped clears the factorisation's flags and builds J·P·(H + λI)·Pᵀ·J in slotFactor's
 // lower triangle.
 func (g *GPUSolver) buildDamped(k int, lambda float64) error {
-	if err := g.dev.Fill32Async(g.infoAt(0), 0, 3, g.stream); err != nil {
+	if err := g.dev.Fill32Async(g.potrfInfo(), 0, 2, g.stream); err != nil {
 		return err
 	}
 	tiles := cuda.Dim3{X: (k + 31) / 32, Y: (k + 7) / 8, Z: 1}
@@ -231,16 +231,16 @@ func (g *GPUSolver) buildDamped(k int, lambda float64) error {
 // writeT writes T′ from the factor L in slotFactor into slotT, flagging bad entries.
 func (g *GPUSolver) writeT(k int) error {
 	square := cuda.Dim3{X: (k + 31) / 32, Y: (k + 31) / 32, Z: 1} // 32×32 tiles
-	return g.fn.unreverse.Launch(square, cuda.Dim3{X: 32, Y: 8, Z: 1}, 0, g.stream, g.bufs[slotFactor].ptr, int32(k), g.bufs[slotT].ptr, g.infoAt(0).Add(4))
+	return g.fn.unreverse.Launch(square, cuda.Dim3{X: 32, Y: 8, Z: 1}, 0, g.stream, g.bufs[slotFactor].ptr, int32(k), g.bufs[slotT].ptr, g.potrfInfo().Add(4))
 }
 
 // factorFailed waits for the factorisation and says whether a potrf or T′ failed.
 func (g *GPUSolver) factorFailed() (bool, error) {
-	var got [3]int32 // potrf info, T′'s flag, the second potrf's info
-	if err := g.stager.CopyFromDevice(cuda.Bytes(got[:]), g.infoAt(0), g.stream); err != nil {
+	var got [2]int32 // potrf info, T′'s flag
+	if err := g.stager.CopyFromDevice(cuda.Bytes(got[:]), g.potrfInfo(), g.stream); err != nil {
 		return false, err
 	}
-	return got != [3]int32{}, nil
+	return got != [2]int32{}, nil
 }
 
 // sharedFactorFailed waits for a shared factorisation and says whether one of its leaves' potrf or
@@ -313,11 +313,14 @@ func factorShared(solvers []*GPUSolver, k int, lambda float64) (failed []bool, e
 
 // sharedLeaves is how many diagonal blocks choleskyShared factors whole for a k×k matrix.
 func sharedLeaves(n int) int {
-	if n < splitFactorMin || n < 2 {
+	if factoredWhole(n) {
 		return 1
 	}
 	return sharedLeaves(n/2) + sharedLeaves(n-n/2)
 }
+
+// factoredWhole says whether choleskyShared has every GPU factor a diagonal block n wide whole.
+func factoredWhole(n int) bool { return n < splitFactorMin || n < 2 }
 
 // choleskyShared factors the diagonal block [off, off+n) of every solver's damped matrix, which
 // the blocks before it have updated, sharing the work among the GPUs where it is largest. With the
@@ -333,7 +336,7 @@ func choleskyShared(solvers []*GPUSolver, k, off, n int, leaf *int) error {
 	at := func(g *GPUSolver, row, col int) cuda.DevicePtr { // entry (row, col) of g's matrix
 		return g.bufs[slotFactor].ptr.Add(8 * (row + col*k))
 	}
-	if n < splitFactorMin || n < 2 {
+	if factoredWhole(n) {
 		info := *leaf
 		*leaf++
 		return eachSolver(solvers, func(_ int, g *GPUSolver) error { // queued: only this GPU's next steps read it
