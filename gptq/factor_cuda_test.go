@@ -187,7 +187,7 @@ func TestGPUFactorSharedAmongGPUs(t *testing.T) {
 		}
 		for try := 0; try < 2*(len(team)-1); try++ {
 			parts, levels := 2+try/2, 1+2*(try%2) // halves factored whole, or eighths
-			splitFactorMin = (k-1)>>levels + 2 // one more than the widest block at that depth
+			splitFactorMin = (k-1)>>levels + 2    // one more than the widest block at that depth
 			if sharedLeaves(k) != 1<<levels {
 				t.Fatalf("%s: %d leaves at %d levels", c.name, sharedLeaves(k), levels)
 			}
