@@ -3,6 +3,7 @@ package convert
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,10 @@ type blockRunner struct {
 	warming   sync.WaitGroup
 	warmShape warmShape // the most common planned linear
 	tensors   tensorsAhead
+	// lastBlock is the model's last block (set by run), whose first Update returns the heap's free
+	// memory to the system, once (memoryReturned)
+	lastBlock      int
+	memoryReturned sync.Once
 	// ahead makes the calibration engines in the background (startEngines); nil once taken
 	ahead   *enginesAhead
 	dev     *cuda.Device   // nil: the forward passes and Hessians on the CPU; else the first GPU
@@ -179,7 +184,8 @@ func (r *blockRunner) run(opening *modelOpening, calib *Calibration, trueSequent
 			m.Close()
 		}()
 		r.tokens = calib.Samples * calib.SeqLen
-		r.tensors.last = m.Config.Layers - 1
+		r.lastBlock = m.Config.Layers - 1
+		r.tensors.last = r.lastBlock
 		opt := model.CalibrateOptions{TrueSequential: trueSequential, ReleaseBlocks: true, Experts: r.experts.observation(),
 			RecycleBlocks: r.awq == nil} // GPTQ's runner keeps none of a block's slices past its Update (AWQ hands some to the writer)
 		if r.awq != nil {
@@ -310,6 +316,9 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 	r.warming.Wait() // the first solver set's warm-up
 	if err := r.deliveryError(); err != nil {
 		return err
+	}
+	if b.Index == r.lastBlock && b.Index > 0 {
+		r.memoryReturned.Do(returnFreeMemory)
 	}
 	defer timeline.Begin(timeline.Host, "solve block %d %v", b.Index, groups)()
 	sources := make([]model.Group, len(groups))
@@ -626,6 +635,19 @@ func (r *blockRunner) parallelSolves(k int) bool {
 // gptqParallelSolves lets a group's linears be solved at once (parallelSolves); tests turn it
 // off to solve a small model's groups as those of a model with Hessians too wide are.
 var gptqParallelSolves = true
+
+// returnFreeMemory gives the heap's free memory back to the system in the background. Called as
+// the last block calibrates, when the blocks before it are released (model.RecycleBlock): a 7B's
+// conversion ends with about 4 GB of heap, which the process's exit would otherwise give back
+// after the output is written (0.26 s of a conversion's 10–17 s on an H200 host).
+func returnFreeMemory() {
+	go func() {
+		defer timeline.Begin(timeline.Host, "return free memory to the system")()
+		freeOSMemory()
+	}()
+}
+
+var freeOSMemory = debug.FreeOSMemory // (tests count the calls)
 
 // useGPU makes the runner calibrate and solve on the GPUs: the forward passes and Hessians
 // (gpuCapture), the column loop, factorisations and group fits, searched ones (the clip search,

@@ -292,3 +292,29 @@ func TestAssignBundlesBalancesGPUs(t *testing.T) {
 		}
 	}
 }
+
+// TestGPTQReturnsFreeMemoryOnce: a calibration gives the heap's free memory back to the system
+// once, as its last block calibrates (returnFreeMemory), not for every block.
+func TestGPTQReturnsFreeMemoryOnce(t *testing.T) {
+	var calls atomic.Int32
+	called := make(chan struct{}, 8)
+	defer func(f func()) { freeOSMemory = f }(freeOSMemory)
+	freeOSMemory = func() {
+		calls.Add(1)
+		called <- struct{}{}
+	}
+	opt := gptqOptions(t, quant.Scheme{Bits: 4, GroupSize: 64})
+	opt.Device = DeviceCPU
+	if _, err := Convert(testenv.Testdata(t, "models/tiny"), filepath.Join(t.TempDir(), "g"), opt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-called:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the free memory was never returned")
+	}
+	time.Sleep(50 * time.Millisecond) // a second call, if one were made, would have come by now
+	if n := calls.Load(); n != 1 {
+		t.Errorf("free memory returned %d times, want once", n)
+	}
+}

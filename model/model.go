@@ -194,17 +194,33 @@ func (m *Model) ReleaseBlock(i int) {
 
 // RecycleBlock is ReleaseBlock for a caller that keeps none of the block's slices (weights,
 // norms): their memory is given to later blocks' reads, which then convert into it instead of
-// into new pages.
+// into new pages. Once every later block is read (or being read), nothing will take it: the
+// block and the spares kept are released, for the garbage collector to return to the system
+// before the process exits (the exit would otherwise free them: a 7B's blocks, 0.1 s).
 func (m *Model) RecycleBlock(i int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if i < 0 || i >= len(m.blocks) || m.blocks[i] == nil {
 		return
 	}
-	for _, v := range m.blocks[i].owned {
-		m.spare[len(v)] = append(m.spare[len(v)], v)
+	if m.laterUnread(i) {
+		for _, v := range m.blocks[i].owned {
+			m.spare[len(v)] = append(m.spare[len(v)], v)
+		}
+	} else {
+		clear(m.spare)
 	}
 	m.blocks[i] = nil
+}
+
+// laterUnread says whether a block after i is neither read nor being read (under m.mu).
+func (m *Model) laterUnread(i int) bool {
+	for j := i + 1; j < len(m.blocks); j++ {
+		if m.blocks[j] == nil && m.loads[j] == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // takeSpare returns a recycled slice of n values, or nil.

@@ -274,3 +274,51 @@ func TestRecycledBlockMemoryIsReadInto(t *testing.T) {
 		}
 	}
 }
+
+// TestRecycleKeepsNothingOnceEveryBlockIsRead: a block recycled while a later block is unread
+// keeps its memory for that read; once every later block is read, recycling releases the block
+// and drops the spares kept, as no read will take them.
+func TestRecycleKeepsNothingOnceEveryBlockIsRead(t *testing.T) {
+	m, err := Open(tinyDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	last := m.Config.Layers - 1
+	if last < 2 {
+		t.Fatalf("tiny has %d blocks; the test needs three", last+1)
+	}
+	spares := func() int {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		n := 0
+		for _, vs := range m.spare {
+			n += len(vs)
+		}
+		return n
+	}
+	for i := range last {
+		if _, err := m.Block(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.RecycleBlock(0) // the last block is unread: both keep their memory for it
+	m.RecycleBlock(1)
+	kept := spares()
+	if kept == 0 {
+		t.Fatal("blocks recycled while a later block is unread kept no memory")
+	}
+	if _, err := m.Block(last); err != nil { // into one block's memory
+		t.Fatal(err)
+	}
+	if got := spares(); got == 0 || got >= kept {
+		t.Fatalf("after the last block's read %d of %d spares are left, want one block's", got, kept)
+	}
+	m.RecycleBlock(last - 1)
+	if got := spares(); got != 0 {
+		t.Errorf("%d spares kept after recycling with every later block read, want none", got)
+	}
+	if m.blocks[last-1] != nil {
+		t.Errorf("block %d was not released", last-1)
+	}
+}
