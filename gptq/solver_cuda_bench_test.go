@@ -32,17 +32,7 @@ func bandedKMSHessian32(k int) []float32 {
 // factorBenchCases is BenchmarkGPUFactorShared's widths and most GPUs: QPACK_FACTOR_K and
 // QPACK_FACTOR_GPUS where set.
 func factorBenchCases(b *testing.B) (widths []int, most int) {
-	widths, most = []int{4096, 8192, 11008, 14336, 28672}, 4
-	if s := os.Getenv("QPACK_FACTOR_K"); s != "" {
-		widths = nil
-		for _, f := range strings.Split(s, ",") {
-			k, err := strconv.Atoi(f)
-			if err != nil || k < 1 {
-				b.Fatalf("QPACK_FACTOR_K=%q: %q is not a width", s, f)
-			}
-			widths = append(widths, k)
-		}
-	}
+	widths, most = widthsFromEnv(b, "QPACK_FACTOR_K", 4096, 8192, 11008, 14336, 28672), 4
 	if s := os.Getenv("QPACK_FACTOR_GPUS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
@@ -51,6 +41,24 @@ func factorBenchCases(b *testing.B) (widths []int, most int) {
 		most = n
 	}
 	return widths, most
+}
+
+// widthsFromEnv reads a comma-separated list of widths from the environment variable name, or
+// gives the defaults when it is not set.
+func widthsFromEnv(b *testing.B, name string, defaults ...int) []int {
+	s := os.Getenv(name)
+	if s == "" {
+		return defaults
+	}
+	var widths []int
+	for _, f := range strings.Split(s, ",") {
+		k, err := strconv.Atoi(f)
+		if err != nil || k < 2 {
+			b.Fatalf("%s=%q: %q is not a width", name, s, f)
+		}
+		widths = append(widths, k)
+	}
+	return widths
 }
 
 // bandedKMSHessian is kmsHessian (H_ij = s_i·s_j·0.9^|i−j|, a few channels 20× larger)
@@ -437,4 +445,60 @@ func BenchmarkGPUFirstUse(b *testing.B) {
 	step(fmt.Sprintf("second solver: column GEMM %d×%d×%d, first", k-gpuBlockSize, n, gpuBlockSize), func() error { return gemm(gpuBlockSize) })
 	step("second solver: warm-up solve (baseline true)", func() error { return g.Warm(n, f, s, Options{BaselineLoss: true}) })
 	step("second solver: warm-up solve, again", func() error { return g.Warm(n, f, s, Options{BaselineLoss: true}) })
+}
+
+// BenchmarkGPUCholeskyRecursive times, on one GPU, the damped Hessian's Cholesky factorisation and
+// T′ whole (cuSOLVER's potrf) against the recursion of choleskyShared on that GPU alone, split
+// until the blocks are narrower than each QPACK_FACTOR_LEAF width (default 8192, 4096, 2048,
+// 1024, 512): whether halves factored with DTRSM and DSYRK between them beat potrf.
+func BenchmarkGPUCholeskyRecursive(b *testing.B) {
+	widths, _ := factorBenchCases(b)
+	leaves := widthsFromEnv(b, "QPACK_FACTOR_LEAF", 8192, 4096, 2048, 1024, 512)
+	dev := gputest.Open(b)
+	g := newTestSolver(b, dev)
+	g.poison = false
+	defer func(m int) { splitFactorMin = m }(splitFactorMin)
+	for _, k := range widths {
+		gram := gputest.Floats(b, dev, bandedKMSHessian32(k))
+		diag, err := g.loadGram(gram, k, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dead, _ := deadColumns(diag)
+		if err := g.prepareFactor(k, columnOrder(diag, dead, false), dead); err != nil {
+			b.Fatal(err)
+		}
+		lambda := 0.01 * slices.Max(diag)
+		for _, leaf := range append([]int{0}, leaves...) {
+			if leaf >= k {
+				continue
+			}
+			var times []time.Duration
+			for run := range 6 {
+				start := time.Now()
+				var failed bool
+				if leaf == 0 {
+					failed, err = g.factor(k, lambda)
+				} else {
+					splitFactorMin = leaf
+					var f []bool
+					f, err = factorShared([]*GPUSolver{g}, k, lambda)
+					failed = err == nil && f[0]
+				}
+				if err != nil || failed {
+					b.Fatalf("k %d, leaf %d: failed %v, %v", k, leaf, failed, err)
+				}
+				if run > 0 {
+					times = append(times, time.Since(start))
+				}
+			}
+			slices.Sort(times)
+			blocks := 1
+			if leaf > 0 {
+				blocks = sharedLeaves(k)
+			}
+			fmt.Printf("TABLE Cholesky and T′ on one GPU, k %5d  split below %5d (%3d blocks whole)  median %7.2f ms  (runs %v)\n",
+				k, leaf, blocks, ms(times[2]), times)
+		}
+	}
 }
