@@ -317,7 +317,7 @@ func (r *blockRunner) Update(b *model.Block, groups []model.Group) error {
 	if err := r.deliveryError(); err != nil {
 		return err
 	}
-	if b.Index == r.lastBlock && b.Index > 0 {
+	if b.Index == r.lastBlock && b.Index > 0 { // (lastBlock is 0 until run sets it: a runner Update is called on directly, in tests)
 		r.memoryReturned.Do(returnFreeMemory)
 	}
 	defer timeline.Begin(timeline.Host, "solve block %d %v", b.Index, groups)()
