@@ -162,3 +162,16 @@ func TestCopyParallel(t *testing.T) {
 		}
 	}
 }
+
+// A slow driver call is named in a trace by the function that called do, past the closures and
+// do, wait and call themselves.
+func TestCallerOfDoNamesTheCaller(t *testing.T) {
+	var got string
+	func() { got = callerOfDoFromTraceSlow() }()
+	if got != "TestCallerOfDoNamesTheCaller" {
+		t.Errorf("callerOfDo = %q, want TestCallerOfDoNamesTheCaller", got)
+	}
+}
+
+// callerOfDoFromTraceSlow stands where traceSlow does: callerOfDo's caller.
+func callerOfDoFromTraceSlow() string { return callerOfDo() }

@@ -3,7 +3,11 @@ package cuda
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
+	"time"
+
+	"github.com/qpack-dev/qpack/internal/timeline"
 )
 
 // Device attributes read with cuDeviceGetAttribute (values from cuda.h's CUdevice_attribute).
@@ -172,6 +176,9 @@ func (d *Device) do(f func() error) (err error) {
 // call runs f with context ctx current on the calling goroutine's OS thread; a panic in f
 // becomes an error.
 func (d *Device) call(ctx uintptr, f func() error) (err error) {
+	if timeline.On() {
+		defer d.traceSlow(time.Now())
+	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer func() {
@@ -183,6 +190,41 @@ func (d *Device) call(ctx uintptr, f func() error) (err error) {
 		return err
 	}
 	return f()
+}
+
+// slowCall is how long a driver call takes before a timeline shows it (traceSlow).
+const slowCall = 2 * time.Millisecond
+
+// traceSlow puts a driver call begun at start on the GPU's timeline lane if it took at least
+// slowCall, named by the function of this package that made it ("driver: Alloc"): where one of
+// the driver's locks holds a call up (an allocation waiting for another thread's module loads,
+// say), the trace shows which call waited. Waits for the GPU (Synchronize, SynchronizeStream)
+// show too.
+func (d *Device) traceSlow(start time.Time) {
+	if time.Since(start) < slowCall {
+		return
+	}
+	timeline.Since(d.info.Ordinal, start, "driver: "+callerOfDo())
+}
+
+// callerOfDo names the function that called do, wait or call (traceSlow's caller): the method
+// without its package path, e.g. "(*BLAS).Sgemm".
+func callerOfDo() string {
+	pcs := make([]uintptr, 16)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)]) // from traceSlow's caller on
+	for {
+		fr, more := frames.Next()
+		name := fr.Function[strings.LastIndex(fr.Function, "/")+1:]
+		name = strings.TrimPrefix(name, "cuda.")
+		switch {
+		case !more:
+			return name
+		case name == "(*Device).call", name == "(*Device).do", name == "(*Device).wait",
+			strings.HasPrefix(name, "runtime."), strings.Contains(name, ".func"):
+		default:
+			return name
+		}
+	}
 }
 
 // Info describes the GPU.

@@ -63,6 +63,19 @@ func Begin(lane int, format string, args ...any) (end func()) {
 	}
 }
 
+// Since records a span on lane named name from start until now (a span whose start was taken
+// before it was known to be worth recording). Without an active recording it does nothing.
+func Since(lane int, start time.Time, name string) {
+	r := active.Load()
+	if r == nil {
+		return
+	}
+	span := span{name, lane, start.Sub(r.start), time.Since(r.start)}
+	r.mu.Lock()
+	r.spans = append(r.spans, span)
+	r.mu.Unlock()
+}
+
 // traceEvent is one complete ("X") event of the trace-event format; times in microseconds.
 type traceEvent struct {
 	Name  string  `json:"name"`

@@ -16,7 +16,9 @@ func TestRecordingWritesSpansPerLane(t *testing.T) {
 	time.Sleep(2 * time.Millisecond)
 	end()
 	Begin(1, "solve %s", "q_proj")()
+	Since(2, time.Now().Add(-3*time.Millisecond), "driver: Alloc")
 	r.Stop()
+	Since(0, time.Now(), "after")
 	Begin(0, "after")()
 	if On() {
 		t.Fatal("On() is true after Stop")
@@ -35,8 +37,11 @@ func TestRecordingWritesSpansPerLane(t *testing.T) {
 		if sp.Name == "plan" && sp.Duration < 2*time.Millisecond {
 			t.Errorf("plan lasted %v, slept 2 ms", sp.Duration)
 		}
+		if sp.Name == "driver: Alloc" && sp.Duration < 3*time.Millisecond {
+			t.Errorf("a span since 3 ms ago lasted %v", sp.Duration)
+		}
 	}
-	if len(spans) != 2 || spans["plan"] != "host" || spans["solve q_proj"] != "GPU 1" {
-		t.Errorf("spans on lanes %v; want plan on host and solve q_proj on GPU 1 only", spans)
+	if len(spans) != 3 || spans["plan"] != "host" || spans["solve q_proj"] != "GPU 1" || spans["driver: Alloc"] != "GPU 2" {
+		t.Errorf("spans on lanes %v; want plan on host, solve q_proj on GPU 1 and driver: Alloc on GPU 2 only", spans)
 	}
 }
