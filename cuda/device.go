@@ -196,7 +196,7 @@ func (d *Device) call(ctx uintptr, f func() error) (err error) {
 const slowCall = 2 * time.Millisecond
 
 // traceSlow puts a driver call begun at start on the GPU's timeline lane if it took at least
-// slowCall, named by the function of this package that made it ("driver: Alloc"): where one of
+// slowCall, named by the function of this package that made it ("driver: (*Device).Alloc"): where one of
 // the driver's locks holds a call up (an allocation waiting for another thread's module loads,
 // say), the trace shows which call waited. Waits for the GPU (Synchronize, SynchronizeStream)
 // show too.

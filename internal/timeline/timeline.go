@@ -55,12 +55,7 @@ func Begin(lane int, format string, args ...any) (end func()) {
 		name = fmt.Sprintf(format, args...)
 	}
 	start := time.Since(r.start)
-	return func() {
-		end := time.Since(r.start)
-		r.mu.Lock()
-		r.spans = append(r.spans, span{name, lane, start, end})
-		r.mu.Unlock()
-	}
+	return func() { r.add(span{name, lane, start, time.Since(r.start)}) }
 }
 
 // Since records a span on lane named name from start until now (a span whose start was taken
@@ -70,9 +65,12 @@ func Since(lane int, start time.Time, name string) {
 	if r == nil {
 		return
 	}
-	span := span{name, lane, start.Sub(r.start), time.Since(r.start)}
+	r.add(span{name, lane, start.Sub(r.start), time.Since(r.start)})
+}
+
+func (r *Recording) add(s span) {
 	r.mu.Lock()
-	r.spans = append(r.spans, span)
+	r.spans = append(r.spans, s)
 	r.mu.Unlock()
 }
 
